@@ -1,0 +1,179 @@
+#pragma once
+// The compute backend interface: the layer operations of the models, over
+// memory the backend owns. The CPU backend (OpenBLAS) is the tested
+// reference; the CUDA backend (libpstrain_cuda.so, loaded on demand)
+// implements the same calls on a stream.
+//
+// Conventions: float32, row-major, images NCHW, convolutions stride 1 with no
+// padding, pooling windows of size k with stride k. Pointers passed to the
+// math calls point into the backend's memory (DeviceMemory::data()). Work may
+// run asynchronously in issue order (CUDA: one compute stream); results are
+// visible to the host only after a transfer and a fence.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shared/optimizer.h"
+
+namespace pstrain {
+
+class Backend;
+
+// Memory owned by a backend: device memory for CUDA, aligned host memory for
+// the CPU. Frees itself through its backend.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(Backend* owner, void* ptr, std::size_t bytes)
+      : owner_(owner), ptr_(ptr), bytes_(bytes) {}
+  DeviceMemory(DeviceMemory&& other) noexcept { swap(other); }
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
+    DeviceMemory tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory();
+
+  template <class T = float>
+  T* data() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void swap(DeviceMemory& other) noexcept {
+    std::swap(owner_, other.owner_);
+    std::swap(ptr_, other.ptr_);
+    std::swap(bytes_, other.bytes_);
+  }
+  Backend* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Host memory suited for transfers to and from the backend (pinned for
+// CUDA). Same ownership rules as DeviceMemory.
+class HostMemory {
+ public:
+  HostMemory() = default;
+  HostMemory(Backend* owner, void* ptr, std::size_t bytes)
+      : owner_(owner), ptr_(ptr), bytes_(bytes) {}
+  HostMemory(HostMemory&& other) noexcept { swap(other); }
+  HostMemory& operator=(HostMemory&& other) noexcept {
+    HostMemory tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+  ~HostMemory();
+
+  template <class T = float>
+  T* data() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void swap(HostMemory& other) noexcept {
+    std::swap(owner_, other.owner_);
+    std::swap(ptr_, other.ptr_);
+    std::swap(bytes_, other.bytes_);
+  }
+  Backend* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+struct ConvShape {
+  int n = 0, c = 0, h = 0, w = 0;  // input NCHW
+  int filters = 0, kernel = 0;     // output: n x filters x out_h() x out_w()
+  int out_h() const { return h - kernel + 1; }
+  int out_w() const { return w - kernel + 1; }
+};
+
+struct PoolShape {
+  int n = 0, c = 0, h = 0, w = 0;  // input NCHW
+  int k = 2;                       // window and stride; the remainder is dropped
+  int out_h() const { return h / k; }
+  int out_w() const { return w / k; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H100 ...)"
+  // True when DeviceMemory is ordinary host memory, so the ps client can pull
+  // into it and push from it directly.
+  virtual bool host_accessible() const = 0;
+
+  virtual DeviceMemory alloc(std::size_t bytes) = 0;
+  virtual HostMemory alloc_host(std::size_t bytes) = 0;
+  virtual void release(void* device_ptr) noexcept = 0;
+  virtual void release_host(void* host_ptr) noexcept = 0;
+
+  // Transfers in issue order with the math (CUDA: on a copy stream, ordered
+  // against the compute stream with events). The host memory must stay valid
+  // until a fence issued after the call has completed.
+  virtual void upload(const void* host, void* device, std::size_t bytes) = 0;
+  virtual void download(const void* device, void* host, std::size_t bytes) = 0;
+  virtual void fill(float* device, float value, std::size_t n) = 0;
+
+  // A fence completes when all work issued before it has finished.
+  using Fence = std::uint64_t;
+  virtual Fence fence() = 0;
+  virtual bool fence_done(Fence fence) = 0;  // non-blocking
+  virtual void wait(Fence fence) = 0;
+  void synchronize() { wait(fence()); }
+
+  // y[n x out] = x[n x in] * w[in x out] + b[out]
+  virtual void dense_forward(const float* x, const float* w, const float* b,
+                             float* y, int n, int in, int out) = 0;
+  // dw = x^T dy, db = column sums of dy, dx = dy w^T (skipped when dx is null).
+  // dw and db are overwritten, not accumulated.
+  virtual void dense_backward(const float* x, const float* w, const float* dy,
+                              float* dx, float* dw, float* db, int n, int in,
+                              int out) = 0;
+
+  virtual void relu_forward(const float* x, float* y, std::size_t n) = 0;
+  // dx = dy where y > 0, else 0 (y is the forward output).
+  virtual void relu_backward(const float* y, const float* dy, float* dx,
+                             std::size_t n) = 0;
+
+  // Scratch floats the convolution needs for its im2col buffers.
+  virtual std::size_t conv2d_workspace(const ConvShape& s) const = 0;
+  // w: filters x c x kernel x kernel, b: filters.
+  virtual void conv2d_forward(const float* x, const float* w, const float* b,
+                              float* y, float* workspace, const ConvShape& s) = 0;
+  virtual void conv2d_backward(const float* x, const float* w, const float* dy,
+                               float* dx, float* dw, float* db, float* workspace,
+                               const ConvShape& s) = 0;
+
+  // argmax: per output element, the flat input index of the chosen maximum.
+  virtual void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
+                               const PoolShape& s) = 0;
+  virtual void maxpool_backward(const float* dy, const std::int32_t* argmax,
+                                float* dx, const PoolShape& s) = 0;
+
+  // Mean softmax cross-entropy over the batch. Writes dlogits (already divided
+  // by n), per-sample loss[n] and correct[n] (1 where argmax == label).
+  virtual void softmax_xent(const float* logits, const std::int32_t* labels,
+                            float* dlogits, float* loss, float* correct, int n,
+                            int classes) = 0;
+
+  // Sync mode: x *= a (averaging all-reduced gradients), and the shared
+  // optimizer step on backend memory (state slot-major, as in Optimizer).
+  virtual void scale(float* x, float a, std::size_t n) = 0;
+  virtual void apply_optimizer(const OptimizerConfig& config, float* w,
+                               const float* g, float* state, std::size_t n,
+                               std::uint64_t step, float lr_scale) = 0;
+};
+
+inline DeviceMemory::~DeviceMemory() {
+  if (ptr_) owner_->release(ptr_);
+}
+inline HostMemory::~HostMemory() {
+  if (ptr_) owner_->release_host(ptr_);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,92 @@
+#pragma once
+// PsClient: a worker's view of the parameter servers, in the spirit of
+// ps-lite's KVWorker. Calls are by variable name; the client cuts them into
+// chunks with the shard map and keeps requests to every ps in flight at once.
+//
+//   PsClient ps(config, /*sender=*/worker_index, map);
+//   ps.hello();                      // handshake with every ps
+//   ps.init();                       // create-if-absent from the seeded generator
+//   auto t = ps.push_pull("dense0/w", grad, weights);
+//   ps.wait(t);
+//
+// Buffers belong to the library from the call until wait() on its ticket
+// returns: payloads are sent from them without copies (ZeroMQ zero-copy
+// frames) and pulled values are written once into them. A PsClient is used by
+// one thread; other threads (an evaluator) make their own. ZeroMQ stays
+// entirely behind this interface.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/config.h"
+#include "shared/shard_map.h"
+
+namespace pstrain {
+
+// An error reply, a timeout or a broken peer; the message names the ps (index
+// and address), the operation and the variable.
+struct PsError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct PsClientOptions {
+  std::uint32_t sender = 0;      // worker index, sent with every request
+  double timeout_s = 30;         // a ps silent for this long is an error
+};
+
+class PsClient {
+ public:
+  using Ticket = std::uint64_t;
+
+  PsClient(std::vector<std::string> ps_addresses, ShardMap map,
+           std::uint64_t run_id, PsClientOptions options = {});
+  // Addresses, run id (config hash) and timeout from the cluster config.
+  PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map);
+  ~PsClient();
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
+
+  const ShardMap& map() const;
+
+  // Protocol version and run id handshake with every ps; throws PsError
+  // naming the ps and what differs.
+  void hello();
+  // Creates every chunk that does not exist yet from the counter-based
+  // generator (seed, variable, element); waits.
+  void init(std::uint64_t seed);
+
+  Ticket pull(std::string_view variable, std::span<float> out);
+  Ticket push(std::string_view variable, std::span<const float> grad);
+  Ticket push_pull(std::string_view variable, std::span<const float> grad,
+                   std::span<float> out);
+  Ticket assign(std::string_view variable, std::span<const float> values);
+  void wait(Ticket ticket);
+  void wait_all();
+
+  // Staleness of the last push (push or push_pull) of `variable`: updates
+  // other workers applied between this client's pull and its push, summed
+  // over the variable's chunks and divided by their number.
+  double last_staleness(std::string_view variable) const;
+
+  // Control operations; each waits for its reply.
+  void barrier(const std::string& name, std::uint32_t count);  // on ps 0
+  // Liveness and progress, sent to every ps; returns the global samples
+  // counted by ps 0 so far (this call's samples included).
+  std::uint64_t heartbeat(std::uint64_t samples_since_last);
+  void done(std::uint64_t total_samples);  // tells every ps this worker finished
+  void kv_set(const std::string& key, std::span<const std::uint8_t> value);
+  std::vector<std::uint8_t> kv_get(const std::string& key, double timeout_s);
+  std::string snapshot(std::uint32_t server);  // returns the snapshot's path
+  std::string stats(std::uint32_t server);     // JSON
+  void shutdown(std::uint32_t server);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pstrain

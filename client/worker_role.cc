@@ -1,0 +1,1 @@
+#include "client/worker_role.h"

@@ -1,0 +1,1 @@
+#include "server/ps_role.h"

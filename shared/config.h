@@ -1,0 +1,117 @@
+#pragma once
+// The cluster configuration: cluster.yaml plus --set overrides, validated.
+//
+// One schema for every role (documented in README.md, "cluster.yaml"). Every
+// wrong, missing or unknown key raises ConfigError naming the key's dotted
+// path and what was expected. `auto` values (workers: auto, device: auto) are
+// left for the launcher to resolve; a process given an unresolved `auto` that
+// it needs reports so.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shared/optimizer.h"
+
+namespace pstrain {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct PsEndpoint {
+  std::string host = "127.0.0.1";  // the address others dial
+  std::uint16_t port = 0;
+  std::string bind;                // the address to listen on; empty: host
+
+  std::string connect_address() const;  // "tcp://host:port"
+  std::string bind_address() const;     // "tcp://bind-or-host:port"
+};
+
+enum class Device { cpu, cuda, auto_ };
+
+struct WorkerSpec {
+  std::string host = "127.0.0.1";
+  Device device = Device::cpu;
+  int gpu = -1;  // -1: auto (the launcher assigns one per worker on a host)
+};
+
+enum class Mode { async, sync };
+
+struct ModelLayer {        // one entry of a model given as a list of layers
+  std::string type;        // dense, relu, conv2d, maxpool2d, flatten
+  int units = 0;           // dense
+  int filters = 0;         // conv2d
+  int kernel = 0;          // conv2d, maxpool2d
+};
+
+struct ModelConfig {
+  std::string preset = "mlp";     // mlp | cnn | custom
+  std::vector<ModelLayer> layers; // for custom models
+};
+
+struct DataConfig {
+  std::string name = "fashion-mnist";  // fashion-mnist | synthetic
+  std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
+  std::uint64_t synthetic_train = 6000;  // synthetic dataset sizes
+  std::uint64_t synthetic_test = 1000;
+};
+
+struct TrainConfig {
+  std::uint32_t batch_size = 64;     // per worker
+  double epochs = 1;                 // passes of each worker over its part
+  std::uint64_t seed = 42;
+  std::uint64_t eval_every = 20000;  // global samples between evaluations; 0: off
+  std::uint32_t threads = 1;         // BLAS threads per worker
+  std::uint32_t sync_every = 50;     // sync mode: steps between writes to the ps
+  bool lr_scaling = false;           // sync mode: lr x workers (Goyal et al.)
+  std::uint32_t warmup_steps = 0;    // sync mode: linear warm-up to the scaled lr
+  std::int32_t straggler_worker = -1;     // worker slowed down on purpose
+  double straggler_delay_ms = 0;          // ... by this much per step
+  std::uint32_t bucket_bytes = 1 << 20;   // sync mode: all-reduce bucket size
+};
+
+struct NetConfig {
+  std::uint64_t chunk_bytes = 256 * 1024;
+  double request_timeout = 30;   // s: a ps that does not answer is an error
+  double worker_timeout = 60;    // s: a ps exits when no worker was heard for this long
+  double heartbeat = 1;          // s between worker heartbeats
+  std::uint16_t gloo_base_port = 0;  // 0: ps ports + 1000 + worker index
+};
+
+struct ClusterConfig {
+  std::string job = "pstrain";
+  std::filesystem::path run_dir;  // default runs/<job>
+  Mode mode = Mode::async;
+  std::vector<PsEndpoint> ps;
+  std::vector<WorkerSpec> workers;
+  bool workers_auto = false;      // `workers: auto`, unresolved
+  OptimizerConfig optimizer;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  NetConfig net;
+
+  // Hash of the canonical resolved configuration; all processes of a run must
+  // agree on it (checked in hello).
+  std::uint64_t hash() const;
+  // The resolved configuration as YAML, as written to run_dir/config.yaml.
+  std::string to_yaml() const;
+};
+
+// Loads `path`, applies `overrides` ("dotted.key=value", values parsed as
+// YAML scalars, sequence indices as numbers: "workers.1.device=cpu") and
+// validates. Throws ConfigError.
+ClusterConfig load_config(const std::filesystem::path& path,
+                          const std::vector<std::string>& overrides = {});
+// The same from YAML text; `origin` names the source in error messages.
+ClusterConfig parse_config(const std::string& yaml_text,
+                           const std::vector<std::string>& overrides = {},
+                           const std::string& origin = "<string>");
+
+std::string_view to_string(Mode mode);
+std::string_view to_string(Device device);
+
+}  // namespace pstrain

@@ -1,0 +1,57 @@
+#pragma once
+// Optimizers over a contiguous range of float32 values. State lives beside the
+// values it updates (a chunk on the ps, a variable in a sync-mode replica) as
+// `state_slots()` arrays of the same length, laid out slot-major:
+// state[s * n + i] is slot s of element i.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace pstrain {
+
+enum class OptimizerKind { sgd, momentum, adam, adagrad };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::sgd;
+  float lr = 0.1f;
+  float momentum = 0.9f;  // momentum
+  bool nesterov = false;  // momentum
+  float beta1 = 0.9f;     // adam
+  float beta2 = 0.999f;   // adam
+  float eps = 1e-8f;      // adam, adagrad
+  float initial_accumulator = 0.1f;  // adagrad
+  float weight_decay = 0.0f;
+};
+
+std::string_view to_string(OptimizerKind kind);
+// Throws std::invalid_argument naming the accepted names.
+OptimizerKind parse_optimizer_kind(std::string_view name);
+
+class Optimizer {
+ public:
+  explicit Optimizer(OptimizerConfig config);
+
+  const OptimizerConfig& config() const { return config_; }
+
+  // Floats of state per element: 0 for SGD, 1 for momentum and Adagrad, 2 for Adam.
+  std::size_t state_slots() const;
+
+  // Sets freshly created state to its starting value (zeros, or Adagrad's
+  // initial accumulator).
+  void init_state(std::span<float> state) const;
+
+  // Applies one update w <- step(w, g). `step` is the 1-based number of this
+  // update for these values (Adam's bias correction); `lr_scale` multiplies
+  // the configured learning rate (warm-up and linear scaling in sync mode).
+  // Throws std::invalid_argument when the spans' sizes disagree.
+  void apply(std::span<float> values, std::span<const float> grad,
+             std::span<float> state, std::uint64_t step,
+             float lr_scale = 1.0f) const;
+
+ private:
+  OptimizerConfig config_;
+};
+
+}  // namespace pstrain
