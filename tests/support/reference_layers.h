@@ -1,0 +1,164 @@
+#pragma once
+// Naive double-precision versions of every Backend math call, with the same
+// argument order, as the ground truth the CPU and CUDA backends are tested
+// against. Written for obviousness, not speed: direct loops over the
+// definitions, no im2col, no fusion.
+//
+// Conventions shared with the backends: maxpool's argmax holds the flat index
+// into the whole input tensor x (n*c*h*w), ties go to the first element of the
+// window in row-major order; softmax_xent's `correct` uses the first maximal
+// logit.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "client/backend.h"
+
+namespace pstrain::reference {
+
+// y[n x out] = x[n x in] * w[in x out] + b[out]
+inline void dense_forward(const double* x, const double* w, const double* b,
+                          double* y, int n, int in, int out) {
+  for (int i = 0; i < n; ++i) {
+    for (int o = 0; o < out; ++o) {
+      double sum = b[o];
+      for (int k = 0; k < in; ++k) sum += x[i * in + k] * w[k * out + o];
+      y[i * out + o] = sum;
+    }
+  }
+}
+
+inline void dense_backward(const double* x, const double* w, const double* dy,
+                           double* dx, double* dw, double* db, int n, int in,
+                           int out) {
+  for (int k = 0; k < in; ++k) {
+    for (int o = 0; o < out; ++o) {
+      double sum = 0;
+      for (int i = 0; i < n; ++i) sum += x[i * in + k] * dy[i * out + o];
+      dw[k * out + o] = sum;
+    }
+  }
+  for (int o = 0; o < out; ++o) {
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += dy[i * out + o];
+    db[o] = sum;
+  }
+  if (!dx) return;
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < in; ++k) {
+      double sum = 0;
+      for (int o = 0; o < out; ++o) sum += dy[i * out + o] * w[k * out + o];
+      dx[i * in + k] = sum;
+    }
+  }
+}
+
+inline void relu_forward(const double* x, double* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0;
+}
+
+inline void relu_backward(const double* y, const double* dy, double* dx,
+                          std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : 0.0;
+}
+
+// Valid cross-correlation, stride 1: y[i,f,r,c] = b[f] +
+// sum_{ch,u,v} x[i,ch,r+u,c+v] * w[f,ch,u,v].
+inline void conv2d_forward(const double* x, const double* w, const double* b,
+                           double* y, const ConvShape& s) {
+  const int oh = s.out_h(), ow = s.out_w(), k = s.kernel;
+  for (int i = 0; i < s.n; ++i)
+    for (int f = 0; f < s.filters; ++f)
+      for (int r = 0; r < oh; ++r)
+        for (int c = 0; c < ow; ++c) {
+          double sum = b[f];
+          for (int ch = 0; ch < s.c; ++ch)
+            for (int u = 0; u < k; ++u)
+              for (int v = 0; v < k; ++v)
+                sum += x[((i * s.c + ch) * s.h + r + u) * s.w + c + v] *
+                       w[((f * s.c + ch) * k + u) * k + v];
+          y[((i * s.filters + f) * oh + r) * ow + c] = sum;
+        }
+}
+
+// dx (skipped when null), dw and db are overwritten.
+inline void conv2d_backward(const double* x, const double* w, const double* dy,
+                            double* dx, double* dw, double* db,
+                            const ConvShape& s) {
+  const int oh = s.out_h(), ow = s.out_w(), k = s.kernel;
+  const std::size_t wsize = static_cast<std::size_t>(s.filters) * s.c * k * k;
+  for (std::size_t j = 0; j < wsize; ++j) dw[j] = 0;
+  for (int f = 0; f < s.filters; ++f) db[f] = 0;
+  if (dx) {
+    const std::size_t xsize = static_cast<std::size_t>(s.n) * s.c * s.h * s.w;
+    for (std::size_t j = 0; j < xsize; ++j) dx[j] = 0;
+  }
+  for (int i = 0; i < s.n; ++i)
+    for (int f = 0; f < s.filters; ++f)
+      for (int r = 0; r < oh; ++r)
+        for (int c = 0; c < ow; ++c) {
+          const double g = dy[((i * s.filters + f) * oh + r) * ow + c];
+          db[f] += g;
+          for (int ch = 0; ch < s.c; ++ch)
+            for (int u = 0; u < k; ++u)
+              for (int v = 0; v < k; ++v) {
+                const int xi = ((i * s.c + ch) * s.h + r + u) * s.w + c + v;
+                const int wi = ((f * s.c + ch) * k + u) * k + v;
+                dw[wi] += g * x[xi];
+                if (dx) dx[xi] += g * w[wi];
+              }
+        }
+}
+
+inline void maxpool_forward(const double* x, double* y, std::int32_t* argmax,
+                            const PoolShape& s) {
+  const int oh = s.out_h(), ow = s.out_w();
+  for (int i = 0; i < s.n; ++i)
+    for (int ch = 0; ch < s.c; ++ch)
+      for (int r = 0; r < oh; ++r)
+        for (int c = 0; c < ow; ++c) {
+          int best = -1;
+          for (int u = 0; u < s.k; ++u)
+            for (int v = 0; v < s.k; ++v) {
+              const int xi = ((i * s.c + ch) * s.h + r * s.k + u) * s.w +
+                             c * s.k + v;
+              if (best < 0 || x[xi] > x[best]) best = xi;
+            }
+          const int yi = ((i * s.c + ch) * oh + r) * ow + c;
+          y[yi] = x[best];
+          argmax[yi] = best;
+        }
+}
+
+// dx is overwritten: zero except at the chosen maxima.
+inline void maxpool_backward(const double* dy, const std::int32_t* argmax,
+                             double* dx, const PoolShape& s) {
+  const std::size_t xsize = static_cast<std::size_t>(s.n) * s.c * s.h * s.w;
+  const std::size_t ysize =
+      static_cast<std::size_t>(s.n) * s.c * s.out_h() * s.out_w();
+  for (std::size_t j = 0; j < xsize; ++j) dx[j] = 0;
+  for (std::size_t j = 0; j < ysize; ++j) dx[argmax[j]] += dy[j];
+}
+
+// Mean softmax cross-entropy: dlogits already divided by n, per-sample loss
+// and correct (1 where the first maximal logit is the label).
+inline void softmax_xent(const double* logits, const std::int32_t* labels,
+                         double* dlogits, double* loss, double* correct, int n,
+                         int classes) {
+  for (int i = 0; i < n; ++i) {
+    const double* row = logits + static_cast<std::size_t>(i) * classes;
+    int best = 0;
+    for (int j = 1; j < classes; ++j)
+      if (row[j] > row[best]) best = j;
+    double sum = 0;
+    for (int j = 0; j < classes; ++j) sum += std::exp(row[j] - row[best]);
+    const double lse = row[best] + std::log(sum);
+    for (int j = 0; j < classes; ++j)
+      dlogits[i * classes + j] =
+          (std::exp(row[j] - lse) - (j == labels[i] ? 1.0 : 0.0)) / n;
+    loss[i] = lse - row[labels[i]];
+    correct[i] = best == labels[i] ? 1.0 : 0.0;
+  }
+}
+
+}  // namespace pstrain::reference
