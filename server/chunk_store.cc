@@ -1,0 +1,129 @@
+#include "server/chunk_store.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pstrain {
+namespace {
+
+std::string describe(std::string_view name, std::uint32_t chunk) {
+  return "'" + std::string(name) + "' chunk " + std::to_string(chunk);
+}
+
+}  // namespace
+
+ChunkStore::ChunkStore(OptimizerConfig optimizer) : optimizer_(optimizer) {}
+
+bool ChunkStore::init(std::string_view name, std::uint32_t chunk,
+                      std::span<const float> values) {
+  if (auto it = chunks_.find(KeyView{name, chunk}); it != chunks_.end()) {
+    if (it->second.values->size() != values.size())
+      throw std::invalid_argument("init of " + describe(name, chunk) + " with " +
+                                  std::to_string(values.size()) +
+                                  " elements, but the ps holds it with " +
+                                  std::to_string(it->second.values->size()));
+    return false;
+  }
+  Chunk c;
+  c.values = std::make_shared<std::vector<float>>(values.begin(), values.end());
+  c.state.resize(values.size() * optimizer_.state_slots());
+  optimizer_.init_state(c.state);
+  chunks_.emplace(Key{std::string(name), chunk}, std::move(c));
+  return true;
+}
+
+const Chunk* ChunkStore::find(std::string_view name, std::uint32_t chunk) const {
+  auto it = chunks_.find(KeyView{name, chunk});
+  return it == chunks_.end() ? nullptr : &it->second;
+}
+
+Chunk& ChunkStore::existing(std::string_view name, std::uint32_t chunk, std::size_t size) {
+  auto it = chunks_.find(KeyView{name, chunk});
+  if (it == chunks_.end())
+    throw std::invalid_argument("unknown chunk " + describe(name, chunk) +
+                                " (not initialized on this ps)");
+  if (it->second.values->size() != size)
+    throw std::invalid_argument(describe(name, chunk) + " holds " +
+                                std::to_string(it->second.values->size()) +
+                                " elements, the request carries " + std::to_string(size));
+  return it->second;
+}
+
+std::span<float> ChunkStore::writable(Chunk& c) {
+  // use_count() is exact here: only this thread creates references, and a
+  // count of 1 means every ZeroMQ message of this buffer has been released.
+  if (c.values.use_count() > 1) {
+    c.values = std::make_shared<std::vector<float>>(*c.values);
+    ++stats_.copies_on_write;
+  }
+  return *c.values;
+}
+
+const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
+                              std::span<const float> grad) {
+  Chunk& c = existing(name, chunk, grad.size());
+  const auto start = std::chrono::steady_clock::now();
+  optimizer_.apply(writable(c), grad, c.state, c.version + 1);
+  stats_.optimizer_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++c.version;
+  ++stats_.updates;
+  return c;
+}
+
+const Chunk& ChunkStore::assign(std::string_view name, std::uint32_t chunk,
+                                std::span<const float> values) {
+  Chunk& c = existing(name, chunk, values.size());
+  std::ranges::copy(values, writable(c).begin());
+  ++c.version;
+  ++stats_.updates;
+  return c;
+}
+
+std::uint64_t ChunkStore::elements() const {
+  std::uint64_t n = 0;
+  for (const auto& [key, c] : chunks_) n += c.values->size();
+  return n;
+}
+
+std::uint64_t ChunkStore::version_sum() const {
+  std::uint64_t n = 0;
+  for (const auto& [key, c] : chunks_) n += c.version;
+  return n;
+}
+
+std::uint64_t ChunkStore::version_max() const {
+  std::uint64_t n = 0;
+  for (const auto& [key, c] : chunks_) n = std::max(n, c.version);
+  return n;
+}
+
+std::vector<SnapshotRecord> ChunkStore::records() const {
+  std::vector<SnapshotRecord> out;
+  out.reserve(chunks_.size());
+  for (const auto& [key, c] : chunks_)
+    out.push_back({key.first, key.second, c.version, *c.values, c.state});
+  return out;
+}
+
+void ChunkStore::restore(std::vector<SnapshotRecord> records) {
+  std::map<Key, Chunk, KeyLess> restored;
+  for (auto& r : records) {
+    const auto where = describe(r.name, r.chunk);
+    if (r.state.size() != r.values.size() * optimizer_.state_slots())
+      throw std::invalid_argument(
+          where + " has " + std::to_string(r.state.size()) +
+          " optimizer state floats for " + std::to_string(r.values.size()) +
+          " values, but optimizer " + std::string(to_string(optimizer_.config().kind)) +
+          " keeps " + std::to_string(optimizer_.state_slots()) + " per value");
+    Chunk c;
+    c.values = std::make_shared<std::vector<float>>(std::move(r.values));
+    c.state = std::move(r.state);
+    c.version = r.version;
+    if (!restored.emplace(Key{std::move(r.name), r.chunk}, std::move(c)).second)
+      throw std::invalid_argument(where + " appears twice");
+  }
+  chunks_ = std::move(restored);
+}
+
+}  // namespace pstrain

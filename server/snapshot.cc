@@ -1,0 +1,217 @@
+#include "server/snapshot.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <span>
+
+namespace pstrain {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'S', 'T', 'R', 'S', 'N', 'A', 'P'};
+
+std::string errno_text() { return std::strerror(errno); }
+
+// A file descriptor that closes itself; writes go straight to it (a snapshot
+// is a few large arrays, which need no user-space buffering).
+class File {
+ public:
+  File(const std::filesystem::path& path, int flags) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw SnapshotError("snapshot: cannot open " + path.string() + " (" + errno_text() + ")");
+  }
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  void write(const void* data, std::size_t size) {
+    const auto* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, p, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw SnapshotError("snapshot: writing " + path_.string() + " failed (" +
+                            errno_text() + ")");
+      p += n;
+      size -= static_cast<std::size_t>(n);
+    }
+  }
+  void sync() {
+    if (::fsync(fd_) != 0)
+      throw SnapshotError("snapshot: fsync of " + path_.string() + " failed (" +
+                          errno_text() + ")");
+  }
+  void close() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0)
+      throw SnapshotError("snapshot: closing " + path_.string() + " failed (" +
+                          errno_text() + ")");
+  }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
+// Writes fields and keeps the running crc of the current record.
+class RecordWriter {
+ public:
+  explicit RecordWriter(File& file) : file_(file) {}
+  void bytes(const void* data, std::size_t size) {
+    file_.write(data, size);
+    crc_ = crc32_z(crc_, static_cast<const Bytef*>(data), size);
+  }
+  template <class T>
+  void scalar(T value) {
+    bytes(&value, sizeof(value));
+  }
+  void floats(std::span<const float> v) { bytes(v.data(), v.size_bytes()); }
+  void begin_record() { crc_ = crc32_z(0, nullptr, 0); }
+  void end_record() {
+    const auto crc = static_cast<std::uint32_t>(crc_);
+    file_.write(&crc, sizeof(crc));
+  }
+
+ private:
+  File& file_;
+  uLong crc_ = 0;
+};
+
+// Reads fields from the whole file held in memory, checking every length
+// against the bytes that remain.
+class Reader {
+ public:
+  Reader(const std::filesystem::path& path, std::vector<char> data)
+      : path_(path), data_(std::move(data)) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw SnapshotError("snapshot " + path_.string() + ": " + what);
+  }
+  std::span<const char> take(std::size_t size, const char* what) {
+    if (size > data_.size() - pos_)
+      fail("truncated: " + std::string(what) + " needs " + std::to_string(size) +
+           " bytes at offset " + std::to_string(pos_) + ", the file has " +
+           std::to_string(data_.size() - pos_) + " left");
+    std::span<const char> s(data_.data() + pos_, size);
+    pos_ += size;
+    return s;
+  }
+  template <class T>
+  T scalar(const char* what) {
+    T value;
+    std::memcpy(&value, take(sizeof(T), what).data(), sizeof(T));
+    return value;
+  }
+  std::vector<float> floats(std::uint64_t count, const char* what) {
+    if (count > (data_.size() - pos_) / sizeof(float))
+      fail("truncated: " + std::string(what) + " declares " + std::to_string(count) +
+           " floats, more than the file holds");
+    const auto bytes = take(count * sizeof(float), what);
+    std::vector<float> v(count);
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }
+  std::size_t pos() const { return pos_; }
+  bool at_end() const { return pos_ == data_.size(); }
+  std::uint32_t crc_of(std::size_t from, std::size_t to) const {
+    return static_cast<std::uint32_t>(
+        crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(data_.data() + from),
+                to - from));
+  }
+
+ private:
+  std::filesystem::path path_;
+  std::vector<char> data_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot) {
+  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw SnapshotError("snapshot: cannot create " + dir.string() + " (" + ec.message() + ")");
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    File file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    file.write(kMagic, sizeof(kMagic));
+    const std::uint32_t format = kSnapshotFormatVersion;
+    file.write(&format, sizeof(format));
+    file.write(&snapshot.global_samples, sizeof(snapshot.global_samples));
+    const std::uint64_t records = snapshot.records.size();
+    file.write(&records, sizeof(records));
+    RecordWriter w(file);
+    for (const auto& r : snapshot.records) {
+      w.begin_record();
+      w.scalar(static_cast<std::uint32_t>(r.name.size()));
+      w.bytes(r.name.data(), r.name.size());
+      w.scalar(r.chunk);
+      w.scalar(r.version);
+      w.scalar(static_cast<std::uint64_t>(r.values.size()));
+      w.scalar(static_cast<std::uint64_t>(r.state.size()));
+      w.floats(r.values);
+      w.floats(r.state);
+      w.end_record();
+    }
+    file.sync();
+    file.close();
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec)
+    throw SnapshotError("snapshot: renaming " + tmp.string() + " to " + path.string() +
+                        " failed (" + ec.message() + ")");
+  File d(dir, O_RDONLY | O_DIRECTORY);
+  d.sync();
+}
+
+Snapshot read_snapshot(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw SnapshotError("snapshot: cannot open " + path.string() + " (" + errno_text() + ")");
+  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Reader r(path, std::move(data));
+
+  const auto magic = r.take(sizeof(kMagic), "magic");
+  if (std::memcmp(magic.data(), kMagic, sizeof(kMagic)) != 0)
+    r.fail("not a pstrain snapshot (bad magic)");
+  const auto format = r.scalar<std::uint32_t>("format version");
+  if (format != kSnapshotFormatVersion)
+    r.fail("format version " + std::to_string(format) + ", this build reads " +
+           std::to_string(kSnapshotFormatVersion));
+  Snapshot s;
+  s.global_samples = r.scalar<std::uint64_t>("global samples");
+  const auto count = r.scalar<std::uint64_t>("record count");
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const auto start = r.pos();
+    SnapshotRecord rec;
+    const auto name_len = r.scalar<std::uint32_t>("name length");
+    const auto name = r.take(name_len, "name");
+    rec.name.assign(name.data(), name.size());
+    rec.chunk = r.scalar<std::uint32_t>("chunk");
+    rec.version = r.scalar<std::uint64_t>("version");
+    const auto n_values = r.scalar<std::uint64_t>("value count");
+    const auto n_state = r.scalar<std::uint64_t>("state count");
+    rec.values = r.floats(n_values, "values");
+    rec.state = r.floats(n_state, "state");
+    const auto expected = r.crc_of(start, r.pos());
+    if (r.scalar<std::uint32_t>("crc") != expected)
+      r.fail("crc mismatch in record " + std::to_string(i) + " ('" + rec.name + "' chunk " +
+             std::to_string(rec.chunk) + ")");
+    s.records.push_back(std::move(rec));
+  }
+  if (!r.at_end()) r.fail("unexpected bytes after the last record");
+  return s;
+}
+
+}  // namespace pstrain
