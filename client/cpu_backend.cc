@@ -1,0 +1,320 @@
+#include "client/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "client/elementwise.h"
+
+namespace pstrain {
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+
+// Samples per convolution chunk: the im2col matrix of one chunk plus its
+// filter-major output stay within about 8 MiB, large enough for sgemm to run
+// near its peak and small enough to stay in the last-level cache between
+// im2col, the GEMM and the reorder.
+constexpr std::size_t kConvChunkFloats = std::size_t{1} << 21;
+
+int conv_chunk(const ConvShape& s) {
+  const std::size_t per_sample =
+      static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
+      static_cast<std::size_t>(s.out_h() * s.out_w());
+  return static_cast<int>(std::clamp<std::size_t>(
+      kConvChunkFloats / per_sample, 1, static_cast<std::size_t>(std::max(s.n, 1))));
+}
+
+// col[(ch*k + u)*k + v][i*P + r*ow + c] = x[i][ch][r+u][c+v] for the m samples
+// at x: each row of `col` holds one kernel tap over all output positions of
+// the chunk, so the forward product is one GEMM W[F x K] * col[K x m*P].
+void im2col(const float* x, float* col, const ConvShape& s, int m) {
+  const int k = s.kernel, oh = s.out_h(), ow = s.out_w();
+  const std::size_t plane = static_cast<std::size_t>(s.h) * s.w;
+  const std::size_t positions = static_cast<std::size_t>(oh) * ow;
+  const std::size_t row_len = positions * m;
+  for (int ch = 0; ch < s.c; ++ch) {
+    for (int u = 0; u < k; ++u) {
+      for (int v = 0; v < k; ++v) {
+        float* dst = col + static_cast<std::size_t>((ch * k + u) * k + v) * row_len;
+        for (int i = 0; i < m; ++i) {
+          const float* src = x + (static_cast<std::size_t>(i) * s.c + ch) * plane +
+                             static_cast<std::size_t>(u) * s.w + v;
+          for (int r = 0; r < oh; ++r) {
+            std::memcpy(dst, src + static_cast<std::size_t>(r) * s.w,
+                        sizeof(float) * ow);
+            dst += ow;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of im2col: dx[i][ch][r+u][c+v] += col[...]; dx is overwritten.
+void col2im(const float* col, float* dx, const ConvShape& s, int m) {
+  const int k = s.kernel, oh = s.out_h(), ow = s.out_w();
+  const std::size_t plane = static_cast<std::size_t>(s.h) * s.w;
+  const std::size_t row_len = static_cast<std::size_t>(oh) * ow * m;
+  std::fill_n(dx, plane * s.c * m, 0.0f);
+  for (int ch = 0; ch < s.c; ++ch) {
+    for (int u = 0; u < k; ++u) {
+      for (int v = 0; v < k; ++v) {
+        const float* src =
+            col + static_cast<std::size_t>((ch * k + u) * k + v) * row_len;
+        for (int i = 0; i < m; ++i) {
+          float* dst = dx + (static_cast<std::size_t>(i) * s.c + ch) * plane +
+                       static_cast<std::size_t>(u) * s.w + v;
+          for (int r = 0; r < oh; ++r) {
+            float* out = dst + static_cast<std::size_t>(r) * s.w;
+            for (int c = 0; c < ow; ++c) out[c] += src[c];
+            src += ow;
+          }
+        }
+      }
+    }
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {
+    if (threads < 1) {
+      throw std::invalid_argument("cpu backend: threads must be >= 1, got " +
+                                  std::to_string(threads));
+    }
+    openblas_set_num_threads(threads);
+  }
+
+  std::string name() const override {
+    return "cpu (OpenBLAS, " + std::to_string(threads_) +
+           (threads_ == 1 ? " thread)" : " threads)");
+  }
+  bool host_accessible() const override { return true; }
+
+  DeviceMemory alloc(std::size_t bytes) override {
+    return DeviceMemory(this, allocate(bytes), bytes);
+  }
+  HostMemory alloc_host(std::size_t bytes) override {
+    return HostMemory(this, allocate(bytes), bytes);
+  }
+  void release(void* device_ptr) noexcept override { std::free(device_ptr); }
+  void release_host(void* host_ptr) noexcept override { std::free(host_ptr); }
+
+  void upload(const void* host, void* device, std::size_t bytes) override {
+    std::memcpy(device, host, bytes);
+  }
+  void download(const void* device, void* host, std::size_t bytes) override {
+    std::memcpy(host, device, bytes);
+  }
+  void fill(float* device, float value, std::size_t n) override {
+    std::fill_n(device, n, value);
+  }
+
+  Fence fence() override { return ++fences_; }
+  bool fence_done(Fence) override { return true; }
+  void wait(Fence) override {}
+
+  void dense_forward(const float* x, const float* w, const float* b, float* y,
+                     int n, int in, int out) override {
+    for (int i = 0; i < n; ++i) {
+      std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x,
+                in, w, out, 1.0f, y, out);
+  }
+
+  void dense_backward(const float* x, const float* w, const float* dy,
+                      float* dx, float* dw, float* db, int n, int in,
+                      int out) override {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x,
+                in, dy, out, 0.0f, dw, out);
+    std::fill_n(db, out, 0.0f);
+    for (int i = 0; i < n; ++i) {
+      const float* row = dy + static_cast<std::size_t>(i) * out;
+      for (int o = 0; o < out; ++o) db[o] += row[o];
+    }
+    if (dx) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy,
+                  out, w, out, 0.0f, dx, in);
+    }
+  }
+
+  void relu_forward(const float* x, float* y, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) y[i] = ew::relu(x[i]);
+  }
+  void relu_backward(const float* y, const float* dy, float* dx,
+                     std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) dx[i] = ew::relu_grad(y[i], dy[i]);
+  }
+
+  // The im2col matrix (K x m*P) and the filter-major output or gradient
+  // (F x m*P) of one chunk.
+  std::size_t conv2d_workspace(const ConvShape& s) const override {
+    return static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
+           static_cast<std::size_t>(s.out_h() * s.out_w()) * conv_chunk(s);
+  }
+
+  void conv2d_forward(const float* x, const float* w, const float* b, float* y,
+                      float* workspace, const ConvShape& s) override {
+    const int kk = s.c * s.kernel * s.kernel;
+    const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
+    const int chunk = conv_chunk(s);
+    float* col = workspace;
+    float* out = workspace + static_cast<std::size_t>(kk) * positions * chunk;
+    for (int n0 = 0; n0 < s.n; n0 += chunk) {
+      const int m = std::min(chunk, s.n - n0);
+      const int cols = static_cast<int>(positions) * m;
+      im2col(x + static_cast<std::size_t>(n0) * s.c * s.h * s.w, col, s, m);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.filters, cols,
+                  kk, 1.0f, w, kk, col, cols, 0.0f, out, cols);
+      // Filter-major to NCHW, adding the bias on the way.
+      for (int f = 0; f < s.filters; ++f) {
+        const float* src = out + static_cast<std::size_t>(f) * cols;
+        for (int i = 0; i < m; ++i) {
+          float* dst = y + (static_cast<std::size_t>(n0 + i) * s.filters + f) * positions;
+          const float* part = src + static_cast<std::size_t>(i) * positions;
+          for (std::size_t p = 0; p < positions; ++p) dst[p] = part[p] + b[f];
+        }
+      }
+    }
+  }
+
+  void conv2d_backward(const float* x, const float* w, const float* dy,
+                       float* dx, float* dw, float* db, float* workspace,
+                       const ConvShape& s) override {
+    const int kk = s.c * s.kernel * s.kernel;
+    const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
+    const std::size_t image = static_cast<std::size_t>(s.c) * s.h * s.w;
+    const int chunk = conv_chunk(s);
+    float* col = workspace;
+    float* grad = workspace + static_cast<std::size_t>(kk) * positions * chunk;
+    std::fill_n(db, s.filters, 0.0f);
+    for (int n0 = 0; n0 < s.n; n0 += chunk) {
+      const int m = std::min(chunk, s.n - n0);
+      const int cols = static_cast<int>(positions) * m;
+      // NCHW to filter-major, summing the bias gradient on the way.
+      for (int f = 0; f < s.filters; ++f) {
+        float* dst = grad + static_cast<std::size_t>(f) * cols;
+        float sum = 0.0f;
+        for (int i = 0; i < m; ++i) {
+          const float* src =
+              dy + (static_cast<std::size_t>(n0 + i) * s.filters + f) * positions;
+          float* part = dst + static_cast<std::size_t>(i) * positions;
+          for (std::size_t p = 0; p < positions; ++p) {
+            part[p] = src[p];
+            sum += src[p];
+          }
+        }
+        db[f] += sum;
+      }
+      im2col(x + static_cast<std::size_t>(n0) * image, col, s, m);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.filters, kk, cols,
+                  1.0f, grad, cols, col, cols, n0 == 0 ? 0.0f : 1.0f, dw, kk);
+      if (dx) {
+        // The im2col matrix is no longer needed: its gradient takes its place.
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, cols,
+                    s.filters, 1.0f, w, kk, grad, cols, 0.0f, col, cols);
+        col2im(col, dx + static_cast<std::size_t>(n0) * image, s, m);
+      }
+    }
+  }
+
+  void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
+                       const PoolShape& s) override {
+    const int oh = s.out_h(), ow = s.out_w(), k = s.k;
+    const std::size_t plane = static_cast<std::size_t>(s.h) * s.w;
+    const std::size_t planes = static_cast<std::size_t>(s.n) * s.c;
+    for (std::size_t pl = 0; pl < planes; ++pl) {
+      const float* in = x + pl * plane;
+      const auto base = static_cast<std::int32_t>(pl * plane);
+      for (int r = 0; r < oh; ++r) {
+        for (int c = 0; c < ow; ++c) {
+          int best = r * k * s.w + c * k;
+          for (int u = 0; u < k; ++u) {
+            const int row = (r * k + u) * s.w + c * k;
+            for (int v = 0; v < k; ++v) {
+              if (ew::takes_max(in[row + v], in[best])) best = row + v;
+            }
+          }
+          *y++ = in[best];
+          *argmax++ = base + best;
+        }
+      }
+    }
+  }
+
+  void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
+                        const PoolShape& s) override {
+    std::fill_n(dx, static_cast<std::size_t>(s.n) * s.c * s.h * s.w, 0.0f);
+    const std::size_t outputs =
+        static_cast<std::size_t>(s.n) * s.c * s.out_h() * s.out_w();
+    for (std::size_t j = 0; j < outputs; ++j) dx[argmax[j]] = dy[j];
+  }
+
+  void softmax_xent(const float* logits, const std::int32_t* labels,
+                    float* dlogits, float* loss, float* correct, int n,
+                    int classes) override {
+    const float inv_n = 1.0f / static_cast<float>(n);
+    for (int i = 0; i < n; ++i) {
+      const std::int32_t label = labels[i];
+      if (label < 0 || label >= classes) {
+        throw std::invalid_argument(
+            "softmax_xent: label " + std::to_string(label) + " of sample " +
+            std::to_string(i) + " is not in [0, " + std::to_string(classes) + ")");
+      }
+      const float* row = logits + static_cast<std::size_t>(i) * classes;
+      float* grad = dlogits + static_cast<std::size_t>(i) * classes;
+      const int best = ew::argmax(row, classes);
+      float sum = 0.0f;
+      for (int j = 0; j < classes; ++j) sum += ew::softmax_exp_term(row[j], row[best]);
+      const float lse = ew::log_sum_exp(row[best], sum);
+      for (int j = 0; j < classes; ++j) {
+        grad[j] = ew::xent_grad(row[j], lse, j == label, inv_n);
+      }
+      loss[i] = ew::xent_loss(row[label], lse);
+      correct[i] = ew::correct(best, label);
+    }
+  }
+
+  void scale(float* x, float a, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) x[i] *= a;
+  }
+
+  void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
+                       float* state, std::size_t n, std::uint64_t step,
+                       float lr_scale) override {
+    const Optimizer optimizer(config);
+    optimizer.apply(std::span<float>(w, n), std::span<const float>(g, n),
+                    std::span<float>(state, n * optimizer.state_slots()), step,
+                    lr_scale);
+  }
+
+ private:
+  static void* allocate(std::size_t bytes) {
+    // aligned_alloc wants a multiple of the alignment, and a zero-byte
+    // request must still give a pointer distinct from "none".
+    const std::size_t rounded =
+        std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    void* ptr = std::aligned_alloc(kAlignment, rounded);
+    if (!ptr) throw std::bad_alloc();
+    return ptr;
+  }
+
+  int threads_;
+  Fence fences_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace pstrain
