@@ -1,0 +1,380 @@
+// cluster.yaml parsing, --set overrides, the canonical form and its hash, and
+// the error messages users see for bad files.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "shared/config.h"
+#include "shared/init.h"
+#include "tests/support/process.h"
+
+namespace pstrain {
+namespace {
+
+const std::string kMinimal =
+    "ps: [{host: 127.0.0.1, port: 7000}, {host: 127.0.0.1, port: 7001}]\n"
+    "workers: {count: 2}\n";
+
+ClusterConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_config(text, overrides, "t.yaml");
+}
+
+// The ConfigError message, or "" when the text is accepted.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(text, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("config: the default cluster.yaml parses and round-trips") {
+  const auto c = load_config(std::filesystem::path(PSTRAIN_SOURCE_DIR) / "cluster.yaml");
+  CHECK_FALSE(c.ps.empty());
+  CHECK((c.workers_auto || !c.workers.empty()));
+  CHECK(c.run_dir == std::filesystem::path("runs") / c.job);
+  CHECK(parse(c.to_yaml()).to_yaml() == c.to_yaml());
+}
+
+TEST_CASE("config: unset keys take the documented defaults") {
+  const auto c = parse(kMinimal);
+  CHECK(c.job == "pstrain");
+  CHECK(c.run_dir == "runs/pstrain");
+  CHECK(c.mode == Mode::async);
+  REQUIRE(c.ps.size() == 2);
+  CHECK(c.ps[1].port == 7001);
+  CHECK(c.ps[1].connect_address() == "tcp://127.0.0.1:7001");
+  CHECK(c.ps[1].bind_address() == "tcp://127.0.0.1:7001");
+  REQUIRE(c.workers.size() == 2);
+  CHECK(c.workers[1].host == "127.0.0.1");
+  CHECK(c.workers[1].device == Device::cpu);
+  CHECK(c.workers[1].gpu == -1);
+  CHECK(c.optimizer.kind == OptimizerKind::sgd);
+  CHECK(c.model.preset == "mlp");
+  CHECK(c.data.name == "fashion-mnist");
+  CHECK(c.train.batch_size == 64);
+  CHECK(c.net.chunk_bytes == 256 * 1024);
+}
+
+TEST_CASE("config: every section is read") {
+  const auto c = parse(
+      "job: exp-1.a_b\n"
+      "run_dir: /tmp/x\n"
+      "mode: sync\n"
+      "ps:\n"
+      "  - {host: 10.0.0.1, port: 7100, bind: 0.0.0.0}\n"
+      "  - {host: '::1', port: 7100}\n"
+      "workers:\n"
+      "  - {host: 10.0.0.2, device: cuda, gpu: 1}\n"
+      "  - {device: auto, gpu: auto}\n"
+      "  - {}\n"
+      "optimizer: {name: adam, lr: 0.001, beta1: 0.8, beta2: 0.99, eps: 1e-6,\n"
+      "            momentum: 0.5, nesterov: true, initial_accumulator: 0.2,\n"
+      "            weight_decay: 0.0001}\n"
+      "model:\n"
+      "  - {type: conv2d, filters: 8, kernel: 3}\n"
+      "  - {type: relu}\n"
+      "  - {type: maxpool2d, kernel: 2}\n"
+      "  - {type: flatten}\n"
+      "  - {type: dense, units: 10}\n"
+      "data: {name: synthetic, dir: /d, synthetic_train: 100, synthetic_test: 10}\n"
+      "train: {batch_size: 32, epochs: 0.5, seed: 18446744073709551615, eval_every: 0,\n"
+      "        threads: 2, sync_every: 5, lr_scaling: yes, warmup_steps: 10,\n"
+      "        straggler_worker: 2, straggler_delay_ms: 12.5, bucket_bytes: 4096}\n"
+      "net: {chunk_bytes: 4, request_timeout: 2, worker_timeout: 3, heartbeat: 0.25,\n"
+      "      gloo_base_port: 9000}\n");
+  CHECK(c.job == "exp-1.a_b");
+  CHECK(c.run_dir == "/tmp/x");
+  CHECK(c.mode == Mode::sync);
+  CHECK(c.ps[0].bind_address() == "tcp://0.0.0.0:7100");
+  CHECK(c.ps[0].connect_address() == "tcp://10.0.0.1:7100");
+  CHECK(c.ps[1].connect_address() == "tcp://[::1]:7100");
+  REQUIRE(c.workers.size() == 3);
+  CHECK(c.workers[0].host == "10.0.0.2");
+  CHECK(c.workers[0].device == Device::cuda);
+  CHECK(c.workers[0].gpu == 1);
+  CHECK(c.workers[1].device == Device::auto_);
+  CHECK(c.workers[1].gpu == -1);
+  CHECK(c.optimizer.kind == OptimizerKind::adam);
+  CHECK(c.optimizer.lr == 0.001f);
+  CHECK(c.optimizer.beta1 == 0.8f);
+  CHECK(c.optimizer.beta2 == 0.99f);
+  CHECK(c.optimizer.eps == 1e-6f);
+  CHECK(c.optimizer.nesterov);
+  CHECK(c.optimizer.weight_decay == 0.0001f);
+  CHECK(c.model.preset == "custom");
+  REQUIRE(c.model.layers.size() == 5);
+  CHECK(c.model.layers[0].type == "conv2d");
+  CHECK(c.model.layers[0].filters == 8);
+  CHECK(c.model.layers[0].kernel == 3);
+  CHECK(c.model.layers[2].kernel == 2);
+  CHECK(c.model.layers[4].units == 10);
+  CHECK(c.data.name == "synthetic");
+  CHECK(c.data.synthetic_train == 100);
+  CHECK(c.train.epochs == 0.5);
+  CHECK(c.train.seed == 18446744073709551615ULL);
+  CHECK(c.train.eval_every == 0);
+  CHECK(c.train.lr_scaling);
+  CHECK(c.train.straggler_worker == 2);
+  CHECK(c.train.straggler_delay_ms == 12.5);
+  CHECK(c.train.bucket_bytes == 4096);
+  CHECK(c.net.chunk_bytes == 4);
+  CHECK(c.net.heartbeat == 0.25);
+  CHECK(c.net.gloo_base_port == 9000);
+}
+
+TEST_CASE("config: workers: auto is kept for the launcher") {
+  const auto c = parse("ps: [{host: h, port: 1}]\nworkers: auto\n");
+  CHECK(c.workers_auto);
+  CHECK(c.workers.empty());
+}
+
+TEST_CASE("config: --set overrides") {
+  SUBCASE("scalars, parsed as YAML") {
+    const auto c = parse(kMinimal, {"optimizer.lr=0.05", "mode=sync", "train.lr_scaling=true"});
+    CHECK(c.optimizer.lr == 0.05f);
+    CHECK(c.mode == Mode::sync);
+    CHECK(c.train.lr_scaling);
+  }
+  SUBCASE("nested keys in sections the file does not have") {
+    const auto c = parse(kMinimal, {"train.seed=7", "net.chunk_bytes=1024"});
+    CHECK(c.train.seed == 7);
+    CHECK(c.net.chunk_bytes == 1024);
+  }
+  SUBCASE("list indices") {
+    const auto c = parse(kMinimal + "optimizer: {}\n",
+                         {"ps.1.port=9000", "workers={count: 1}"});
+    CHECK(c.ps[1].port == 9000);
+    const auto d = parse("ps: [{host: a, port: 1}]\nworkers: [{}, {}]\n",
+                         {"workers.1.device=cuda", "workers.1.gpu=3"});
+    CHECK(d.workers[0].device == Device::cpu);
+    CHECK(d.workers[1].device == Device::cuda);
+    CHECK(d.workers[1].gpu == 3);
+  }
+  SUBCASE("one past the end appends") {
+    const auto c = parse(kMinimal, {"ps.2={host: 127.0.0.1, port: 7002}"});
+    REQUIRE(c.ps.size() == 3);
+    CHECK(c.ps[2].port == 7002);
+  }
+  SUBCASE("preset switch and custom models") {
+    CHECK(parse(kMinimal, {"model=cnn"}).model.preset == "cnn");
+    const auto c = parse(kMinimal, {"model=[{type: flatten}, {type: dense, units: 10}]"});
+    CHECK(c.model.preset == "custom");
+    CHECK(c.model.layers.size() == 2);
+  }
+  SUBCASE("the shorthand workers count") {
+    CHECK(parse(kMinimal, {"workers.count=3"}).workers.size() == 3);
+  }
+  SUBCASE("the last override of a key wins; values may contain '='") {
+    const auto c = parse(kMinimal, {"train.epochs=2", "train.epochs=4", "data.dir=/a=b"});
+    CHECK(c.train.epochs == 4);
+    CHECK(c.data.dir == "/a=b");
+  }
+  SUBCASE("a word YAML reserves is taken as a string") {
+    CHECK(parse(kMinimal, {"ps.0.bind=*"}).ps[0].bind_address() == "tcp://*:7000");
+  }
+  SUBCASE("switching optimizer keeps its other keys valid") {
+    const auto c = parse(kMinimal + "optimizer: {name: momentum, momentum: 0.5}\n",
+                         {"optimizer.name=adam"});
+    CHECK(c.optimizer.kind == OptimizerKind::adam);
+  }
+}
+
+TEST_CASE("config: the hash is stable and covers every value") {
+  const auto base = parse(kMinimal);
+  CHECK(base.hash() == fnv1a64(base.to_yaml()));
+  // Layout, comments, key order and spelled-out defaults do not matter.
+  const auto same = parse(
+      "# comment\n"
+      "workers:\n  count: 2\n"
+      "ps:\n  - host: 127.0.0.1\n    port: 7000\n    bind: 127.0.0.1\n"
+      "  - {port: 7001, host: 127.0.0.1}\n"
+      "train: {batch_size: 64}\n");
+  CHECK(same.hash() == base.hash());
+
+  const std::vector<std::string> changes = {
+      "job=other",          "run_dir=elsewhere",       "mode=sync",
+      "ps.0.port=7005",     "ps.0.bind=0.0.0.0",       "workers.count=3",
+      "workers.device=cuda", "workers.host=10.0.0.9",  "workers=auto",
+      "optimizer.name=adam", "optimizer.lr=0.2",       "optimizer.momentum=0.5",
+      "optimizer.nesterov=true", "optimizer.beta1=0.5", "optimizer.beta2=0.5",
+      "optimizer.eps=1e-7", "optimizer.initial_accumulator=0.5",
+      "optimizer.weight_decay=0.1", "model=cnn",        "model=[{type: flatten}]",
+      "data.name=synthetic", "data.dir=/x",            "data.synthetic_train=5",
+      "data.synthetic_test=5", "train.batch_size=65",  "train.epochs=1.5",
+      "train.seed=1",       "train.eval_every=1",      "train.threads=2",
+      "train.sync_every=2", "train.lr_scaling=true",   "train.warmup_steps=1",
+      "train.straggler_worker=1", "train.straggler_delay_ms=1",
+      "train.bucket_bytes=1024", "net.chunk_bytes=1024", "net.request_timeout=1",
+      "net.worker_timeout=2", "net.heartbeat=0.5",     "net.gloo_base_port=9000",
+  };
+  for (const auto& change : changes) {
+    INFO(change);
+    CHECK(parse(kMinimal, {change}).hash() != base.hash());
+  }
+}
+
+TEST_CASE("config: to_yaml round-trips") {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"workers=auto", "model=[{type: conv2d, filters: 4, kernel: 5}, {type: maxpool2d, kernel: 2},"
+                       " {type: flatten}, {type: relu}, {type: dense, units: 10}]"},
+      {"workers=[{host: a, device: cuda, gpu: 2}, {device: auto}]", "ps.0.bind='*'",
+       "optimizer={name: adagrad, lr: 0.3, eps: 3e-9}", "train.epochs=0.1",
+       "job=\"true\"", "data.dir='/path with: colon'", "train.straggler_delay_ms=0.1"},
+  };
+  for (const auto& overrides : variants) {
+    const auto c = parse(kMinimal, overrides);
+    const auto again = parse(c.to_yaml());
+    CHECK(again.to_yaml() == c.to_yaml());
+    CHECK(again.hash() == c.hash());
+  }
+  const auto c = parse(kMinimal, variants[2]);
+  const auto again = parse(c.to_yaml());
+  CHECK(again.job == "true");
+  CHECK(again.data.dir == "/path with: colon");
+  CHECK(again.optimizer.lr == 0.3f);
+  CHECK(again.optimizer.eps == 3e-9f);
+  CHECK(again.workers[0].gpu == 2);
+  CHECK(again.ps[0].bind_address() == "tcp://*:7000");
+}
+
+TEST_CASE("config: bad files name the key and the problem") {
+  struct Case {
+    std::string text;
+    std::vector<std::string> overrides;
+    std::string expected;
+  };
+  const std::string m = kMinimal;
+  const std::vector<Case> cases = {
+      // unknown keys at each level
+      {m + "batchsize: 3\n", {}, "t.yaml: batchsize: unknown key (expected one of: job, run_dir, "},
+      {m + "train: {batchsize: 3}\n", {},
+       "t.yaml: train.batchsize: unknown key (expected one of: batch_size, epochs, "},
+      {m + "optimizer: {rate: 3}\n", {}, "t.yaml: optimizer.rate: unknown key"},
+      {m + "data: {path: /x}\n", {}, "t.yaml: data.path: unknown key"},
+      {m + "net: {timeout: 3}\n", {}, "t.yaml: net.timeout: unknown key"},
+      {"ps: [{host: a, port: 1, prot: 2}]\nworkers: {count: 1}\n", {},
+       "t.yaml: ps.0.prot: unknown key"},
+      {"ps: [{host: a, port: 1}]\nworkers: [{gpus: 1}]\n", {}, "t.yaml: workers.0.gpus: unknown key"},
+      {"ps: [{host: a, port: 1}]\nworkers: {count: 1, cnt: 2}\n", {},
+       "t.yaml: workers.cnt: unknown key"},
+      {m + "model: [{type: relu, units: 3}]\n", {},
+       "t.yaml: model.0.units: unknown key (expected one of: type)"},
+      {m, {"train.batchsize=3"}, "t.yaml: train.batchsize: unknown key"},
+      {m + "train: {epochs: 1, epochs: 2}\n", {}, "t.yaml: train.epochs: given more than once"},
+      // wrong types
+      {m + "optimizer: {lr: fast}\n", {}, "t.yaml: optimizer.lr: expected a number > 0, got 'fast'"},
+      {m + "train: {batch_size: [1]}\n", {},
+       "t.yaml: train.batch_size: expected an integer >= 1, got a list"},
+      {m + "train: {batch_size: 1.5}\n", {}, "t.yaml: train.batch_size: expected an integer >= 1"},
+      {m + "optimizer: 3\n", {}, "t.yaml: optimizer: expected a map {name, lr, ...}, got '3'"},
+      {m + "optimizer: {nesterov: maybe}\n", {},
+       "t.yaml: optimizer.nesterov: expected true or false, got 'maybe'"},
+      {m + "job: {a: 1}\n", {}, "t.yaml: job: expected a non-empty string, got a map"},
+      {m + "job: a/b\n", {}, "t.yaml: job: expected a name of letters"},
+      {"- 1\n- 2\n", {}, "t.yaml: expected a map of settings"},
+      {"ps: [{host: a, port: 1}]\nworkers: many\n", {}, "t.yaml: workers: expected a non-empty list"},
+      // out of range
+      {m + "optimizer: {lr: 0}\n", {}, "t.yaml: optimizer.lr: expected a number > 0, got '0'"},
+      {m + "optimizer: {lr: .nan}\n", {}, "t.yaml: optimizer.lr: expected a number > 0"},
+      {m + "optimizer: {momentum: 1}\n", {},
+       "t.yaml: optimizer.momentum: expected a number in [0, 1), got '1'"},
+      {m + "optimizer: {beta2: -0.1}\n", {}, "t.yaml: optimizer.beta2: expected a number in [0, 1)"},
+      {m + "train: {batch_size: 0}\n", {}, "t.yaml: train.batch_size: expected an integer >= 1, got '0'"},
+      {m + "train: {threads: -1}\n", {}, "t.yaml: train.threads: expected an integer >= 1, got '-1'"},
+      {m + "train: {epochs: 0}\n", {}, "t.yaml: train.epochs: expected a number > 0"},
+      {m + "train: {straggler_worker: 2}\n", {},
+       "t.yaml: train.straggler_worker: 2 is not a worker index (there are 2 workers"},
+      {m + "net: {chunk_bytes: 2}\n", {}, "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
+      {m + "net: {chunk_bytes: 16777217}\n", {}, "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
+      {m + "net: {heartbeat: 5, worker_timeout: 5}\n", {},
+       "t.yaml: net.heartbeat: must be shorter than net.worker_timeout (5 s)"},
+      {m + "net: {gloo_base_port: 65535}\n", {}, "t.yaml: net.gloo_base_port: 65535 + 2 workers"},
+      {m + "net: {request_timeout: 0}\n", {}, "t.yaml: net.request_timeout: expected a number > 0"},
+      {m, {"workers.count=0"}, "t.yaml: workers.count: expected an integer in 1..65535, got '0'"},
+      {"ps: [{host: a, port: 1}]\nworkers: [{gpu: -1}]\n", {},
+       "t.yaml: workers.0.gpu: expected an integer >= 0, got '-1'"},
+      // ps
+      {"workers: {count: 1}\n", {}, "t.yaml: ps: missing"},
+      {"ps: []\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list of {host, port}, got a list"},
+      {"ps: 127.0.0.1:7000\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list"},
+      {"ps: [{host: a}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.port: missing"},
+      {"ps: [{port: 1}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.host: missing"},
+      {"ps: [{host: a, port: 0}]\nworkers: {count: 1}\n", {},
+       "t.yaml: ps.0.port: expected an integer in 1..65535, got '0'"},
+      {"ps: [{host: a, port: 65536}]\nworkers: {count: 1}\n", {},
+       "t.yaml: ps.0.port: expected an integer in 1..65535, got '65536'"},
+      {"ps: [{host: a, port: http}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.port: expected an integer"},
+      {"ps: [{host: a, port: 5}, {host: b, port: 5}, {host: a, port: 5}]\nworkers: {count: 1}\n", {},
+       "t.yaml: ps.2: duplicate endpoint a:5 (also ps.0)"},
+      {"ps: [{host: '', port: 5}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.host: expected a non-empty string"},
+      // workers
+      {"ps: [{host: a, port: 1}]\n", {}, "t.yaml: workers: missing"},
+      {"ps: [{host: a, port: 1}]\nworkers: []\n", {}, "t.yaml: workers: expected a non-empty list"},
+      {"ps: [{host: a, port: 1}]\nworkers: [{device: gpu}]\n", {},
+       "t.yaml: workers.0.device: expected cpu, cuda or auto, got 'gpu'"},
+      {m, {"workers.device=tpu"}, "t.yaml: workers.device: expected cpu, cuda or auto, got 'tpu'"},
+      // enumerations
+      {m + "mode: lazy\n", {}, "t.yaml: mode: expected async or sync, got 'lazy'"},
+      {m + "optimizer: {name: rmsprop}\n", {},
+       "t.yaml: optimizer.name: expected sgd, momentum, adam or adagrad, got 'rmsprop'"},
+      {m + "data: {name: cifar}\n", {}, "t.yaml: data.name: expected fashion-mnist or synthetic"},
+      {m + "model: resnet\n", {}, "t.yaml: model: expected mlp or cnn, got 'resnet'"},
+      {m + "model: custom\n", {}, "t.yaml: model: expected mlp or cnn, got 'custom'"},
+      {m + "model: []\n", {}, "t.yaml: model: expected mlp, cnn or a non-empty list of layers"},
+      {m + "model: [{type: dense, units: 3}, {type: softmax}]\n", {},
+       "t.yaml: model.1.type: expected dense, relu, conv2d, maxpool2d or flatten, got 'softmax'"},
+      {m + "model: [{units: 3}]\n", {}, "t.yaml: model.0: expected a layer {type: "},
+      {m + "model: [{type: dense}]\n", {}, "t.yaml: model.0.units: missing (required for a dense layer)"},
+      {m + "model: [{type: conv2d, filters: 0, kernel: 3}]\n", {},
+       "t.yaml: model.0.filters: expected an integer >= 1, got '0'"},
+      // YAML syntax, in the file and in overrides
+      {"ps: [{host: a, port: 1}]\nworkers: {count: 1\njob: x\n", {}, "t.yaml:3:"},
+      {m, {"foo"}, "--set 'foo': expected key=value (e.g. optimizer.lr=0.05)"},
+      {m, {"=3"}, "--set '=3': expected key=value"},
+      {m, {"train..seed=3"}, "--set 'train..seed=3': empty part in the key"},
+      {m, {"job=[x"}, "--set 'job=[x': the value is not valid YAML"},
+      {m, {"ps.5.port=1"}, "--set 'ps.5.port=1': ps is a list of 2 entries; '5' is not an index of it"},
+      {m, {"ps.host=x"}, "--set 'ps.host=x': ps is a list of 2 entries; 'host' is not an index"},
+      {m + "job: x\n", {"job.name=y"}, "--set 'job.name=y': job is a single value"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.text);
+    INFO(c.expected);
+    const std::string message = error_of(c.text, c.overrides);
+    CHECK(message.find(c.expected) == 0);
+  }
+}
+
+TEST_CASE("config: the YAML syntax error names the file and line") {
+  const std::string message = error_of("ps:\n  - {host: a, port: 1\nworkers: 2\n");
+  CHECK(message.find("t.yaml:3:") == 0);
+  CHECK(message.find("YAML syntax error") != std::string::npos);
+}
+
+TEST_CASE("config: load_config names the file it cannot read") {
+  testing::TempDir dir;
+  const auto missing = dir.path() / "nope.yaml";
+  CHECK_THROWS_WITH_AS(load_config(missing),
+                       (missing.string() + ": no such file (give the cluster file with --cluster)").c_str(),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(load_config(dir.path()),
+                       (dir.path().string() + ": is a directory, expected a YAML file").c_str(),
+                       ConfigError);
+  const auto bad = dir.path() / "bad.yaml";
+  std::ofstream(bad) << kMinimal << "optimizer: {lr: fast}\n";
+  CHECK_THROWS_WITH_AS(load_config(bad),
+                       (bad.string() + ": optimizer.lr: expected a number > 0, got 'fast'").c_str(),
+                       ConfigError);
+  const auto good = dir.path() / "good.yaml";
+  std::ofstream(good) << kMinimal;
+  CHECK(load_config(good, {"train.seed=5"}).train.seed == 5);
+}
+
+}  // namespace pstrain
