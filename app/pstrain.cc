@@ -1,1 +1,219 @@
-int main() { return 0; }  // replaced by the CLI (app/pstrain.cc) shortly
+// The `pstrain` binary: one process of a run, its role chosen by flag.
+//
+// Exit codes: 0 done; 1 the role failed at run time; 2 bad command line or
+// configuration (nothing was started). A role's own non-zero code passes
+// through.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <charconv>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "client/worker_role.h"
+#include "server/ps_role.h"
+#include "shared/config.h"
+#include "shared/protocol.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+constexpr const char* kUsage =
+    "pstrain: data-parallel training with parameter servers.\n"
+    "\n"
+    "Usage:\n"
+    "  pstrain --role ps     --index N [options]    serve parameter server N of the cluster\n"
+    "  pstrain --role worker --index N [options]    train as worker N\n"
+    "  pstrain --role eval   --model FILE [options] print the test accuracy of a saved model\n"
+    "\n"
+    "Every process of a run must be given the same cluster file and --set overrides\n"
+    "(their hash is checked when a worker connects). tools/launch starts a whole\n"
+    "cluster from one file.\n"
+    "\n";
+
+// A bad command line: reported with exit code 2 before anything starts.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Args {
+  std::string role;
+  std::uint32_t index = 0;
+  std::filesystem::path cluster;
+  std::vector<std::string> overrides;
+  std::optional<std::filesystem::path> restore;
+  std::optional<std::filesystem::path> model;
+};
+
+po::options_description options() {
+  po::options_description desc("Options");
+  desc.add_options()
+      ("role", po::value<std::string>()->value_name("ps|worker|eval"), "the role of this process")
+      ("index", po::value<std::string>()->value_name("N"),
+       "which ps or worker of the cluster this is (0-based; required for ps and worker)")
+      ("cluster", po::value<std::string>()->default_value("cluster.yaml")->value_name("FILE"),
+       "the cluster file")
+      ("set", po::value<std::vector<std::string>>()->composing()->value_name("KEY=VALUE"),
+       "override a cluster file value, e.g. --set optimizer.lr=0.05 --set workers.0.device=cuda "
+       "(repeatable; values are YAML)")
+      ("mode", po::value<std::string>()->value_name("async|sync"),
+       "shorthand for --set mode=..., applied after every --set")
+      ("restore", po::value<std::string>()->value_name("DIR"),
+       "ps: start from the snapshot in DIR instead of fresh values")
+      ("model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")
+      ("help,h", "print this help")
+      ("version", "print the version");
+  return desc;
+}
+
+std::uint32_t parse_index(const std::string& text) {
+  std::uint32_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    throw UsageError("--index: expected a non-negative integer, got '" + text + "'");
+  }
+  return value;
+}
+
+// Returns nullopt when --help or --version was answered.
+std::optional<Args> parse_args(int argc, char** argv) {
+  const auto desc = options();
+  po::variables_map vm;
+  // pstrain takes no positional arguments; they are collected only to name
+  // the stray word in the error instead of silently ignoring it.
+  po::options_description all;
+  all.add(desc).add_options()("stray", po::value<std::vector<std::string>>());
+  po::positional_options_description stray;
+  stray.add("stray", -1);
+  po::store(po::command_line_parser(argc, argv).options(all).positional(stray).run(), vm);
+  po::notify(vm);
+  if (vm.count("stray")) {
+    throw UsageError("unexpected argument '" + vm["stray"].as<std::vector<std::string>>()[0] +
+                     "' (options start with --; see --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << desc;
+    return std::nullopt;
+  }
+  if (vm.count("version")) {
+    std::cout << "pstrain " << kVersion << " (wire protocol " << pstrain::wire::kProtocolVersion
+              << ")\n";
+    return std::nullopt;
+  }
+
+  Args args;
+  if (!vm.count("role")) throw UsageError("--role is required (ps, worker or eval; see --help)");
+  args.role = vm["role"].as<std::string>();
+  if (args.role != "ps" && args.role != "worker" && args.role != "eval") {
+    throw UsageError("--role: expected ps, worker or eval, got '" + args.role + "'");
+  }
+  const bool indexed = args.role != "eval";
+  if (vm.count("index")) {
+    if (!indexed) throw UsageError("--index does not apply to --role eval");
+    args.index = parse_index(vm["index"].as<std::string>());
+  } else if (indexed) {
+    throw UsageError("--index is required for --role " + args.role);
+  }
+  args.cluster = vm["cluster"].as<std::string>();
+  if (vm.count("set")) args.overrides = vm["set"].as<std::vector<std::string>>();
+  if (vm.count("mode")) {
+    const auto mode = vm["mode"].as<std::string>();
+    if (mode != "async" && mode != "sync") {
+      throw UsageError("--mode: expected async or sync, got '" + mode + "'");
+    }
+    args.overrides.push_back("mode=" + mode);
+  }
+  if (vm.count("restore")) {
+    if (args.role != "ps") throw UsageError("--restore applies only to --role ps");
+    args.restore = vm["restore"].as<std::string>();
+  }
+  if (vm.count("model")) {
+    if (args.role != "eval") throw UsageError("--model applies only to --role eval");
+    args.model = vm["model"].as<std::string>();
+  } else if (args.role == "eval") {
+    throw UsageError("--role eval needs --model FILE");
+  }
+  return args;
+}
+
+void check_index(const Args& args, const pstrain::ClusterConfig& config) {
+  const std::string where = args.cluster.string();
+  if (args.role == "ps" && args.index >= config.ps.size()) {
+    throw UsageError("--index " + std::to_string(args.index) + ": " + where + " lists " +
+                     std::to_string(config.ps.size()) + " parameter servers (indices 0.." +
+                     std::to_string(config.ps.size() - 1) + ")");
+  }
+  if (args.role == "worker") {
+    if (config.workers_auto) {
+      throw UsageError(where +
+                       ": workers: auto is resolved only by tools/launch; to start a worker by "
+                       "hand, list the workers or give {count: N}");
+    }
+    if (args.index >= config.workers.size()) {
+      throw UsageError("--index " + std::to_string(args.index) + ": " + where + " lists " +
+                       std::to_string(config.workers.size()) + " workers (indices 0.." +
+                       std::to_string(config.workers.size() - 1) + ")");
+    }
+  }
+}
+
+// Records the resolved configuration beside the run's outputs. ps 0 and
+// worker 0 may both write it at once; each writes its own temporary file and
+// renames it into place, so a reader never sees a torn file.
+void write_resolved_config(const pstrain::ClusterConfig& config) {
+  std::filesystem::create_directories(config.run_dir);
+  const auto target = config.run_dir / "config.yaml";
+  auto temp = target;
+  temp += ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << config.to_yaml();
+    out.close();
+    if (!out) throw std::runtime_error("cannot write " + temp.string());
+  }
+  std::filesystem::rename(temp, target);
+}
+
+int run(const Args& args, const pstrain::ClusterConfig& config) {
+  if (args.role != "eval" && args.index == 0) write_resolved_config(config);
+  if (args.role == "ps") return pstrain::run_ps_role(config, args.index, args.restore);
+  if (args.role == "worker") return pstrain::run_worker_role(config, args.index);
+  return pstrain::run_eval_role(config, *args.model);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  pstrain::ClusterConfig config;
+  try {
+    auto parsed = parse_args(argc, argv);
+    if (!parsed) return 0;
+    args = std::move(*parsed);
+    config = pstrain::load_config(args.cluster, args.overrides);
+    check_index(args, config);
+  } catch (const po::error& e) {
+    std::cerr << "pstrain: " << e.what() << " (see --help)\n";
+    return 2;
+  } catch (const std::exception& e) {  // UsageError, ConfigError
+    std::cerr << "pstrain: " << e.what() << "\n";
+    return 2;
+  }
+
+  const std::string who = args.role == "eval" ? args.role : args.role + " " + std::to_string(args.index);
+  try {
+    return run(args, config);
+  } catch (const std::exception& e) {
+    std::cerr << "pstrain: " << who << ": " << e.what() << "\n";
+    return 1;
+  }
+}
