@@ -1,0 +1,142 @@
+// The `pstrain` command line: help, exit codes and messages for bad input,
+// and the resolved config.yaml a run records.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "shared/config.h"
+#include "tests/support/process.h"
+
+namespace pstrain {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs pstrain to completion; these invocations never start a role, or fail
+// before it starts, so they end at once.
+Result run_cli(const testing::TempDir& dir, std::vector<std::string> args) {
+  static int runs = 0;
+  const auto log = dir.path() / ("cli-" + std::to_string(runs++) + ".log");
+  args.insert(args.begin(), PSTRAIN_BINARY);
+  testing::Child child(args, log);
+  const auto code = child.wait_for(20s);
+  REQUIRE_MESSAGE(code.has_value(), "pstrain did not exit: " << child.log_text());
+  return {*code, child.log_text()};
+}
+
+std::string cluster_file(const testing::TempDir& dir) {
+  const auto path = dir.path() / "cluster.yaml";
+  std::ofstream(path) << "job: cli\n"
+                         "ps: [{host: 127.0.0.1, port: " << testing::free_port()
+                      << "}]\n"
+                         "workers: {count: 2}\n"
+                         "data: {name: synthetic}\n";
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help lists the roles, --version answers") {
+  testing::TempDir dir;
+  const auto help = run_cli(dir, {"--help"});
+  CHECK(help.code == 0);
+  for (const char* text : {"--role ps", "--role worker", "--role eval", "--cluster", "--set"}) {
+    INFO(text);
+    CHECK(help.output.find(text) != std::string::npos);
+  }
+  const auto version = run_cli(dir, {"--version"});
+  CHECK(version.code == 0);
+  CHECK(version.output.rfind("pstrain ", 0) == 0);
+}
+
+TEST_CASE("cli: bad command lines exit 2 naming the problem") {
+  testing::TempDir dir;
+  const std::string cluster = cluster_file(dir);
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{}, "pstrain: --role is required"},
+      {{"--role", "boss", "--cluster", cluster}, "pstrain: --role: expected ps, worker or eval, got 'boss'"},
+      {{"--role", "ps", "--cluster", cluster}, "pstrain: --index is required for --role ps"},
+      {{"--role", "worker", "--index", "x", "--cluster", cluster},
+       "pstrain: --index: expected a non-negative integer, got 'x'"},
+      {{"--role", "ps", "--index", "1", "--cluster", cluster},
+       "pstrain: --index 1: " + cluster + " lists 1 parameter servers (indices 0..0)"},
+      {{"--role", "worker", "--index", "2", "--cluster", cluster},
+       "pstrain: --index 2: " + cluster + " lists 2 workers (indices 0..1)"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "--set", "workers=auto"},
+       "pstrain: " + cluster + ": workers: auto is resolved only by tools/launch"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "--set", "train.batchsize=3"},
+       "pstrain: " + cluster + ": train.batchsize: unknown key"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "--set", "foo"},
+       "pstrain: --set 'foo': expected key=value"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "--mode", "lazy"},
+       "pstrain: --mode: expected async or sync, got 'lazy'"},
+      {{"--role", "ps", "--index", "0", "--cluster", (dir.path() / "none.yaml").string()},
+       "pstrain: " + (dir.path() / "none.yaml").string() + ": no such file"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "--restore", "x"},
+       "pstrain: --restore applies only to --role ps"},
+      {{"--role", "eval", "--cluster", cluster}, "pstrain: --role eval needs --model FILE"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "extra"},
+       "pstrain: unexpected argument 'extra'"},
+      {{"--role", "worker", "--index", "0", "--cluster", cluster, "--bogus"},
+       "pstrain: unrecognised option '--bogus'"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.expected);
+    const auto result = run_cli(dir, c.args);
+    CHECK(result.code == 2);
+    CHECK(result.output.rfind(c.expected, 0) == 0);
+  }
+}
+
+TEST_CASE("cli: ps 0 records the resolved config in run_dir") {
+  testing::TempDir dir;
+  const std::string cluster = cluster_file(dir);
+  const auto run_dir = dir.path() / "run";
+  const std::vector<std::string> overrides = {"run_dir=" + run_dir.string(), "train.seed=9",
+                                              "mode=sync"};
+  testing::Child ps({PSTRAIN_BINARY, "--role", "ps", "--index", "0", "--cluster", cluster,
+                     "--set", overrides[0], "--set", overrides[1], "--mode", "sync"},
+                    dir.path() / "ps.log");
+  const auto written = run_dir / "config.yaml";
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!std::filesystem::exists(written) && std::chrono::steady_clock::now() < deadline &&
+         !ps.wait_for(50ms)) {
+  }
+  REQUIRE_MESSAGE(std::filesystem::exists(written), ps.log_text());
+  ps.stop();
+
+  const auto recorded = load_config(written);
+  const auto expected = load_config(cluster, overrides);
+  CHECK(recorded.hash() == expected.hash());
+  CHECK(recorded.mode == Mode::sync);
+  CHECK(recorded.train.seed == 9);
+  // Only the renamed file is left: no torn or temporary copies.
+  CHECK(std::distance(std::filesystem::directory_iterator(run_dir),
+                      std::filesystem::directory_iterator()) == 1);
+}
+
+TEST_CASE("cli: a failure after start exits 1 naming the role and index") {
+  testing::TempDir dir;
+  const std::string cluster = cluster_file(dir);
+  const auto blocker = dir.path() / "file";
+  std::ofstream(blocker) << "not a directory";
+  const auto result = run_cli(dir, {"--role", "ps", "--index", "0", "--cluster", cluster, "--set",
+                                    "run_dir=" + (blocker / "run").string()});
+  CHECK(result.code == 1);
+  CHECK(result.output.rfind("pstrain: ps 0: ", 0) == 0);
+}
+
+}  // namespace pstrain
