@@ -76,18 +76,20 @@ std::string shown(const YAML::Node& node) {
   }
 }
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 // A closed or open interval, spelled out in error messages.
 struct Range {
-  double lo = -std::numeric_limits<double>::infinity();
+  double lo = -kInf;
   bool lo_open = false;
-  double hi = std::numeric_limits<double>::infinity();
+  double hi = kInf;
   bool hi_open = false;
 
   bool contains(double x) const {
     return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
   }
   std::string text(std::string_view noun) const {
-    auto num = [](double x) { return number(x); };
+    const auto num = number<double>;
     const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
     std::string out(noun);
     if (has_lo && has_hi && !lo_open && !hi_open) return out + " in " + num(lo) + ".." + num(hi);
@@ -101,7 +103,6 @@ struct Range {
   }
 };
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 const Range kPositive{0, true, kInf, false};
 const Range kNonNegative{0, false, kInf, false};
 const Range kUnitOpen{0, false, 1, true};  // [0, 1)
@@ -119,9 +120,11 @@ class Reader {
     throw ConfigError(origin_ + ": " + (path.empty() ? "" : path + ": ") + what);
   }
 
-  // `node` must be a map whose keys all come from `allowed`.
+  // `node` must be a map whose keys all come from `allowed`. An empty entry
+  // (`train:` with every key commented out) counts as an empty map.
   void keys(const YAML::Node& node, const std::string& path,
             const std::vector<std::string>& allowed, std::string_view what) const {
+    if (node.IsNull()) return;
     if (!node.IsMap()) fail(path, "expected " + std::string(what) + ", got " + shown(node));
     std::vector<std::string> seen;
     for (const auto& kv : node) {

@@ -128,6 +128,14 @@ TEST_CASE("config: every section is read") {
   CHECK(c.net.gloo_base_port == 9000);
 }
 
+TEST_CASE("config: an empty section takes its defaults") {
+  const auto c = parse(kMinimal + "train:\noptimizer: ~\n", {"net.heartbeat=2"});
+  CHECK(c.train.batch_size == 64);
+  CHECK(c.optimizer.kind == OptimizerKind::sgd);
+  CHECK(c.net.heartbeat == 2);
+  CHECK(parse(kMinimal + "train:\n", {"train.seed=3"}).train.seed == 3);
+}
+
 TEST_CASE("config: workers: auto is kept for the launcher") {
   const auto c = parse("ps: [{host: h, port: 1}]\nworkers: auto\n");
   CHECK(c.workers_auto);
