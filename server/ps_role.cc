@@ -192,11 +192,22 @@ class PsServer {
       dispatch(identity, request, frames);
     } catch (const std::exception& e) {
       ++errors_;
-      send(identity,
-           wire::error_reply(request, prefix() + std::string(wire::to_string(request.op)) +
-                                          " of '" + request.variable + "' chunk " +
-                                          std::to_string(request.chunk) + ": " + e.what()),
+      send(identity, wire::error_reply(request, prefix() + describe(request) + ": " + e.what()),
            {});
+    }
+  }
+
+  static std::string describe(const Header& request) {
+    std::string s(wire::to_string(request.op));
+    switch (request.op) {
+      case Op::init:
+      case Op::pull:
+      case Op::push:
+      case Op::push_pull:
+      case Op::assign:
+        return s + " of '" + request.variable + "' chunk " + std::to_string(request.chunk);
+      default:
+        return request.variable.empty() ? s : s + " '" + request.variable + "'";
     }
   }
 

@@ -66,6 +66,8 @@ class RecordWriter {
  public:
   explicit RecordWriter(File& file) : file_(file) {}
   void bytes(const void* data, std::size_t size) {
+    // An empty vector's data() may be null, which zlib reads as "restart".
+    if (size == 0) return;
     file_.write(data, size);
     crc_ = crc32_z(crc_, static_cast<const Bytef*>(data), size);
   }

@@ -1,0 +1,213 @@
+// The wire protocol's header codec: exact round trips, and a decoder that
+// turns every malformed frame into ProtocolError without over-allocating.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+
+#include "shared/protocol.h"
+
+using namespace pstrain::wire;
+
+namespace {
+
+Header full_header() {
+  Header h;
+  h.protocol = 0x01020304;
+  h.op = Op::push_pull;
+  h.request_id = 0x1122334455667788ULL;
+  h.sender = 0xa1b2c3d4;
+  h.run_id = 0xfedcba9876543210ULL;
+  h.variable = "dense0/w";
+  h.chunk = 77;
+  h.version = 0x0102030405060708ULL;
+  h.dtype = DType::bytes;
+  h.count = 12345;
+  h.payload_frames = 2;
+  h.status = Status::error;
+  h.text = std::string("text with \0 inside", 18);
+  return h;
+}
+
+void check_equal(const Header& a, const Header& b) {
+  CHECK(a.protocol == b.protocol);
+  CHECK(a.op == b.op);
+  CHECK(a.request_id == b.request_id);
+  CHECK(a.sender == b.sender);
+  CHECK(a.run_id == b.run_id);
+  CHECK(a.variable == b.variable);
+  CHECK(a.chunk == b.chunk);
+  CHECK(a.version == b.version);
+  CHECK(a.dtype == b.dtype);
+  CHECK(a.count == b.count);
+  CHECK(a.payload_frames == b.payload_frames);
+  CHECK(a.status == b.status);
+  CHECK(a.text == b.text);
+}
+
+Header decode(const std::vector<std::uint8_t>& bytes) { return decode_header(bytes); }
+
+// Offsets of the fields in an encoded header with empty strings: u32
+// protocol, u8 op, u64 request id, u32 sender, u64 run id, u32 name length.
+constexpr std::size_t kOpOffset = 4;
+constexpr std::size_t kNameLengthOffset = 4 + 1 + 8 + 4 + 8;
+
+void put_u32(std::vector<std::uint8_t>& b, std::size_t at, std::uint32_t v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
+
+}  // namespace
+
+TEST_CASE("protocol: every header field survives a round trip") {
+  const Header h = full_header();
+  check_equal(decode(encode_header(h)), h);
+  check_equal(decode(encode_header(Header{})), Header{});
+}
+
+TEST_CASE("protocol: every op round-trips and has a name") {
+  for (std::uint8_t op = 1; op <= kMaxOp; ++op) {
+    Header h;
+    h.op = static_cast<Op>(op);
+    CHECK(decode(encode_header(h)).op == h.op);
+    CHECK(to_string(h.op) != "unknown");
+  }
+}
+
+TEST_CASE("protocol: strings at their limits are accepted, beyond them refused") {
+  Header h;
+  h.variable.assign(kMaxNameBytes, 'v');
+  h.text.assign(kMaxTextBytes, 't');
+  check_equal(decode(encode_header(h)), h);
+  h.variable.push_back('v');
+  CHECK_THROWS_AS(encode_header(h), ProtocolError);
+}
+
+TEST_CASE("protocol: every truncation of a valid header is a ProtocolError") {
+  const auto bytes = encode_header(full_header());
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    const std::vector<std::uint8_t> cut(bytes.begin(), bytes.begin() + n);
+    CHECK_THROWS_AS(decode(cut), ProtocolError);
+  }
+}
+
+TEST_CASE("protocol: trailing bytes and oversized frames are refused") {
+  auto bytes = encode_header(Header{});
+  bytes.push_back(0);
+  CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("trailing"), ProtocolError);
+  std::vector<std::uint8_t> huge(kMaxHeaderBytes + 1, 0);
+  CHECK_THROWS_WITH_AS(decode(huge), doctest::Contains("limit"), ProtocolError);
+}
+
+TEST_CASE("protocol: string lengths are checked against limits and remaining bytes") {
+  auto bytes = encode_header(Header{});
+  SUBCASE("name longer than the limit") {
+    put_u32(bytes, kNameLengthOffset, kMaxNameBytes + 1);
+    CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("limit"), ProtocolError);
+  }
+  SUBCASE("name longer than the frame") {
+    put_u32(bytes, kNameLengthOffset, 1000);
+    CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("remain"), ProtocolError);
+  }
+  SUBCASE("text length of 4 GiB") {
+    put_u32(bytes, bytes.size() - 4, 0xffffffffu);
+    CHECK_THROWS_AS(decode(bytes), ProtocolError);
+  }
+}
+
+TEST_CASE("protocol: enums, frame counts and payload sizes are range-checked") {
+  SUBCASE("op 0 and op past the last") {
+    for (std::uint8_t bad : {std::uint8_t{0}, std::uint8_t(kMaxOp + 1), std::uint8_t{255}}) {
+      auto bytes = encode_header(Header{});
+      bytes[kOpOffset] = bad;
+      CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("unknown op"), ProtocolError);
+    }
+  }
+  SUBCASE("dtype") {
+    Header h;
+    h.dtype = static_cast<DType>(7);
+    CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("dtype"), ProtocolError);
+  }
+  SUBCASE("status") {
+    Header h;
+    h.status = static_cast<Status>(2);
+    CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("status"), ProtocolError);
+  }
+  SUBCASE("payload frames") {
+    Header h;
+    h.payload_frames = kMaxPayloadFrames + 1;
+    CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("payload_frames"),
+                         ProtocolError);
+  }
+  SUBCASE("payload larger than the limit, including overflowing counts") {
+    Header h;
+    h.payload_frames = 1;
+    h.count = kMaxPayloadBytes / 4;
+    CHECK_NOTHROW(decode(encode_header(h)));
+    h.count += 1;
+    CHECK_THROWS_AS(decode(encode_header(h)), ProtocolError);
+    h.count = ~0ULL / 2 + 1;  // count * 4 wraps around to 0
+    CHECK_THROWS_AS(decode(encode_header(h)), ProtocolError);
+  }
+  SUBCASE("a large count without payload is an op argument") {
+    Header h;
+    h.op = Op::heartbeat;
+    h.count = ~0ULL;
+    CHECK(decode(encode_header(h)).count == ~0ULL);
+  }
+}
+
+TEST_CASE("protocol: check_payload compares frame size with count * element size") {
+  Header h;
+  h.payload_frames = 1;
+  h.count = 10;
+  CHECK_NOTHROW(check_payload(h, 0, 40));
+  CHECK_THROWS_WITH_AS(check_payload(h, 0, 39), doctest::Contains("39 bytes"), ProtocolError);
+  CHECK_THROWS_AS(check_payload(h, 1, 40), ProtocolError);
+  h.dtype = DType::bytes;
+  CHECK_NOTHROW(check_payload(h, 0, 10));
+  CHECK_THROWS_AS(check_payload(h, 0, 40), ProtocolError);
+}
+
+TEST_CASE("protocol: random and mutated bytes never crash the decoder") {
+  std::mt19937_64 rng(12345);
+  const auto valid = encode_header(full_header());
+  std::size_t accepted = 0;
+  for (int i = 0; i < 5000; ++i) {
+    std::vector<std::uint8_t> bytes;
+    if (i % 2 == 0) {
+      bytes.resize(rng() % 200);
+      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+    } else {
+      bytes = valid;
+      for (int flips = 1 + static_cast<int>(rng() % 4); flips > 0; --flips)
+        bytes[rng() % bytes.size()] = static_cast<std::uint8_t>(rng());
+    }
+    try {
+      const Header h = decode(bytes);
+      // Whatever is accepted must be within every documented limit.
+      CHECK(h.variable.size() <= kMaxNameBytes);
+      CHECK(h.text.size() <= kMaxTextBytes);
+      CHECK(h.payload_frames <= kMaxPayloadFrames);
+      ++accepted;
+    } catch (const ProtocolError&) {
+    }
+  }
+  // Mutations of the integer fields leave valid headers, so some must pass.
+  CHECK(accepted > 0);
+}
+
+TEST_CASE("protocol: replies copy the request's identity") {
+  const Header req = full_header();
+  const Header ok = reply_to(req);
+  CHECK(ok.op == req.op);
+  CHECK(ok.request_id == req.request_id);
+  CHECK(ok.variable == req.variable);
+  CHECK(ok.chunk == req.chunk);
+  CHECK(ok.status == Status::ok);
+  CHECK(ok.protocol == kProtocolVersion);
+  const Header err = error_reply(req, "no such chunk");
+  CHECK(err.status == Status::error);
+  CHECK(err.text == "no such chunk");
+  CHECK(err.request_id == req.request_id);
+  CHECK(error_reply(req, std::string(kMaxTextBytes + 10, 'x')).text.size() == kMaxTextBytes);
+}

@@ -1,0 +1,160 @@
+// The ps's chunk store (init semantics, copy-on-write) and the snapshot file
+// format (round trip, and named errors for every kind of damage).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "server/chunk_store.h"
+#include "server/snapshot.h"
+#include "tests/support/process.h"
+
+using namespace pstrain;
+
+namespace {
+
+OptimizerConfig sgd(float lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::sgd;
+  c.lr = lr;
+  return c;
+}
+
+Snapshot sample_snapshot() {
+  Snapshot s;
+  s.global_samples = 123456789;
+  s.records.push_back({"dense0/w", 3, 17, {1.5f, -2.25f, 3.0f}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}});
+  s.records.push_back({"b", 0, 0, {42.0f}, {}});
+  return s;
+}
+
+std::vector<char> read_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::filesystem::path& p, const std::vector<char>& b) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+}  // namespace
+
+TEST_CASE("chunk store: init creates once, same size is a no-op, another size an error") {
+  ChunkStore store(sgd(1.0f));
+  const std::vector<float> a{1, 2, 3}, b{9, 9, 9}, c{1, 2};
+  CHECK(store.init("w", 0, a));
+  CHECK_FALSE(store.init("w", 0, b));
+  CHECK(*store.find("w", 0)->values == a);
+  CHECK_THROWS_WITH_AS(store.init("w", 0, c), doctest::Contains("3"), std::invalid_argument);
+  CHECK(store.find("w", 1) == nullptr);
+  CHECK_THROWS_WITH_AS(store.push("w", 1, a), doctest::Contains("unknown chunk"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(store.push("w", 0, c), std::invalid_argument);
+  CHECK(store.find("w", 0)->version == 0);
+}
+
+TEST_CASE("chunk store: updates copy a buffer a reader holds, otherwise work in place") {
+  ChunkStore store(sgd(1.0f));
+  const std::vector<float> grad{1, 1, 1};
+  store.init("w", 0, std::vector<float>{5, 6, 7});
+  const float* before = store.find("w", 0)->values->data();
+  store.push("w", 0, grad);
+  CHECK(store.find("w", 0)->values->data() == before);
+  CHECK(store.stats().copies_on_write == 0);
+
+  const ValueBuffer held = store.find("w", 0)->values;  // a pull in flight
+  const auto& c = store.push("w", 0, grad);
+  CHECK(*held == std::vector<float>{4, 5, 6});  // the reader's values are untouched
+  CHECK(*c.values == std::vector<float>{3, 4, 5});
+  CHECK(c.version == 2);
+  CHECK(store.stats().copies_on_write == 1);
+  // The new buffer is the store's alone again: the next update is in place.
+  const float* fresh = c.values->data();
+  store.assign("w", 0, std::vector<float>{0, 0, 0});
+  CHECK(store.find("w", 0)->values->data() == fresh);
+  CHECK(*held == std::vector<float>{4, 5, 6});
+  CHECK(store.stats().copies_on_write == 1);
+}
+
+TEST_CASE("chunk store: records round-trip through restore, and state must fit") {
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::adam;
+  ChunkStore store(adam);
+  store.init("w", 0, std::vector<float>{1, 2});
+  store.push("w", 0, std::vector<float>{0.5f, -0.5f});
+  ChunkStore copy(adam);
+  copy.restore(store.records());
+  const auto* c = copy.find("w", 0);
+  REQUIRE(c);
+  CHECK(*c->values == *store.find("w", 0)->values);
+  CHECK(c->state == store.find("w", 0)->state);
+  CHECK(c->version == 1);
+  ChunkStore plain(sgd(0.1f));
+  CHECK_THROWS_WITH_AS(plain.restore(store.records()), doctest::Contains("state"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("snapshot: a written file reads back identically") {
+  testing::TempDir dir;
+  const auto path = dir.path() / "snap" / "ps0.bin";
+  const auto s = sample_snapshot();
+  write_snapshot(path, s);
+  CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  const auto r = read_snapshot(path);
+  CHECK(r.global_samples == s.global_samples);
+  REQUIRE(r.records.size() == s.records.size());
+  for (std::size_t i = 0; i < s.records.size(); ++i) {
+    CHECK(r.records[i].name == s.records[i].name);
+    CHECK(r.records[i].chunk == s.records[i].chunk);
+    CHECK(r.records[i].version == s.records[i].version);
+    CHECK(r.records[i].values == s.records[i].values);
+    CHECK(r.records[i].state == s.records[i].state);
+  }
+}
+
+TEST_CASE("snapshot: damaged files give errors naming the file and the problem") {
+  testing::TempDir dir;
+  const auto path = dir.path() / "ps1.bin";
+  write_snapshot(path, sample_snapshot());
+  const auto good = read_bytes(path);
+  SUBCASE("missing") {
+    CHECK_THROWS_WITH_AS(read_snapshot(dir.path() / "nope.bin"), doctest::Contains("nope.bin"),
+                         SnapshotError);
+  }
+  SUBCASE("every truncation") {
+    for (std::size_t n = 0; n < good.size(); ++n) {
+      write_bytes(path, {good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)});
+      CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains(path.string().c_str()), SnapshotError);
+    }
+  }
+  SUBCASE("bad magic") {
+    auto bad = good;
+    bad[0] = 'X';
+    write_bytes(path, bad);
+    CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("magic"), SnapshotError);
+  }
+  SUBCASE("flipped value byte") {
+    auto bad = good;
+    bad[good.size() - 6] ^= 0x40;  // inside the last record's only value
+    write_bytes(path, bad);
+    CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("crc"), SnapshotError);
+  }
+  SUBCASE("huge declared value count") {
+    auto bad = good;
+    // File header (28 B), then name length, name "dense0/w", chunk, version:
+    // the value count starts at 52; make it about 2^39.
+    bad[52 + 4] = '\x7f';
+    write_bytes(path, bad);
+    CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("more than the file holds"),
+                         SnapshotError);
+  }
+  SUBCASE("trailing garbage") {
+    auto bad = good;
+    bad.push_back('x');
+    write_bytes(path, bad);
+    CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("after the last"), SnapshotError);
+  }
+}
