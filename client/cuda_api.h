@@ -13,7 +13,7 @@ class Communicator;
 }  // namespace pstrain
 
 // Bumped whenever a signature below changes.
-#define PSTRAIN_CUDA_ABI_VERSION 1
+#define PSTRAIN_CUDA_ABI_VERSION 2
 
 extern "C" {
 int pstrain_cuda_abi_version();
@@ -28,10 +28,12 @@ pstrain::Backend* pstrain_cuda_create_backend(int device, char* error,
 // NCCL's unique id (128 bytes); works without a GPU. Returns 0 on success.
 int pstrain_nccl_unique_id(std::uint8_t* id, std::size_t id_size, char* error,
                            std::size_t error_size);
-// An NCCL communicator on `backend`'s compute stream.
+// An NCCL communicator on `backend`'s compute stream (a backend made by this
+// library, which must outlive it). A peer that does not join, dies or hangs
+// for `timeout_s` seconds becomes a CommError instead of a hang.
 pstrain::Communicator* pstrain_nccl_create(pstrain::Backend* backend,
                                            const std::uint8_t* id,
                                            std::size_t id_size, int rank,
-                                           int size, char* error,
-                                           std::size_t error_size);
+                                           int size, double timeout_s,
+                                           char* error, std::size_t error_size);
 }

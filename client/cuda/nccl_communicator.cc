@@ -1,0 +1,124 @@
+#include "client/cuda/nccl_communicator.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+namespace pstrain::cuda {
+
+NcclCommunicator::NcclCommunicator(CudaBackend& backend, const ncclUniqueId& id, int rank,
+                                   int size, double timeout_s)
+    : backend_(backend), rank_(rank), size_(size), timeout_s_(timeout_s) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw std::invalid_argument("nccl: rank " + std::to_string(rank) +
+                                " is not in a group of size " + std::to_string(size));
+  }
+  if (!(timeout_s > 0)) throw std::invalid_argument("nccl: timeout must be positive");
+  const DeviceScope scope(backend_.device());
+  last_collective_ = make_event();
+  barrier_value_ = backend_.alloc(sizeof(float));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  // ncclUniqueId is passed by value; the copy keeps `id` const.
+  complete(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
+  backend_.add_watchdog(this, [this](double waited_s) { watchdog(waited_s); });
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  backend_.remove_watchdog(this);
+  if (!comm_) return;
+  try {
+    const DeviceScope scope(backend_.device());
+    complete(ncclCommFinalize(comm_), "ncclCommFinalize");
+    PSTRAIN_CUDA_CHECK(ncclCommDestroy(comm_));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstrain nccl: %s\n", e.what());
+    if (comm_) ncclCommAbort(comm_);
+  }
+}
+
+void NcclCommunicator::fail(const std::string& why) {
+  const std::string last = comm_ ? ncclGetLastError(comm_) : "";
+  if (comm_) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  throw CommError("nccl (rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                  "): " + why + (last.empty() ? "" : " [" + last + "]"));
+}
+
+void NcclCommunicator::complete(ncclResult_t issued, const char* call) {
+  if (issued != ncclSuccess && issued != ncclInProgress) {
+    fail(std::string(call) + " failed: " + ncclGetErrorString(issued));
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(timeout_s_);
+  if (!comm_) {
+    if (issued == ncclSuccess) return;
+    fail(std::string(call) + " returned no communicator");
+  }
+  while (true) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+    if (query != ncclSuccess) state = query;
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      fail(std::string(call) + " failed: " + ncclGetErrorString(state));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      fail(std::string(call) + " did not complete within " + std::to_string(timeout_s_) +
+           " s: a peer is missing, dead or stuck");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclCommunicator::check_alive() const {
+  if (!comm_) {
+    throw CommError("nccl (rank " + std::to_string(rank_) +
+                    "): the communicator was aborted after an earlier failure");
+  }
+}
+
+void NcclCommunicator::watchdog(double waited_s) {
+  if (!comm_) return;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+  if (query != ncclSuccess) state = query;
+  if (state != ncclSuccess && state != ncclInProgress) {
+    fail(std::string("a collective failed: ") + ncclGetErrorString(state));
+  }
+  if (waited_s > timeout_s_ && cudaEventQuery(last_collective_.get()) == cudaErrorNotReady) {
+    fail("a collective did not complete within " + std::to_string(timeout_s_) +
+         " s: a peer is dead or stuck");
+  }
+}
+
+void NcclCommunicator::allreduce_sum(float* data, std::size_t n) {
+  check_alive();
+  if (n == 0) return;
+  backend_.compute({data}, [&](cudaStream_t stream) {
+    complete(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream), "ncclAllReduce");
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(last_collective_.get(), stream));
+  });
+}
+
+void NcclCommunicator::broadcast(float* data, std::size_t n, int root) {
+  check_alive();
+  if (root < 0 || root >= size_) {
+    throw std::invalid_argument("nccl: broadcast root " + std::to_string(root) +
+                                " is not a rank of a group of size " + std::to_string(size_));
+  }
+  if (n == 0) return;
+  backend_.compute({data}, [&](cudaStream_t stream) {
+    complete(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream), "ncclBroadcast");
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(last_collective_.get(), stream));
+  });
+}
+
+void NcclCommunicator::barrier() {
+  allreduce_sum(barrier_value_.data(), 1);
+  backend_.synchronize();
+}
+
+}  // namespace pstrain::cuda
