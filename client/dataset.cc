@@ -121,7 +121,7 @@ Dataset make_synthetic(std::size_t size, bool train) {
       for (int x = 0; x < w; ++x) {
         const int sy = std::clamp(y + dy, 0, h - 1);
         const int sx = std::clamp(x + dx, 0, w - 1);
-        const float noise = 0.8f * (random.uniform() - 0.5f);
+        const float noise = 2.0f * (random.uniform() - 0.5f);
         out[y * w + x] =
             std::clamp(brightness * pattern[sy * w + sx] + noise, 0.0f, 1.0f);
       }
