@@ -122,18 +122,18 @@ class PsServer {
       throw SnapshotError("snapshot " + file.string() + ": " + e.what());
     }
     global_samples_ = snap.global_samples;
-    log(prefix(), "restored ", store_.size(), " chunks (", store_.elements(),
+    log("restored ", store_.size(), " chunks (", store_.elements(),
         " values) and ", global_samples_, " global samples from ", file.string());
   }
 
   int run() {
     const auto address = config_.ps.at(index_).bind_address();
     socket_.bind(address);
-    log(prefix(), "serving on ", address, " (", config_.workers.size(), " workers, optimizer ",
+    log("serving on ", address, " (", config_.workers.size(), " workers, optimizer ",
         to_string(config_.optimizer.kind), ")");
     while (!exit_code_) {
       if (g_stop_signal) {
-        log(prefix(), "stopping on signal ", static_cast<int>(g_stop_signal));
+        log("stopping on signal ", static_cast<int>(g_stop_signal));
         return 0;
       }
       zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
@@ -293,7 +293,7 @@ class PsServer {
         reply.text = stats_json();
         break;
       case Op::shutdown:
-        log(prefix(), "shutdown requested by sender ", request.sender);
+        log("shutdown requested by sender ", request.sender);
         exit_code_ = 0;
         break;
       case Op::kv_set: {
@@ -432,10 +432,10 @@ class PsServer {
                                   " is not a worker (the cluster has " +
                                   std::to_string(done_.size()) + ")");
     if (!done_[request.sender])
-      log(prefix(), "worker ", request.sender, " done after ", request.count, " samples");
+      log("worker ", request.sender, " done after ", request.count, " samples");
     done_[request.sender] = true;
     if (std::ranges::all_of(done_, [](bool d) { return d; })) {
-      log(prefix(), "all ", done_.size(), " workers done; exiting");
+      log("all ", done_.size(), " workers done; exiting");
       exit_code_ = 0;
     }
   }
@@ -453,7 +453,7 @@ class PsServer {
     if (silent.empty()) return;
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", config_.net.worker_timeout);
-    log(prefix(), "no message from worker(s) ", silent, " for ", seconds,
+    log("no message from worker(s) ", silent, " for ", seconds,
         " s (net.worker_timeout); exiting");
     exit_code_ = 3;
   }
@@ -462,7 +462,7 @@ class PsServer {
     const auto path =
         config_.run_dir / "snapshot" / ("ps" + std::to_string(index_) + ".bin");
     write_snapshot(path, {global_samples_, store_.records()});
-    log(prefix(), "snapshot of ", store_.size(), " chunks written to ", path.string());
+    log("snapshot of ", store_.size(), " chunks written to ", path.string());
     return path.string();
   }
 
@@ -514,18 +514,21 @@ class PsServer {
 int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                 const std::optional<std::filesystem::path>& restore_dir) {
   if (index >= config.ps.size()) {
-    log("ps ", index, ": no such ps (the cluster has ", config.ps.size(), ")");
+    log("no ps ", index, " in the cluster (it has ", config.ps.size(), ")");
     return 2;
   }
+  log_open("ps " + std::to_string(index),
+           config.run_dir.empty() ? std::filesystem::path()
+                                  : config.run_dir / ("ps" + std::to_string(index) + ".log"));
   StopSignals signals;
   try {
     PsServer server(config, index);
     if (restore_dir) server.restore(*restore_dir);
     return server.run();
   } catch (const SnapshotError& e) {
-    log("ps ", index, ": cannot restore: ", e.what());
+    log("cannot restore: ", e.what());
   } catch (const zmq::error_t& e) {
-    log("ps ", index, ": network error on ", config.ps[index].bind_address(), ": ", e.what());
+    log("network error on ", config.ps[index].bind_address(), ": ", e.what());
   }
   return 2;
 }

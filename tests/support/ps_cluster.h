@@ -1,0 +1,118 @@
+#pragma once
+// Parameter servers for multi-process tests: a cluster.yaml on free loopback
+// ports, `pstrain --role ps` children started from it, and forked client
+// processes. Everything is ended by PID when it goes out of scope.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <memory>
+
+#include "shared/config.h"
+#include "tests/support/process.h"
+
+namespace pstrain::testing {
+
+struct ClusterSpec {
+  std::uint32_t ps = 1;
+  std::uint32_t workers = 1;
+  std::string optimizer = "sgd";
+  double lr = 1;
+  double worker_timeout = 60;
+  std::uint64_t chunk_bytes = 64 * 1024;
+};
+
+class PsCluster {
+ public:
+  explicit PsCluster(const ClusterSpec& spec) {
+    std::ostringstream y;
+    y << "job: pstest\nrun_dir: " << dir_.path().string() << "\nps:\n";
+    for (std::uint32_t i = 0; i < spec.ps; ++i)
+      y << "  - {host: 127.0.0.1, port: " << free_port() << "}\n";
+    y << "workers: {count: " << spec.workers << "}\n"
+      << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
+      << "data: {name: synthetic}\n"
+      << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
+      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n";
+    cluster_file_ = dir_.path() / "cluster.yaml";
+    std::ofstream(cluster_file_) << y.str();
+    config_ = load_config(cluster_file_);
+  }
+
+  const ClusterConfig& config() const { return config_; }
+  const std::filesystem::path& dir() const { return dir_.path(); }
+  const std::filesystem::path& cluster_file() const { return cluster_file_; }
+
+  // Starts ps `index` (again, after the previous process of that index ended).
+  Child& start_ps(std::uint32_t index, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{PSTRAIN_BINARY, "--role", "ps", "--index",
+                                  std::to_string(index), "--cluster", cluster_file_.string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (ps_.size() <= index) ps_.resize(index + 1);
+    ps_[index].reset();
+    ps_[index] = std::make_unique<Child>(argv, log_path(index));
+    return *ps_[index];
+  }
+  void start_all() {
+    for (std::uint32_t i = 0; i < config_.ps.size(); ++i) start_ps(i);
+  }
+  Child& ps(std::uint32_t index) { return *ps_.at(index); }
+  std::filesystem::path log_path(std::uint32_t index) const {
+    return dir_.path() / ("ps" + std::to_string(index) + ".out");
+  }
+
+ private:
+  TempDir dir_;
+  std::filesystem::path cluster_file_;
+  ClusterConfig config_;
+  std::vector<std::unique_ptr<Child>> ps_;
+};
+
+// A forked copy of the test process running `body`; its exit code is 0 when
+// body returns, 1 when it throws (the message goes to stderr).
+class ForkedClient {
+ public:
+  explicit ForkedClient(const std::function<void()>& body) {
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int code = 0;
+      try {
+        body();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "client %d: %s\n", static_cast<int>(::getpid()), e.what());
+        code = 1;
+      }
+      ::_exit(code);
+    }
+  }
+  ForkedClient(const ForkedClient&) = delete;
+  ForkedClient& operator=(const ForkedClient&) = delete;
+  ~ForkedClient() {
+    if (!status_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Exit code (128+signal if killed), or nullopt if still running at the deadline.
+  std::optional<int> wait_for(std::chrono::duration<double> timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!status_) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_)
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      else if (std::chrono::steady_clock::now() >= deadline)
+        return std::nullopt;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+};
+
+}  // namespace pstrain::testing
