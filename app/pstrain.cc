@@ -19,6 +19,7 @@
 #include "client/worker_role.h"
 #include "server/ps_role.h"
 #include "shared/config.h"
+#include "shared/log.h"
 #include "shared/protocol.h"
 
 namespace po = boost::program_options;
@@ -46,6 +47,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct Args {
+  bool check = false;
   std::string role;
   std::uint32_t index = 0;
   std::filesystem::path cluster;
@@ -70,6 +72,8 @@ po::options_description options() {
       ("restore", po::value<std::string>()->value_name("DIR"),
        "ps: start from the snapshot in DIR instead of fresh values")
       ("model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")
+      ("check", "validate the cluster file and overrides, print the resolved config, and exit "
+                "(no --role needed; tools/launch runs this before starting anything)")
       ("help,h", "print this help")
       ("version", "print the version");
   return desc;
@@ -111,14 +115,20 @@ std::optional<Args> parse_args(int argc, char** argv) {
   }
 
   Args args;
-  if (!vm.count("role")) throw UsageError("--role is required (ps, worker or eval; see --help)");
-  args.role = vm["role"].as<std::string>();
-  if (args.role != "ps" && args.role != "worker" && args.role != "eval") {
+  args.check = vm.count("check") > 0;
+  if (args.check) {
+    args.role = "check";
+  } else if (!vm.count("role")) {
+    throw UsageError("--role is required (ps, worker or eval; see --help)");
+  } else {
+    args.role = vm["role"].as<std::string>();
+  }
+  if (!args.check && args.role != "ps" && args.role != "worker" && args.role != "eval") {
     throw UsageError("--role: expected ps, worker or eval, got '" + args.role + "'");
   }
-  const bool indexed = args.role != "eval";
+  const bool indexed = args.role == "ps" || args.role == "worker";
   if (vm.count("index")) {
-    if (!indexed) throw UsageError("--index does not apply to --role eval");
+    if (!indexed) throw UsageError("--index does not apply to --" + args.role);
     args.index = parse_index(vm["index"].as<std::string>());
   } else if (indexed) {
     throw UsageError("--index is required for --role " + args.role);
@@ -184,10 +194,15 @@ void write_resolved_config(const pstrain::ClusterConfig& config) {
 }
 
 int run(const Args& args, const pstrain::ClusterConfig& config) {
-  if (args.role != "eval" && args.index == 0) write_resolved_config(config);
+  if (args.role == "eval") {
+    pstrain::log_open("eval", {});
+    return pstrain::run_eval_role(config, *args.model);
+  }
+  const std::string name = args.role + std::to_string(args.index);
+  pstrain::log_open(name, config.run_dir / (name + ".log"));
+  if (args.index == 0) write_resolved_config(config);
   if (args.role == "ps") return pstrain::run_ps_role(config, args.index, args.restore);
-  if (args.role == "worker") return pstrain::run_worker_role(config, args.index);
-  return pstrain::run_eval_role(config, *args.model);
+  return pstrain::run_worker_role(config, args.index);
 }
 
 }  // namespace
@@ -200,6 +215,10 @@ int main(int argc, char** argv) {
     if (!parsed) return 0;
     args = std::move(*parsed);
     config = pstrain::load_config(args.cluster, args.overrides);
+    if (args.check) {
+      std::cout << config.to_yaml();
+      return 0;
+    }
     check_index(args, config);
   } catch (const po::error& e) {
     std::cerr << "pstrain: " << e.what() << " (see --help)\n";

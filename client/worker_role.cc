@@ -1,1 +1,140 @@
 #include "client/worker_role.h"
+
+#include <cstdio>
+
+#include "client/async_trainer.h"
+#include "client/cpu_backend.h"
+#include "client/cuda_loader.h"
+#include "client/dataset.h"
+#include "client/evaluator.h"
+#include "client/model.h"
+#include "client/model_io.h"
+#include "client/progress.h"
+#include "client/ps_client.h"
+#include "shared/log.h"
+
+namespace pstrain {
+namespace {
+
+// Evaluators talk to the ps under ids no worker has, so the ps does not count
+// them as workers (liveness, done).
+constexpr std::uint32_t kEvaluatorSender = 1u << 16;
+
+std::unique_ptr<Backend> make_backend(const ClusterConfig& config, std::uint32_t index) {
+  const WorkerSpec& spec = config.workers.at(index);
+  const int threads = static_cast<int>(config.train.threads);
+  if (spec.device == Device::cpu) return make_cpu_backend(threads);
+  const int gpu = spec.gpu < 0 ? 0 : spec.gpu;
+  if (spec.device == Device::cuda) return cuda::make_cuda_backend(gpu);
+  try {
+    return cuda::make_cuda_backend(gpu);
+  } catch (const cuda::CudaUnavailable& e) {
+    log("device auto: no usable GPU (", e.what(), "); training on the CPU");
+    return make_cpu_backend(threads);
+  }
+}
+
+void print_final(const EvalPoint& point, double seconds) {
+  std::printf("final test accuracy %.4f (loss %.4f) after %llu global samples, %.1f s\n",
+              point.accuracy, point.loss,
+              static_cast<unsigned long long>(point.global_samples), seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
+  if (config.workers_auto)
+    throw ConfigError("workers: auto is resolved by tools/launch; give an explicit list "
+                      "or {count: N} to start workers by hand");
+  const auto n_workers = static_cast<std::uint32_t>(config.workers.size());
+
+  auto backend = make_backend(config, index);
+  const Dataset train = load_dataset(config.data, true);
+  WorkerShard shard(train, index, n_workers, config.train.seed);
+  Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
+              train.classes, static_cast<int>(config.train.batch_size));
+  log("backend ", backend->name(), ", model ", config.model.preset, " (",
+      model.parameter_count(), " parameters), ", shard.size(), " training samples of ",
+      train.size(), ", batch ", config.train.batch_size);
+
+  PsClient ps(config, index,
+              ShardMap(model.variables(), static_cast<std::uint32_t>(config.ps.size()),
+                       config.net.chunk_bytes));
+  ps.hello();
+  ps.init(config.train.seed);
+
+  MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
+  std::unique_ptr<Evaluator> evaluator;
+  std::unique_ptr<ProgressDisplay> progress;
+  if (index == 0) {
+    evaluator = std::make_unique<Evaluator>(config, kEvaluatorSender,
+                                            load_dataset(config.data, false), metrics);
+    progress = std::make_unique<ProgressDisplay>();
+  }
+
+  AsyncTrainer trainer(config, index, *backend, model, ps, shard, metrics);
+  if (evaluator) {
+    std::uint64_t next_eval = config.train.eval_every;
+    const double total = config.train.epochs * static_cast<double>(train.size() / n_workers) *
+                         n_workers;
+    trainer.on_progress([&, next_eval](std::uint64_t global, double epoch, double loss,
+                                       double rate) mutable {
+      if (config.train.eval_every > 0 && global >= next_eval) {
+        evaluator->request(global);
+        while (next_eval <= global) next_eval += config.train.eval_every;
+      }
+      ProgressState state;
+      state.epoch = epoch;
+      state.epochs = config.train.epochs;
+      state.global_samples = global;
+      state.samples_per_s = rate;
+      state.loss = loss;
+      if (auto last = evaluator->latest()) state.test_accuracy = last->accuracy;
+      state.eta_s = rate > 0 ? std::max(0.0, total - static_cast<double>(global)) / rate : -1;
+      progress->update(state);
+    });
+  }
+
+  const TrainSummary summary = trainer.run();
+  log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
+      summary.seconds, " s; waiting for the other workers");
+  // Every worker's last push lands before anyone evaluates or saves.
+  ps.barrier("train-done", n_workers);
+
+  if (evaluator) {
+    // After the barrier ps 0 has counted every worker's samples.
+    const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat(0));
+    progress.reset();
+    print_final(final_point, summary.seconds);
+    const auto model_path = config.run_dir / "model.bin";
+    save_model(model_path, evaluator->model(), config, final_point.global_samples);
+    metrics.write(JsonObject()
+                      .add("role", "worker")
+                      .add("index", 0)
+                      .add("event", "final")
+                      .add("global_samples", final_point.global_samples)
+                      .add("test_accuracy", final_point.accuracy)
+                      .add("test_loss", final_point.loss)
+                      .add("train_s", summary.seconds));
+    log("saved the model to ", model_path.string());
+  }
+  ps.done(summary.local_samples);
+  return 0;
+}
+
+int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model_path) {
+  const ClusterConfig saved = load_model_config(model_path);
+  const Dataset test = load_dataset(config.data, false);
+  auto backend = make_cpu_backend(static_cast<int>(config.train.threads));
+  Model model(saved.model, *backend, InputShape{test.channels, test.height, test.width},
+              test.classes, 500);
+  load_model_weights(model_path, model);
+  const EvalResult result = model.evaluate(test);
+  std::printf("%s: test accuracy %.4f, loss %.4f on %zu samples (%s)\n",
+              model_path.string().c_str(), result.accuracy, result.loss, result.samples,
+              test.name.c_str());
+  return 0;
+}
+
+}  // namespace pstrain

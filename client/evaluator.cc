@@ -1,0 +1,121 @@
+#include "client/evaluator.h"
+
+#include <chrono>
+
+#include "client/cpu_backend.h"
+#include "client/model.h"
+#include "client/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+// Large enough to amortize per-batch overhead, small enough that the
+// activations of the CNN stay a few tens of MiB.
+constexpr int kEvalBatch = 500;
+
+}  // namespace
+
+Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test,
+                     MetricsFile& metrics)
+    : config_(config), test_(std::move(test)), metrics_(metrics) {
+  backend_ = make_cpu_backend(1);
+  model_ = std::make_unique<Model>(
+      config.model, *backend_, InputShape{test_.channels, test_.height, test_.width},
+      test_.classes, kEvalBatch);
+  ps_ = std::make_unique<PsClient>(
+      config, sender,
+      ShardMap(model_->variables(), static_cast<std::uint32_t>(config.ps.size()),
+               config.net.chunk_bytes));
+  ps_->hello();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Evaluator::~Evaluator() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Evaluator::request(std::uint64_t global_samples) {
+  {
+    std::lock_guard lock(mutex_);
+    if (busy_ || pending_) return;
+    pending_ = global_samples;
+  }
+  wake_.notify_all();
+}
+
+EvalPoint Evaluator::evaluate_now(std::uint64_t global_samples) {
+  std::unique_lock lock(mutex_);
+  finished_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(error_);
+  pending_ = global_samples;
+  const auto target = completed_ + 1;
+  wake_.notify_all();
+  finished_.wait(lock, [&] { return completed_ >= target || error_; });
+  if (error_) std::rethrow_exception(error_);
+  return *latest_;
+}
+
+std::optional<EvalPoint> Evaluator::latest() const {
+  std::lock_guard lock(mutex_);
+  if (error_) std::rethrow_exception(error_);
+  return latest_;
+}
+
+Model& Evaluator::model() { return *model_; }
+
+void Evaluator::loop() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [&] { return stop_ || pending_; });
+    if (stop_) return;
+    const auto samples = *pending_;
+    pending_.reset();
+    busy_ = true;
+    lock.unlock();
+    std::optional<EvalPoint> point;
+    std::exception_ptr error;
+    try {
+      point = evaluate(samples);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    if (point) latest_ = point;
+    if (error) error_ = error;
+    ++completed_;
+    finished_.notify_all();
+  }
+}
+
+EvalPoint Evaluator::evaluate(std::uint64_t global_samples) {
+  const auto start = std::chrono::steady_clock::now();
+  EvalPoint point;
+  point.global_samples = global_samples;
+  point.time = unix_time();
+  const auto& vars = model_->variables();
+  for (std::size_t i = 0; i < vars.size(); ++i)
+    ps_->pull(vars[i].name, {model_->param(i).data(), vars[i].size});
+  ps_->wait_all();
+  const EvalResult result = model_->evaluate(test_);
+  point.accuracy = result.accuracy;
+  point.loss = result.loss;
+  point.duration_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics_.write(JsonObject()
+                     .add("role", "worker")
+                     .add("index", 0)
+                     .add("event", "eval")
+                     .add("global_samples", global_samples)
+                     .add("test_accuracy", point.accuracy)
+                     .add("test_loss", point.loss)
+                     .add("eval_s", point.duration_s));
+  return point;
+}
+
+}  // namespace pstrain

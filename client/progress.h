@@ -1,0 +1,40 @@
+#pragma once
+// Worker 0's progress display. On a terminal it redraws one line in place;
+// otherwise (a pipe, the launcher) it prints a plain line at most every
+// `interval` seconds. Lines start with "progress " so the launcher can keep
+// the latest one at the bottom of its own terminal.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+namespace pstrain {
+
+struct ProgressState {
+  double epoch = 0;            // this worker's passes over its part, fractional
+  double epochs = 0;           // the budget
+  std::uint64_t global_samples = 0;
+  double samples_per_s = 0;    // global, over the recent window
+  double loss = 0;             // this worker's recent mean training loss
+  std::optional<double> test_accuracy;  // last evaluation
+  double eta_s = -1;           // < 0: unknown
+};
+
+class ProgressDisplay {
+ public:
+  explicit ProgressDisplay(double interval_s = 2.0);
+  ~ProgressDisplay();  // ends the in-place line on a terminal
+  ProgressDisplay(const ProgressDisplay&) = delete;
+  ProgressDisplay& operator=(const ProgressDisplay&) = delete;
+
+  // Shows `state` if the last line is older than the interval (a terminal
+  // redraws at most 10 times a second), or at once when `force`.
+  void update(const ProgressState& state, bool force = false);
+
+ private:
+  bool tty_;
+  double interval_s_;
+  std::chrono::steady_clock::time_point last_{};
+  bool drawn_ = false;
+};
+
+}  // namespace pstrain
