@@ -1,0 +1,202 @@
+// A live `pstrain --role ps` fed malformed messages through a raw ZeroMQ
+// DEALER: every one gets an error reply naming the problem, the ps keeps
+// serving, and the stored values stay bit-identical.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "client/ps_client.h"
+#include "shared/protocol.h"
+#include "tests/support/ps_cluster.h"
+
+using namespace pstrain;
+using namespace pstrain::testing;
+using wire::Header;
+using wire::Op;
+
+namespace {
+
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) : socket_(context_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 5000);
+    socket_.connect(address);
+  }
+
+  // Sends the frames and returns the decoded reply header, or nullopt when
+  // none came within the receive timeout.
+  std::optional<Header> exchange(const std::vector<std::vector<std::uint8_t>>& frames) {
+    for (std::size_t i = 0; i < frames.size(); ++i)
+      socket_.send(zmq::buffer(frames[i]),
+                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    std::vector<zmq::message_t> reply;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) return std::nullopt;
+    return wire::decode_header({reply[0].data<std::uint8_t>(), reply[0].size()});
+  }
+
+ private:
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+};
+
+std::vector<std::uint8_t> floats(std::size_t n, float value) {
+  std::vector<std::uint8_t> b(n * sizeof(float));
+  for (std::size_t i = 0; i < n; ++i) std::memcpy(b.data() + i * 4, &value, 4);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("ps: malformed messages get error replies and change nothing") {
+  PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1});
+  auto& server = cluster.start_ps(0);
+  const auto& config = cluster.config();
+  const ShardMap map({{"w", 16, {InitKind::uniform, 1.0f}}}, 1);
+  PsClient client(config, 0, map);
+  client.hello();
+  client.init(3);
+  std::vector<float> before(16);
+  client.wait(client.pull("w", before));
+
+  // A well-formed push of "w" chunk 0, to be broken in one way at a time.
+  Header push;
+  push.op = Op::push;
+  push.request_id = 4242;
+  push.run_id = config.hash();
+  push.variable = "w";
+  push.count = 16;
+  push.payload_frames = 1;
+  const auto grad = floats(16, 1.0f);
+
+  RawPeer raw(config.ps[0].connect_address());
+  struct Case {
+    const char* name;
+    std::vector<std::vector<std::uint8_t>> frames;
+    const char* expect;  // in the error text
+  };
+  std::vector<Case> cases;
+  const auto good = wire::encode_header(push);
+  cases.push_back({"empty header frame", {{}}, "truncated"});
+  cases.push_back({"truncated header", {{good.begin(), good.begin() + 9}, grad}, "truncated"});
+  {
+    std::mt19937 rng(5);
+    std::vector<std::uint8_t> garbage(300);
+    for (auto& b : garbage) b = static_cast<std::uint8_t>(rng());
+    cases.push_back({"garbage", {garbage}, "bad header"});
+  }
+  cases.push_back({"oversized header frame", {std::vector<std::uint8_t>(70000, 1)}, "limit"});
+  {
+    auto h = good;
+    h[4] = 99;  // the op byte
+    cases.push_back({"unknown op", {h, grad}, "unknown op"});
+  }
+  cases.push_back({"short payload", {good, floats(15, 1.0f)}, "bytes"});
+  cases.push_back({"missing payload frame", {good}, "payload frames"});
+  cases.push_back({"extra payload frame", {good, grad, grad}, "payload frames"});
+  {
+    Header h = push;
+    h.variable = "nope";
+    cases.push_back({"unknown variable", {wire::encode_header(h), grad}, "unknown chunk"});
+  }
+  {
+    Header h = push;
+    h.chunk = 5;
+    cases.push_back({"unknown chunk", {wire::encode_header(h), grad}, "unknown chunk"});
+  }
+  {
+    Header h = push;
+    h.count = 8;
+    cases.push_back({"wrong chunk size", {wire::encode_header(h), floats(8, 1.0f)}, "16"});
+  }
+  {
+    Header h = push;
+    h.op = Op::init;
+    h.count = 17;
+    cases.push_back({"init with another size", {wire::encode_header(h), floats(17, 0.0f)},
+                     "17 elements"});
+  }
+  {
+    Header h = push;
+    h.protocol = wire::kProtocolVersion + 1;
+    cases.push_back({"wrong protocol version", {wire::encode_header(h), grad}, "protocol version"});
+  }
+  {
+    Header h;
+    h.op = Op::hello;
+    h.request_id = 4242;
+    h.run_id = config.hash() ^ 1;
+    cases.push_back({"wrong config hash", {wire::encode_header(h)}, "config hash differs"});
+  }
+  {
+    Header h = push;
+    h.dtype = wire::DType::bytes;
+    h.count = 64;
+    cases.push_back({"push of bytes", {wire::encode_header(h), grad}, "f32"});
+  }
+  {
+    Header h;
+    h.op = Op::kv_get;
+    h.request_id = 4242;
+    h.run_id = config.hash();
+    h.variable = "k";
+    h.text = "soon";
+    cases.push_back({"kv_get with a bad timeout", {wire::encode_header(h)}, "timeout"});
+  }
+
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    const auto reply = raw.exchange(c.frames);
+    REQUIRE(reply.has_value());
+    CHECK(reply->status == wire::Status::error);
+    CHECK(reply->text.find(c.expect) != std::string::npos);
+    if (reply->request_id != 0) CHECK(reply->request_id == 4242);
+    CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
+  }
+
+  // The same well-formed push through the raw socket still works.
+  const auto ok = raw.exchange({good, grad});
+  REQUIRE(ok.has_value());
+  CHECK(ok->status == wire::Status::ok);
+  CHECK(ok->version == 1);
+
+  std::vector<float> after(16);
+  client.wait(client.pull("w", after));
+  for (std::size_t i = 0; i < after.size(); ++i) CHECK(after[i] == before[i] - 1.0f);
+
+  const auto stats = client.stats(0);
+  CHECK(stats.find("\"updates\":1,") != std::string::npos);
+}
+
+TEST_CASE("ps: a client with another config hash is refused, naming both hashes") {
+  PsCluster cluster({.ps = 1});
+  cluster.start_ps(0);
+  const auto& config = cluster.config();
+  const ShardMap map({{"w", 4, {}}}, 1);
+  PsClient wrong({config.ps[0].connect_address()}, map, config.hash() + 1, {0, 10});
+  CHECK_THROWS_WITH_AS(wrong.hello(), doctest::Contains("config hash differs"), PsError);
+  PsClient right(config, 0, map);
+  CHECK_NOTHROW(right.hello());
+  // Errors name the ps, its address, the op and the variable.
+  std::vector<float> out(4);
+  CHECK_THROWS_WITH_AS(right.wait(right.pull("w", out)),
+                       doctest::Contains(("ps 0 (" + config.ps[0].connect_address() +
+                                          "): pull of 'w' failed")
+                                             .c_str()),
+                       PsError);
+}
+
+TEST_CASE("ps: a silent ps is reported by index, address, op and variable") {
+  const auto port = free_port();  // nobody listens here
+  const ShardMap map({{"w", 4, {}}}, 1);
+  const std::string address = "tcp://127.0.0.1:" + std::to_string(port);
+  PsClient client({address}, map, 1, {0, 0.3});
+  std::vector<float> grad(4, 1.0f);
+  CHECK_THROWS_WITH_AS(client.wait(client.push("w", grad)),
+                       doctest::Contains(("ps 0 (" + address + "): no reply to push of 'w'").c_str()),
+                       PsError);
+}
