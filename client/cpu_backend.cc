@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -12,10 +13,46 @@
 
 #include "client/elementwise.h"
 
+// OpenBLAS's core selection (exported by its DYNAMIC_ARCH builds, not
+// declared in cblas.h).
+extern "C" {
+void gotoblas_dynamic_init(void);
+void gotoblas_dynamic_quit(void);
+}
+
 namespace pstrain {
 namespace {
 
 constexpr std::size_t kAlignment = 64;
+
+// Debian's OpenBLAS 0.3.21 does not recognise recent Xeons (CPUID model
+// "Intel(R) Xeon(R) Processor") and falls back to its SSE3 "Prescott"
+// kernels, whose sgemm is 4x slower than its AVX-512 one there. It reads
+// OPENBLAS_CORETYPE only in its library constructor, before our code runs,
+// so when it has fallen back (and the user did not choose a core) we choose
+// the best one the CPU supports and run its core selection again, once per
+// process and before any BLAS call of ours.
+void choose_openblas_core() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("OPENBLAS_CORETYPE") ||
+        std::strcmp(openblas_get_corename(), "Prescott") != 0) {
+      return;
+    }
+    __builtin_cpu_init();
+    const char* core = nullptr;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      core = "SkylakeX";
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      core = "Haswell";
+    }
+    if (!core) return;
+    setenv("OPENBLAS_CORETYPE", core, 0);
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+  });
+}
 
 // Samples per convolution chunk: the im2col matrix of one chunk plus its
 // filter-major output stay within about 8 MiB, large enough for sgemm to run
@@ -82,6 +119,41 @@ void col2im(const float* col, float* dx, const ConvShape& s, int m) {
   }
 }
 
+// Max pooling over every plane; K > 0 fixes the window size at compile
+// time, K == 0 takes it from the shape. Taps go in row-major order and only a
+// strictly larger value wins, as ew::argmax does; selects rather than
+// branches, since the winner's position in real activations is unpredictable.
+template <int K>
+void maxpool_planes(const float* x, float* y, std::int32_t* argmax,
+                    const PoolShape& s) {
+  const int k = K > 0 ? K : s.k;
+  const int w = s.w, oh = s.out_h(), ow = s.out_w();
+  const std::size_t plane = static_cast<std::size_t>(s.h) * w;
+  const std::size_t planes = static_cast<std::size_t>(s.n) * s.c;
+  for (std::size_t pl = 0; pl < planes; ++pl) {
+    const float* __restrict in = x + pl * plane;
+    const auto base = static_cast<std::int32_t>(pl * plane);
+    for (int r = 0; r < oh; ++r) {
+      float* __restrict out = y + (pl * oh + r) * ow;
+      std::int32_t* __restrict arg = argmax + (pl * oh + r) * ow;
+      for (int c = 0; c < ow; ++c) {
+        int best = r * k * w + c * k;
+        float value = in[best];
+        for (int u = 0; u < k; ++u) {
+          for (int v = 0; v < k; ++v) {
+            const int tap = (r * k + u) * w + c * k + v;
+            const bool wins = ew::takes_max(in[tap], value);
+            value = wins ? in[tap] : value;
+            best = wins ? tap : best;
+          }
+        }
+        out[c] = value;
+        arg[c] = base + best;
+      }
+    }
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {
@@ -89,11 +161,13 @@ class CpuBackend final : public Backend {
       throw std::invalid_argument("cpu backend: threads must be >= 1, got " +
                                   std::to_string(threads));
     }
+    choose_openblas_core();
     openblas_set_num_threads(threads);
   }
 
   std::string name() const override {
-    return "cpu (OpenBLAS, " + std::to_string(threads_) +
+    return "cpu (OpenBLAS " + std::string(openblas_get_corename()) + ", " +
+           std::to_string(threads_) +
            (threads_ == 1 ? " thread)" : " threads)");
   }
   bool host_accessible() const override { return true; }
@@ -228,25 +302,12 @@ class CpuBackend final : public Backend {
 
   void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
                        const PoolShape& s) override {
-    const int oh = s.out_h(), ow = s.out_w(), k = s.k;
-    const std::size_t plane = static_cast<std::size_t>(s.h) * s.w;
-    const std::size_t planes = static_cast<std::size_t>(s.n) * s.c;
-    for (std::size_t pl = 0; pl < planes; ++pl) {
-      const float* in = x + pl * plane;
-      const auto base = static_cast<std::int32_t>(pl * plane);
-      for (int r = 0; r < oh; ++r) {
-        for (int c = 0; c < ow; ++c) {
-          int best = r * k * s.w + c * k;
-          for (int u = 0; u < k; ++u) {
-            const int row = (r * k + u) * s.w + c * k;
-            for (int v = 0; v < k; ++v) {
-              if (ew::takes_max(in[row + v], in[best])) best = row + v;
-            }
-          }
-          *y++ = in[best];
-          *argmax++ = base + best;
-        }
-      }
+    // The 2x2 window of every CNN here gets a compile-time size, so its
+    // taps unroll into selects and the loop over the row vectorises.
+    if (s.k == 2) {
+      maxpool_planes<2>(x, y, argmax, s);
+    } else {
+      maxpool_planes<0>(x, y, argmax, s);
     }
   }
 

@@ -264,15 +264,15 @@ TEST_CASE("cpu dense matches the reference") {
     const auto dx_ = to_double(x), dw_ = to_double(w), db_ = to_double(b), ddy = to_double(dy);
     ops.dense_forward(x.data(), w.data(), b.data(), y.data(), c.n, c.in, c.out);
     reference::dense_forward(dx_.data(), dw_.data(), db_.data(), ry.data(), c.n, c.in, c.out);
-    check_close(y, ry, 1e-5, "y");
+    check_close(y, ry, 1e-4, "y");
     std::fill(dw.begin(), dw.end(), 99.0f);  // overwritten, not accumulated
     ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n,
                        c.in, c.out);
     reference::dense_backward(dx_.data(), dw_.data(), ddy.data(), rdx.data(), rdw.data(),
                               rdb.data(), c.n, c.in, c.out);
-    check_close(dx, rdx, 1e-5, "dx");
-    check_close(dw, rdw, 1e-5, "dw");
-    check_close(db, rdb, 1e-5, "db");
+    check_close(dx, rdx, 1e-4, "dx");
+    check_close(dw, rdw, 1e-4, "dw");
+    check_close(db, rdb, 1e-4, "db");
     // Without dx, the parameter gradients are unchanged.
     std::vector<float> dw2(dw.size()), db2(db.size());
     ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n,
@@ -303,11 +303,11 @@ TEST_CASE("cpu conv2d matches the reference, including batches split into chunks
     const auto x_ = to_double(x), w_ = to_double(w), b_ = to_double(b), dy_ = to_double(dy);
     ops.conv2d_forward(x.data(), w.data(), b.data(), y.data(), s);
     reference::conv2d_forward(x_.data(), w_.data(), b_.data(), ry.data(), s);
-    check_close(y, ry, 1e-5, "y");
+    check_close(y, ry, 1e-4, "y");
     ops.conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), s);
     reference::conv2d_backward(x_.data(), w_.data(), dy_.data(), rdx.data(), rdw.data(),
                                rdb.data(), s);
-    check_close(dx, rdx, 1e-5, "dx");
+    check_close(dx, rdx, 1e-4, "dx");
     check_close(dw, rdw, 1e-4, "dw");
     check_close(db, rdb, 1e-4, "db");
   }
@@ -402,7 +402,7 @@ TEST_CASE("elementwise: argmax takes the first maximum") {
 TEST_CASE("cpu backend: memory, fences, scale and the optimizer step") {
   auto backend = make_cpu_backend(1);
   CHECK(backend->host_accessible());
-  CHECK(backend->name() == "cpu (OpenBLAS, 1 thread)");
+  CHECK(backend->name().find(" 1 thread)") != std::string::npos);
   DeviceMemory a = backend->alloc(10 * sizeof(float));
   DeviceMemory empty = backend->alloc(0);
   CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % 64 == 0);

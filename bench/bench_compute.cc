@@ -1,0 +1,200 @@
+// Worker compute throughput: forward + backward + loss of the mlp and cnn
+// presets on the CPU backend, as samples/s, beside PyTorch 1.13's
+// single-thread figures on the same machine kind.
+//
+// usage: bench_compute [threads=1] [batch=64] [windows=7]
+// Each model warms up, then runs `windows` timed windows of about 0.5 s; the
+// median is reported. A second pass through a timing wrapper splits one
+// step's time by operation (the wrapper's own cost is small against it).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/cpu_backend.h"
+#include "client/dataset.h"
+#include "client/model.h"
+
+using namespace pstrain;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Forwards every call to the CPU backend and adds its wall time to a bucket
+// per operation kind; the CPU backend is synchronous, so that is its cost.
+class TimedBackend final : public Backend {
+ public:
+  explicit TimedBackend(Backend& inner) : inner_(inner) {}
+  std::map<std::string, double> seconds;
+
+  std::string name() const override { return inner_.name(); }
+  bool host_accessible() const override { return inner_.host_accessible(); }
+  // Memory stays owned (and is freed) by the inner backend.
+  DeviceMemory alloc(std::size_t bytes) override { return inner_.alloc(bytes); }
+  HostMemory alloc_host(std::size_t bytes) override { return inner_.alloc_host(bytes); }
+  void release(void* p) noexcept override { inner_.release(p); }
+  void release_host(void* p) noexcept override { inner_.release_host(p); }
+  void upload(const void* h, void* d, std::size_t b) override { inner_.upload(h, d, b); }
+  void download(const void* d, void* h, std::size_t b) override { inner_.download(d, h, b); }
+  void fill(float* d, float v, std::size_t n) override { inner_.fill(d, v, n); }
+  Fence fence() override { return inner_.fence(); }
+  bool fence_done(Fence f) override { return inner_.fence_done(f); }
+  void wait(Fence f) override { inner_.wait(f); }
+
+  void dense_forward(const float* x, const float* w, const float* b, float* y, int n,
+                     int in, int out) override {
+    time("dense (gemm)", [&] { inner_.dense_forward(x, w, b, y, n, in, out); });
+  }
+  void dense_backward(const float* x, const float* w, const float* dy, float* dx,
+                      float* dw, float* db, int n, int in, int out) override {
+    time("dense (gemm)", [&] { inner_.dense_backward(x, w, dy, dx, dw, db, n, in, out); });
+  }
+  void relu_forward(const float* x, float* y, std::size_t n) override {
+    time("elementwise", [&] { inner_.relu_forward(x, y, n); });
+  }
+  void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) override {
+    time("elementwise", [&] { inner_.relu_backward(y, dy, dx, n); });
+  }
+  std::size_t conv2d_workspace(const ConvShape& s) const override {
+    return inner_.conv2d_workspace(s);
+  }
+  void conv2d_forward(const float* x, const float* w, const float* b, float* y,
+                      float* ws, const ConvShape& s) override {
+    time("conv (im2col+gemm)", [&] { inner_.conv2d_forward(x, w, b, y, ws, s); });
+  }
+  void conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
+                       float* dw, float* db, float* ws, const ConvShape& s) override {
+    time("conv (im2col+gemm)", [&] { inner_.conv2d_backward(x, w, dy, dx, dw, db, ws, s); });
+  }
+  void maxpool_forward(const float* x, float* y, std::int32_t* a, const PoolShape& s) override {
+    time("maxpool", [&] { inner_.maxpool_forward(x, y, a, s); });
+  }
+  void maxpool_backward(const float* dy, const std::int32_t* a, float* dx,
+                        const PoolShape& s) override {
+    time("maxpool", [&] { inner_.maxpool_backward(dy, a, dx, s); });
+  }
+  void softmax_xent(const float* l, const std::int32_t* y, float* d, float* loss,
+                    float* c, int n, int k) override {
+    time("elementwise", [&] { inner_.softmax_xent(l, y, d, loss, c, n, k); });
+  }
+  void scale(float* x, float a, std::size_t n) override { inner_.scale(x, a, n); }
+  void apply_optimizer(const OptimizerConfig& c, float* w, const float* g, float* s,
+                       std::size_t n, std::uint64_t step, float lr) override {
+    inner_.apply_optimizer(c, w, g, s, n, step, lr);
+  }
+
+ private:
+  template <class F>
+  void time(const char* bucket, F&& f) {
+    const auto start = Clock::now();
+    f();
+    seconds[bucket] += seconds_since(start);
+  }
+  Backend& inner_;
+};
+
+struct Result {
+  double samples_per_s = 0;
+  std::map<std::string, double> split;  // fraction of a step per operation
+};
+
+void fill_batch(Model& model, const Dataset& data, int batch) {
+  std::copy_n(data.images.data(), static_cast<std::size_t>(batch) * data.sample_floats(),
+              model.input_buffer());
+  std::copy_n(data.labels.data(), batch, model.label_buffer());
+}
+
+Result measure(const std::string& preset, Backend& backend, const Dataset& data, int batch,
+               int windows) {
+  ModelConfig config;
+  config.preset = preset;
+  Model model(config, backend, {}, 10, batch);
+  model.initialize(1);
+  fill_batch(model, data, batch);
+  auto step = [&] { model.forward_backward(batch, [](std::size_t) {}); };
+
+  // Warm-up, and the number of steps that fills a window of about 0.5 s.
+  int steps = 1;
+  for (;;) {
+    const auto start = Clock::now();
+    for (int i = 0; i < steps; ++i) step();
+    const double took = seconds_since(start);
+    if (took > 0.25) {
+      steps = std::max(1, static_cast<int>(steps * 0.5 / took));
+      break;
+    }
+    steps *= 2;
+  }
+  std::vector<double> rates;
+  for (int w = 0; w < windows; ++w) {
+    const auto start = Clock::now();
+    for (int i = 0; i < steps; ++i) step();
+    rates.push_back(static_cast<double>(steps) * batch / seconds_since(start));
+  }
+  std::sort(rates.begin(), rates.end());
+  Result result;
+  result.samples_per_s = rates[rates.size() / 2];
+
+  TimedBackend timed(backend);
+  Model timed_model(config, timed, {}, 10, batch);
+  timed_model.initialize(1);
+  fill_batch(timed_model, data, batch);
+  timed_model.forward_backward(batch, [](std::size_t) {});  // first-touch page faults
+  timed.seconds.clear();
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) timed_model.forward_backward(batch, [](std::size_t) {});
+  const double total = seconds_since(start);
+  double covered = 0;
+  for (const auto& [bucket, s] : timed.seconds) {
+    result.split[bucket] = s / total;
+    covered += s;
+  }
+  result.split["other (model glue)"] = std::max(0.0, 1.0 - covered / total);
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
+  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
+  const int windows = argc > 3 ? std::atoi(argv[3]) : 7;
+  if (threads < 1 || batch < 1 || windows < 1) {
+    std::fprintf(stderr, "usage: bench_compute [threads>=1] [batch>=1] [windows>=1]\n");
+    return 2;
+  }
+  auto backend = make_cpu_backend(threads);
+  const Dataset data = make_synthetic(static_cast<std::size_t>(batch), true);
+
+  struct Row {
+    const char* preset;
+    double pytorch;  // PyTorch 1.13 CPU, 1 thread, batch 64, same machine kind
+  };
+  std::printf("backend: %s, batch %d, median of %d windows\n\n", backend->name().c_str(),
+              batch, windows);
+  std::printf("| model | pstrain samples/s | PyTorch 1-thread samples/s | ratio |\n");
+  std::printf("|---|---|---|---|\n");
+  std::vector<std::pair<std::string, Result>> results;
+  for (const Row row : {Row{"mlp", 32400}, Row{"cnn", 1720}}) {
+    const Result r = measure(row.preset, *backend, data, batch, windows);
+    std::printf("| %s | %.0f | %.0f | %.2fx |\n", row.preset, r.samples_per_s, row.pytorch,
+                r.samples_per_s / row.pytorch);
+    std::fflush(stdout);
+    results.emplace_back(row.preset, r);
+  }
+  std::printf("\nshare of a training step per operation\n\n| model | operation | share |\n|---|---|---|\n");
+  for (const auto& [preset, r] : results) {
+    for (const auto& [bucket, share] : r.split) {
+      std::printf("| %s | %s | %.1f%% |\n", preset.c_str(), bucket.c_str(), 100 * share);
+    }
+  }
+  return 0;
+}
