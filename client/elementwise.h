@@ -19,10 +19,6 @@ PSTRAIN_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // no copy of the input; the subgradient at 0 is 0.
 PSTRAIN_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
-// The bias add and activation of one dense/conv output element fused, for the
-// backends that can save a pass over memory.
-PSTRAIN_HD float bias_relu(float x, float b) { return relu(x + b); }
-
 // Softmax cross-entropy of one row of logits, in the log-sum-exp form that
 // cannot overflow: lse = max + log(sum_j exp(logit_j - max)).
 PSTRAIN_HD float softmax_exp_term(float logit, float max) {
