@@ -61,7 +61,8 @@ struct Batch {
 // every owned sample exactly once.
 class WorkerShard {
  public:
-  // Throws std::invalid_argument when the dataset has fewer samples than
+  // Keeps a reference to `data`, which must outlive the shard. Throws
+  // std::invalid_argument when the dataset has fewer samples than
   // workers, or worker >= workers.
   WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers,
               std::uint64_t seed);
