@@ -42,6 +42,10 @@ void log_open(std::string name, const std::filesystem::path& file) {
   s.name = std::move(name);
   if (file.empty()) return;
   std::filesystem::create_directories(file.parent_path());
+  // A role may name itself again after the CLI did (ps_role does); opening
+  // an already open stream would fail and silently drop the file.
+  s.file.close();
+  s.file.clear();
   s.file.open(file, std::ios::app);
   if (!s.file) std::cerr << "[" << s.name << "] cannot write log file " << file << "\n";
 }
