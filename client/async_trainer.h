@@ -10,9 +10,9 @@
 // download's fence completes, and the pulled weights are uploaded before the
 // next forward.
 #include <cstdint>
-#include <functional>
 
 #include "client/dataset.h"
+#include "client/train_loop.h"
 #include "shared/config.h"
 #include "shared/metrics.h"
 
@@ -21,20 +21,6 @@ namespace pstrain {
 class Backend;
 class Model;
 class PsClient;
-
-struct TrainSummary {
-  std::uint64_t local_samples = 0;
-  std::uint64_t global_samples = 0;  // as last reported by ps 0
-  std::uint64_t steps = 0;
-  double seconds = 0;
-  double last_loss = 0;
-};
-
-// Called after every heartbeat with the global sample count and the worker's
-// recent loss; worker 0 uses it to trigger evaluations and show progress.
-using ProgressHook = std::function<void(std::uint64_t global_samples,
-                                        double epoch, double loss,
-                                        double samples_per_s)>;
 
 class AsyncTrainer {
  public:

@@ -7,10 +7,12 @@
 #include "client/cuda_loader.h"
 #include "client/dataset.h"
 #include "client/evaluator.h"
+#include "client/gloo_communicator.h"
 #include "client/model.h"
 #include "client/model_io.h"
 #include "client/progress.h"
 #include "client/ps_client.h"
+#include "client/sync_trainer.h"
 #include "shared/log.h"
 
 namespace pstrain {
@@ -73,13 +75,13 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     progress = std::make_unique<ProgressDisplay>();
   }
 
-  AsyncTrainer trainer(config, index, *backend, model, ps, shard, metrics);
+  ProgressHook hook;
   if (evaluator) {
     std::uint64_t next_eval = config.train.eval_every;
     const double total = config.train.epochs * static_cast<double>(train.size() / n_workers) *
                          n_workers;
-    trainer.on_progress([&, next_eval](std::uint64_t global, double epoch, double loss,
-                                       double rate) mutable {
+    hook = [&, next_eval](std::uint64_t global, double epoch, double loss,
+                          double rate) mutable {
       if (config.train.eval_every > 0 && global >= next_eval) {
         evaluator->request(global);
         while (next_eval <= global) next_eval += config.train.eval_every;
@@ -93,13 +95,24 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
       if (auto last = evaluator->latest()) state.test_accuracy = last->accuracy;
       state.eta_s = rate > 0 ? std::max(0.0, total - static_cast<double>(global)) / rate : -1;
       progress->update(state);
-    });
+    };
   }
 
-  const TrainSummary summary = trainer.run();
+  const TrainSummary summary = [&] {
+    if (config.mode == Mode::sync) {
+      const auto comm = make_communicator(config, index, *backend, ps);
+      SyncTrainer trainer(config, index, *backend, model, ps, shard, metrics, *comm);
+      trainer.on_progress(hook);
+      return trainer.run();
+    }
+    AsyncTrainer trainer(config, index, *backend, model, ps, shard, metrics);
+    trainer.on_progress(hook);
+    return trainer.run();
+  }();
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
       summary.seconds, " s; waiting for the other workers");
-  // Every worker's last push lands before anyone evaluates or saves.
+  // Every worker's last push (sync: worker 0's last assign) lands before
+  // anyone evaluates or saves.
   ps.barrier("train-done", n_workers);
 
   if (evaluator) {

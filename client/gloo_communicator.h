@@ -1,0 +1,88 @@
+#pragma once
+// All-reduce between CPU workers with Gloo over TCP, and the factory that
+// picks Gloo or NCCL for a worker.
+//
+//   auto comm = make_communicator(config, index, backend, ps);
+//   comm->allreduce_sum(grad, n);   // every worker, same order, same sizes
+//
+// Gloo here (Debian's 2022 build) opens one listening socket per peer on an
+// ephemeral port of the worker's own host (workers[i].host in cluster.yaml);
+// the addresses travel through ps 0's key-value store (client/ps_store.h).
+// Every operation is bounded by net.request_timeout. When a peer dies
+// (Gloo: IoException at once) or hangs (timeout), the survivors hold a roll
+// call through the same store and throw CommError naming the workers that did
+// not answer; the communicator is unusable after that.
+//
+// Gloo calls on one context must not overlap: use a communicator from one
+// thread at a time.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/backend.h"
+#include "client/communicator.h"
+#include "shared/config.h"
+
+namespace gloo {
+class Context;
+namespace rendezvous {
+class Store;
+}
+}  // namespace gloo
+
+namespace pstrain {
+
+class PsClient;
+
+struct GlooOptions {
+  int rank = 0;
+  std::vector<std::string> hosts;  // per rank: where it listens, and its name in errors
+  std::chrono::milliseconds timeout{30000};
+  // How long the survivors of a failure wait for each other's roll-call
+  // answers before naming the silent ones.
+  std::chrono::milliseconds roll_call{3000};
+};
+
+// Rank, hosts and timeout (net.request_timeout) of worker `index`.
+GlooOptions gloo_options(const ClusterConfig& config, std::uint32_t index);
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects the full mesh through `store` (shared by every rank's
+  // communicator of the run and kept for the roll call). Throws CommError
+  // naming the workers that did not join within the timeout.
+  GlooCommunicator(GlooOptions options, std::shared_ptr<gloo::rendezvous::Store> store);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return static_cast<int>(options_.hosts.size()); }
+  std::string name() const override { return "gloo"; }
+
+  // Ring all-reduce: on loopback it beats halving-doubling and bcube for
+  // every size bench_allreduce measures.
+  void allreduce_sum(float* data, std::size_t n) override;
+  void broadcast(float* data, std::size_t n, int root) override;
+  void barrier() override;
+
+ private:
+  template <class Op>
+  void guarded(const char* what, Op&& op);
+  [[noreturn]] void fail(const char* what, const std::string& cause);
+
+  GlooOptions options_;
+  std::shared_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<gloo::Context> context_;
+  std::string broken_;  // the error that ended the communicator
+};
+
+// Gloo for CPU backends; NCCL through the CUDA library for backends the host
+// cannot reach, with the NCCL id made by worker 0 and handed out through ps
+// 0's key-value store. `ps` is used during the call and, for Gloo, again for
+// the roll call after a failure, so the caller must not use it from another
+// thread while a communicator call runs.
+std::unique_ptr<Communicator> make_communicator(const ClusterConfig& config, std::uint32_t index,
+                                                Backend& backend, PsClient& ps);
+
+}  // namespace pstrain

@@ -1,0 +1,234 @@
+#include "client/sync_trainer.h"
+
+#include <chrono>
+#include <cstring>
+#include <span>
+
+#include "client/model.h"
+#include "client/ps_client.h"
+#include "shared/log.h"
+
+namespace pstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
+  const double target = train.lr_scaling ? workers : 1.0;
+  if (step >= train.warmup_steps) return static_cast<float>(target);
+  const double start = train.lr_scaling ? 1.0 : 0.0;
+  return static_cast<float>(start + (target - start) * static_cast<double>(step) /
+                                        static_cast<double>(train.warmup_steps));
+}
+
+SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
+                         const OptimizerConfig& optimizer, std::size_t bucket_bytes,
+                         bool overlap)
+    : backend_(backend),
+      model_(model),
+      comm_(comm),
+      optimizer_(optimizer),
+      slots_(Optimizer(optimizer).state_slots()),
+      packed_(backend.host_accessible()),
+      overlap_(overlap && backend.host_accessible()) {
+  const auto& vars = model.variables();
+  std::size_t total = 0;
+  for (const auto& v : vars) {
+    offset_.push_back(total);
+    total += v.size;
+  }
+  if (packed_) flat_ = backend.alloc(total * sizeof(float));
+
+  // Buckets from the last variable down, in the order backward issues them.
+  // Without packing every variable is its own bucket, reduced in place.
+  bucket_of_.resize(vars.size());
+  std::size_t bytes = 0;
+  for (std::size_t i = vars.size(); i-- > 0;) {
+    if (buckets_.empty() || !packed_ || bytes >= bucket_bytes) {
+      buckets_.push_back({i, i, nullptr, 0});
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    b.first_variable = i;
+    b.data = packed_ ? flat_.data() + offset_[i] : model.grad(i).data();
+    b.count += vars[i].size;
+    bytes += vars[i].size * sizeof(float);
+    bucket_of_[i] = buckets_.size() - 1;
+  }
+
+  // State starts as the optimizer says (zeros, or Adagrad's accumulator).
+  if (slots_ > 0) {
+    std::vector<float> initial(total * slots_);
+    Optimizer(optimizer).init_state(initial);
+    state_ = backend.alloc(initial.size() * sizeof(float));
+    backend.upload(initial.data(), state_.data(), initial.size() * sizeof(float));
+    backend.synchronize();
+  }
+  if (overlap_) thread_ = std::jthread([this](std::stop_token stop) { communicate(stop); });
+}
+
+void SyncReplica::reduce(std::size_t bucket) {
+  comm_.allreduce_sum(buckets_[bucket].data, buckets_[bucket].count);
+}
+
+void SyncReplica::communicate(std::stop_token stop) {
+  while (true) {
+    std::size_t bucket;
+    {
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait(lock, stop, [&] { return !queue_.empty(); })) return;
+      bucket = queue_.front();
+      queue_.pop_front();
+    }
+    const auto t = Clock::now();
+    std::exception_ptr error;
+    try {
+      reduce(bucket);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mutex_);
+      allreduce_ms_ += ms_between(t, Clock::now());
+      reduced_ += 1;
+      if (error && !error_) error_ = error;
+    }
+    cv_.notify_all();
+  }
+}
+
+void SyncReplica::enqueue(std::size_t bucket) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(bucket);
+  }
+  cv_.notify_all();
+}
+
+void SyncReplica::wait_reduced() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return reduced_ == buckets_.size(); });
+  if (error_) std::rethrow_exception(error_);
+}
+
+SyncStepTimes SyncReplica::step(int n, float lr_scale) {
+  SyncStepTimes times;
+  const auto& vars = model_.variables();
+  {
+    std::lock_guard lock(mutex_);
+    reduced_ = 0;
+    allreduce_ms_ = 0;
+  }
+  const auto t_compute = Clock::now();
+  model_.forward_backward(n, [&](std::size_t i) {
+    if (packed_)
+      std::memcpy(flat_.data() + offset_[i], model_.grad(i).data(), vars[i].size * sizeof(float));
+    const std::size_t b = bucket_of_[i];
+    if (buckets_[b].first_variable != i) return;  // the bucket is not full yet
+    if (overlap_) return enqueue(b);
+    if (!packed_) {  // NCCL: queued on the compute stream behind the gradient
+      const auto t = Clock::now();
+      reduce(b);
+      times.allreduce_ms += ms_between(t, Clock::now());
+    }
+  });
+  const auto t_backward = Clock::now();
+  times.compute_ms = ms_between(t_compute, t_backward);
+  if (overlap_) {
+    wait_reduced();
+    times.allreduce_ms = allreduce_ms_;
+  } else if (packed_) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) reduce(b);
+    times.allreduce_ms = ms_between(t_backward, Clock::now());
+  }
+  const auto t_reduced = Clock::now();
+  times.wait_ms = ms_between(t_backward, t_reduced);
+
+  steps_ += 1;
+  const float average = 1.0f / static_cast<float>(comm_.size());
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    float* g = packed_ ? flat_.data() + offset_[i] : model_.grad(i).data();
+    backend_.scale(g, average, vars[i].size);
+    backend_.apply_optimizer(optimizer_, model_.param(i).data(), g,
+                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
+                             vars[i].size, steps_, lr_scale);
+  }
+  times.optimizer_ms = ms_between(t_reduced, Clock::now());
+  return times;
+}
+
+SyncTrainer::SyncTrainer(const ClusterConfig& config, std::uint32_t index, Backend& backend,
+                         Model& model, PsClient& ps, WorkerShard& shard, MetricsFile& metrics,
+                         Communicator& comm)
+    : config_(config), index_(index), backend_(backend), model_(model), ps_(ps),
+      shard_(shard), metrics_(metrics), comm_(comm) {}
+
+TrainSummary SyncTrainer::run() {
+  const auto& vars = model_.variables();
+  const std::size_t nv = vars.size();
+  const bool direct = backend_.host_accessible();
+
+  // Host views of the weights for pulling and assigning: the backend's own
+  // memory when the host can reach it, else pinned staging buffers.
+  std::vector<HostMemory> staging;
+  std::vector<std::span<float>> weights(nv);
+  for (std::size_t i = 0; i < nv; ++i) {
+    if (direct) {
+      weights[i] = {model_.param(i).data(), vars[i].size};
+    } else {
+      staging.push_back(backend_.alloc_host(vars[i].size * sizeof(float)));
+      weights[i] = {staging.back().data(), vars[i].size};
+    }
+  }
+  // Every replica starts from the ps's weights, so they agree from step 1.
+  for (std::size_t i = 0; i < nv; ++i) ps_.pull(vars[i].name, weights[i]);
+  ps_.wait_all();
+  if (!direct) {
+    for (std::size_t i = 0; i < nv; ++i)
+      backend_.upload(weights[i].data(), model_.param(i).data(), weights[i].size_bytes());
+    backend_.synchronize();
+  }
+  const auto write_to_ps = [&] {
+    if (!direct) {
+      for (std::size_t i = 0; i < nv; ++i)
+        backend_.download(model_.param(i).data(), weights[i].data(), weights[i].size_bytes());
+      backend_.synchronize();
+    }
+    for (std::size_t i = 0; i < nv; ++i) ps_.assign(vars[i].name, weights[i]);
+    ps_.wait_all();
+  };
+
+  SyncReplica replica(backend_, model_, comm_, config_.optimizer, config_.train.bucket_bytes,
+                      true);
+  BatchFeeder feeder(backend_, model_, shard_, config_.train.batch_size);
+  const std::uint64_t steps = total_steps(config_, shard_);
+  log("sync mode: ", comm_.name(), " all-reduce over ", comm_.size(), " workers, ",
+      replica.buckets(), " buckets, ", steps, " steps");
+
+  ProgressReporter reporter(config_, index_, ps_, shard_, metrics_, hook_);
+  for (std::uint64_t step = 1; step <= steps; ++step) {
+    const Batch b = feeder.load();
+    const float lr_scale = sync_lr_scale(config_.train, comm_.size(), step);
+    const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
+    feeder.fetch_losses();
+    if (!direct) backend_.synchronize();
+    if (index_ == 0 && (step % config_.train.sync_every == 0 || step == steps)) write_to_ps();
+
+    reporter.step(b.size, feeder.mean_loss(), t.compute_ms);
+    reporter.add_mean("allreduce_ms", t.allreduce_ms);
+    reporter.add_mean("wait_ms", t.wait_ms);
+    reporter.add_mean("optimizer_ms", t.optimizer_ms);
+    reporter.add_mean("overlap", t.allreduce_ms > 0 ? 1 - t.wait_ms / t.allreduce_ms : 0);
+    reporter.add_mean("lr_scale", lr_scale);
+    reporter.end_step(step == steps);
+  }
+  return reporter.finish();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,127 @@
+#pragma once
+// Synchronous data-parallel training: every worker computes gradients on its
+// own batch, the workers sum them with an all-reduce (Communicator), and each
+// applies the same averaged gradient with the same optimizer to its own
+// replica of the weights, so the replicas stay bit-identical without ever
+// exchanging weights. The parameter servers only hold a copy for evaluation,
+// snapshots and the saved model: worker 0 writes it every train.sync_every
+// steps and at the end.
+//
+// Gradients are fused into buckets of about train.bucket_bytes, filled from
+// the last layer down as backward produces them. With Gloo, a communication
+// thread all-reduces each bucket as soon as it is full, while backward still
+// runs on the layers below; with NCCL every gradient is all-reduced in place
+// on the compute stream as it is issued (NCCL calls are asynchronous, and the
+// backend offers no device-to-device copy to fill buckets).
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "client/backend.h"
+#include "client/communicator.h"
+#include "client/dataset.h"
+#include "client/train_loop.h"
+#include "shared/config.h"
+#include "shared/metrics.h"
+
+namespace pstrain {
+
+class Model;
+class PsClient;
+
+// The learning-rate factor of 1-based step `step`: `workers` with
+// train.lr_scaling (the linear scaling rule), else 1; during the first
+// train.warmup_steps steps it rises linearly to that value, from 1 with
+// scaling (Goyal et al.) and from 0 without.
+float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step);
+
+struct SyncStepTimes {
+  double compute_ms = 0;    // forward and backward
+  double allreduce_ms = 0;  // the buckets' all-reduce calls, summed
+  double wait_ms = 0;       // after backward, until every bucket was reduced
+  double optimizer_ms = 0;  // averaging and the optimizer
+};
+
+// One worker's replica: its model's weights, the optimizer state beside them
+// in backend memory, and the gradient buckets. The model's weights must be
+// the same on every worker before the first step.
+class SyncReplica {
+ public:
+  // `overlap`: all-reduce buckets on a communication thread during backward
+  // (host-accessible backends); otherwise after backward, on the caller's
+  // thread.
+  SyncReplica(Backend& backend, Model& model, Communicator& comm,
+              const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap);
+  SyncReplica(const SyncReplica&) = delete;
+  SyncReplica& operator=(const SyncReplica&) = delete;
+
+  // forward_backward on the first n samples of the model's input, all-reduce,
+  // average, and the optimizer step. Throws CommError when a peer fails.
+  SyncStepTimes step(int n, float lr_scale);
+  std::uint64_t steps() const { return steps_; }
+  std::size_t buckets() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    std::size_t first_variable = 0;  // the bucket holds [first, last]
+    std::size_t last_variable = 0;
+    float* data = nullptr;           // contiguous gradients
+    std::size_t count = 0;
+  };
+  void reduce(std::size_t bucket);
+  void communicate(std::stop_token stop);
+  void enqueue(std::size_t bucket);
+  void wait_reduced();
+
+  Backend& backend_;
+  Model& model_;
+  Communicator& comm_;
+  OptimizerConfig optimizer_;
+  std::size_t slots_;
+  bool packed_;   // gradients are copied into flat_ (host-accessible backends)
+  bool overlap_;
+  std::vector<std::size_t> offset_;  // of each variable in flat_ and, x slots, in state_
+  std::vector<std::size_t> bucket_of_;
+  std::vector<Bucket> buckets_;
+  DeviceMemory flat_, state_;
+  std::uint64_t steps_ = 0;
+
+  // The communication thread's queue; it alone calls comm_ during a step.
+  std::mutex mutex_;
+  std::condition_variable_any cv_;
+  std::deque<std::size_t> queue_;
+  std::size_t reduced_ = 0;
+  double allreduce_ms_ = 0;
+  std::exception_ptr error_;
+  std::jthread thread_;
+};
+
+class SyncTrainer {
+ public:
+  SyncTrainer(const ClusterConfig& config, std::uint32_t index, Backend& backend, Model& model,
+              PsClient& ps, WorkerShard& shard, MetricsFile& metrics, Communicator& comm);
+  SyncTrainer(const SyncTrainer&) = delete;
+  SyncTrainer& operator=(const SyncTrainer&) = delete;
+
+  void on_progress(ProgressHook hook) { hook_ = std::move(hook); }
+  // Pulls the initial weights, trains train.epochs, and (worker 0) leaves
+  // the final weights on the ps. Throws CommError when a peer fails.
+  TrainSummary run();
+
+ private:
+  const ClusterConfig& config_;
+  std::uint32_t index_;
+  Backend& backend_;
+  Model& model_;
+  PsClient& ps_;
+  WorkerShard& shard_;
+  MetricsFile& metrics_;
+  Communicator& comm_;
+  ProgressHook hook_;
+};
+
+}  // namespace pstrain

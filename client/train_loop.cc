@@ -1,0 +1,150 @@
+#include "client/train_loop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "client/model.h"
+#include "client/ps_client.h"
+
+namespace pstrain {
+
+std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard) {
+  const auto batches = shard.batches_per_epoch(config.train.batch_size);
+  return static_cast<std::uint64_t>(
+      std::ceil(config.train.epochs * static_cast<double>(batches)));
+}
+
+BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard,
+                         std::size_t batch_size)
+    : backend_(backend),
+      model_(model),
+      shard_(shard),
+      batch_size_(batch_size),
+      direct_(backend.host_accessible()),
+      images_(model.input_buffer()),
+      labels_(model.label_buffer()),
+      losses_(model.loss_buffer()) {
+  if (direct_) return;
+  const std::size_t sample_floats = shard.data().sample_floats();
+  host_images_ = backend.alloc_host(batch_size * sample_floats * sizeof(float));
+  host_labels_ = backend.alloc_host(batch_size * sizeof(std::int32_t));
+  host_loss_ = backend.alloc_host(batch_size * sizeof(float));
+  images_ = host_images_.data();
+  labels_ = host_labels_.data<std::int32_t>();
+  losses_ = host_loss_.data();
+}
+
+Batch BatchFeeder::load() {
+  const Batch b = shard_.next_batch(batch_size_, images_, labels_);
+  last_ = b.size;
+  if (!direct_) {
+    backend_.upload(images_, model_.input_buffer(),
+                    b.size * shard_.data().sample_floats() * sizeof(float));
+    backend_.upload(labels_, model_.label_buffer(), b.size * sizeof(std::int32_t));
+  }
+  return b;
+}
+
+void BatchFeeder::fetch_losses() {
+  if (!direct_)
+    backend_.download(model_.loss_buffer(), host_loss_.data(), last_ * sizeof(float));
+}
+
+double BatchFeeder::mean_loss() const {
+  double loss = 0;
+  for (std::size_t s = 0; s < last_; ++s) loss += losses_[s];
+  return loss / static_cast<double>(last_);
+}
+
+ProgressReporter::ProgressReporter(const ClusterConfig& config, std::uint32_t index,
+                                   PsClient& ps, const WorkerShard& shard,
+                                   MetricsFile& metrics, const ProgressHook& hook)
+    : config_(config),
+      index_(index),
+      ps_(ps),
+      shard_(shard),
+      metrics_(metrics),
+      hook_(hook),
+      // Worker 0's heartbeats also pace evaluations and progress, so it
+      // reports more often than liveness alone needs.
+      heartbeat_s_(index == 0 ? std::min(config.net.heartbeat, 0.25) : config.net.heartbeat),
+      straggler_(config.train.straggler_worker == static_cast<int>(index) &&
+                 config.train.straggler_delay_ms > 0) {}
+
+void ProgressReporter::step(std::size_t samples, double loss, double compute_ms) {
+  loss_ += loss;
+  compute_ms_ += compute_ms;
+  steps_ += 1;
+  samples_ += samples;
+  summary_.local_samples += samples;
+  summary_.steps += 1;
+  summary_.last_loss = loss;
+  unreported_ += samples;
+}
+
+ProgressReporter::Figure& ProgressReporter::figure(const std::string& name, bool max) {
+  auto it = std::ranges::find(figures_, name, &Figure::name);
+  if (it != figures_.end()) return *it;
+  return figures_.emplace_back(Figure{name, 0, max});
+}
+
+void ProgressReporter::add_mean(const std::string& name, double value) {
+  figure(name, false).value += value;
+}
+
+void ProgressReporter::add_max(const std::string& name, double value) {
+  auto& f = figure(name, true);
+  f.value = std::max(f.value, value);
+}
+
+void ProgressReporter::end_step(bool last) {
+  if (straggler_)
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>(config_.train.straggler_delay_ms));
+  if (last || std::chrono::duration<double>(Clock::now() - last_heartbeat_).count() >= heartbeat_s_)
+    report();
+}
+
+void ProgressReporter::report() {
+  const std::uint64_t previous = summary_.global_samples;
+  const double interval = std::chrono::duration<double>(Clock::now() - last_heartbeat_).count();
+  summary_.global_samples = ps_.heartbeat(unreported_);
+  unreported_ = 0;
+  last_heartbeat_ = Clock::now();
+  const double steps = static_cast<double>(steps_);
+  const double epoch =
+      static_cast<double>(summary_.local_samples) / static_cast<double>(shard_.size());
+  const double local_rate = static_cast<double>(samples_) /
+                            std::chrono::duration<double>(Clock::now() - window_start_).count();
+  const double global_rate =
+      previous == 0 ? local_rate
+                    : static_cast<double>(summary_.global_samples - previous) / interval;
+  JsonObject line;
+  line.add("role", "worker")
+      .add("index", static_cast<int>(index_))
+      .add("step", summary_.steps)
+      .add("epoch", epoch)
+      .add("local_samples", summary_.local_samples)
+      .add("global_samples", summary_.global_samples)
+      .add("loss", loss_ / steps)
+      .add("samples_per_s", local_rate)
+      .add("global_samples_per_s", global_rate)
+      .add("compute_ms", compute_ms_ / steps);
+  for (auto& f : figures_) {
+    line.add(f.name, f.max ? f.value : f.value / steps);
+    f.value = 0;
+  }
+  metrics_.write(line);
+  if (hook_) hook_(summary_.global_samples, epoch, loss_ / steps, global_rate);
+  window_start_ = Clock::now();
+  loss_ = compute_ms_ = 0;
+  steps_ = samples_ = 0;
+}
+
+TrainSummary ProgressReporter::finish() {
+  summary_.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  return summary_;
+}
+
+}  // namespace pstrain

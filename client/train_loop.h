@@ -1,0 +1,123 @@
+#pragma once
+// The parts of a worker's training loop that the asynchronous and the
+// synchronous trainers share: the step budget, loading batches into the
+// model's input (through pinned staging buffers on backends the host cannot
+// reach), and the periodic heartbeat that reports progress to ps 0, writes a
+// metrics line and calls the progress hook.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/backend.h"
+#include "client/dataset.h"
+#include "shared/config.h"
+#include "shared/metrics.h"
+
+namespace pstrain {
+
+class Model;
+class PsClient;
+
+struct TrainSummary {
+  std::uint64_t local_samples = 0;
+  std::uint64_t global_samples = 0;  // as last reported by ps 0
+  std::uint64_t steps = 0;
+  double seconds = 0;
+  double last_loss = 0;
+};
+
+// Called after every heartbeat with the global sample count and the worker's
+// recent loss; worker 0 uses it to trigger evaluations and show progress.
+using ProgressHook = std::function<void(std::uint64_t global_samples,
+                                        double epoch, double loss,
+                                        double samples_per_s)>;
+
+// Steps of `config.train.epochs` passes over the shard, rounded up. Every
+// worker of a run gets the same number (shards are equal).
+std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard);
+
+// Puts batches into the model's input and reads back their losses.
+class BatchFeeder {
+ public:
+  BatchFeeder(Backend& backend, Model& model, WorkerShard& shard, std::size_t batch_size);
+
+  // Copies the next batch into the model's input buffers (uploads it on
+  // backends the host cannot reach).
+  Batch load();
+  // Issues the download of the last batch's per-sample losses; on such
+  // backends they are readable after the next fence has completed.
+  void fetch_losses();
+  // Mean loss of the last batch, once fetch_losses' data has arrived.
+  double mean_loss() const;
+
+ private:
+  Backend& backend_;
+  Model& model_;
+  WorkerShard& shard_;
+  std::size_t batch_size_;
+  bool direct_;
+  HostMemory host_images_, host_labels_, host_loss_;
+  float* images_;
+  std::int32_t* labels_;
+  const float* losses_;
+  std::size_t last_ = 0;
+};
+
+// Counts steps into a window and, every net.heartbeat seconds (worker 0:
+// every 0.25 s at most, as it also paces evaluations) and after the last
+// step, sends the window's samples to the ps as a heartbeat, writes a metrics
+// line (role, index, step, epoch, local_samples, global_samples, loss,
+// samples_per_s, global_samples_per_s, compute_ms, then the trainer's own
+// figures) and calls the hook.
+class ProgressReporter {
+ public:
+  ProgressReporter(const ClusterConfig& config, std::uint32_t index, PsClient& ps,
+                   const WorkerShard& shard, MetricsFile& metrics, const ProgressHook& hook);
+
+  // A finished step; `loss` is the batch's mean loss.
+  void step(std::size_t samples, double loss, double compute_ms);
+  // A trainer figure for this step, written as its mean over the window.
+  void add_mean(const std::string& name, double value);
+  // A trainer figure written as its maximum over the window.
+  void add_max(const std::string& name, double value);
+  // Ends the step: sleeps when this worker is the configured straggler, and
+  // reports if a heartbeat is due or `last`.
+  void end_step(bool last);
+
+  const TrainSummary& summary() const { return summary_; }
+  // Seconds since construction, into summary().seconds.
+  TrainSummary finish();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Figure {
+    std::string name;
+    double value = 0;
+    bool max = false;
+  };
+  void report();
+  Figure& figure(const std::string& name, bool max);
+
+  const ClusterConfig& config_;
+  std::uint32_t index_;
+  PsClient& ps_;
+  const WorkerShard& shard_;
+  MetricsFile& metrics_;
+  const ProgressHook& hook_;
+  double heartbeat_s_;
+  bool straggler_;
+  TrainSummary summary_;
+  std::uint64_t unreported_ = 0;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_heartbeat_ = start_;
+  // The window since the last report.
+  Clock::time_point window_start_ = start_;
+  double loss_ = 0, compute_ms_ = 0;
+  std::uint64_t steps_ = 0, samples_ = 0;
+  std::vector<Figure> figures_;
+};
+
+}  // namespace pstrain
