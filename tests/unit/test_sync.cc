@@ -1,0 +1,212 @@
+// Sync mode in one process: two replicas on threads, each with its own CPU
+// backend, model and Gloo communicator (rendezvous through an in-memory
+// store), against each other and against one worker on the union batch; the
+// learning-rate schedule; and a peer that goes away mid-run.
+#include <doctest/doctest.h>
+
+#include <gloo/rendezvous/hash_store.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <string_view>
+#include <thread>
+
+#include "client/cpu_backend.h"
+#include "client/dataset.h"
+#include "client/gloo_communicator.h"
+#include "client/model.h"
+#include "client/sync_trainer.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kBatch = 32;
+
+GlooOptions two_workers(int rank) {
+  GlooOptions options;
+  options.rank = rank;
+  options.hosts = {"127.0.0.1", "127.0.0.1"};
+  options.timeout = std::chrono::seconds(5);
+  options.roll_call = std::chrono::milliseconds(300);
+  return options;
+}
+
+// FNV-1a over every weight's bytes.
+std::uint64_t weights_hash(Model& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < model.variables().size(); ++i) {
+    const auto* p = model.param(i).data<unsigned char>();
+    for (std::size_t k = 0; k < model.param(i).bytes(); ++k) h = (h ^ p[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<float> weights(Model& model) {
+  std::vector<float> all;
+  for (std::size_t i = 0; i < model.variables().size(); ++i) {
+    const float* p = model.param(i).data();
+    all.insert(all.end(), p, p + model.variables()[i].size);
+  }
+  return all;
+}
+
+ModelConfig mlp() {
+  ModelConfig config;
+  config.preset = "mlp";
+  return config;
+}
+
+// One sync worker on a thread: `body` gets its replica, model and shard.
+struct Worker {
+  Worker(int rank, const Dataset& data, std::shared_ptr<gloo::rendezvous::Store> store,
+         const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap)
+      : backend(make_cpu_backend(1)),
+        shard(data, static_cast<std::uint32_t>(rank), 2, 7),
+        model(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
+              kBatch) {
+    model.initialize(42);
+    comm = std::make_unique<GlooCommunicator>(two_workers(rank), std::move(store));
+    replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
+                                            overlap);
+  }
+  int step(float lr_scale = 1) {
+    const Batch b = shard.next_batch(kBatch, model.input_buffer(), model.label_buffer());
+    replica->step(static_cast<int>(b.size), lr_scale);
+    return static_cast<int>(b.size);
+  }
+  std::unique_ptr<Backend> backend;
+  WorkerShard shard;
+  Model model;
+  std::unique_ptr<GlooCommunicator> comm;
+  std::unique_ptr<SyncReplica> replica;
+};
+
+// Builds both workers concurrently (the mesh needs both) and runs
+// body(worker) on each, on its own thread.
+void run_pair(const Dataset& data, const OptimizerConfig& optimizer, std::size_t bucket_bytes,
+              bool overlap, const std::function<void(Worker&)>& body) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  auto run = [&](int rank) {
+    Worker w(rank, data, store, optimizer, bucket_bytes, overlap);
+    body(w);
+  };
+  auto other = std::async(std::launch::async, run, 1);
+  run(0);
+  other.get();
+}
+
+TEST_CASE("sync: replicas stay bit-identical after every step, for every bucketing") {
+  const Dataset data = make_synthetic(512, true);
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::adam;
+  adam.lr = 0.01f;
+  for (const auto& [bucket_bytes, overlap] :
+       {std::pair<std::size_t, bool>{4, true}, {64 * 1024, true}, {1 << 30, false}}) {
+    CAPTURE(bucket_bytes);
+    CAPTURE(overlap);
+    std::array<std::vector<std::uint64_t>, 2> hashes;
+    std::array<std::size_t, 2> buckets{};
+    run_pair(data, adam, bucket_bytes, overlap, [&](Worker& w) {
+      buckets[static_cast<std::size_t>(w.comm->rank())] = w.replica->buckets();
+      for (int s = 0; s < 6; ++s) {
+        w.step();
+        hashes[static_cast<std::size_t>(w.comm->rank())].push_back(weights_hash(w.model));
+      }
+    });
+    CHECK(hashes[0] == hashes[1]);
+    // The weights moved at every step, so equal hashes are not trivially equal.
+    for (std::size_t s = 1; s < hashes[0].size(); ++s) CHECK(hashes[0][s] != hashes[0][s - 1]);
+    // The MLP's 6 variables: one bucket each at 4 bytes; 64 KiB closes a
+    // bucket after dense1/w (128 KiB); no limit puts everything in one.
+    const std::size_t expected = bucket_bytes == 4 ? 6 : bucket_bytes == 64 * 1024 ? 2 : 1;
+    CHECK(buckets[0] == expected);
+    CHECK(buckets[1] == expected);
+  }
+}
+
+TEST_CASE("sync: one step equals one worker's step on both batches with the averaged gradient") {
+  const Dataset data = make_synthetic(256, true);
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::sgd;
+  sgd.lr = 0.5f;
+  std::vector<float> replica;
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    w.step();
+    if (w.comm->rank() == 0) replica = weights(w.model);
+  });
+
+  // The same first batches, side by side in one batch of 2 x kBatch: the
+  // mean loss over both has the average of the two gradients.
+  auto backend = make_cpu_backend(1);
+  Model single(mlp(), *backend, InputShape{data.channels, data.height, data.width},
+               data.classes, 2 * kBatch);
+  single.initialize(42);
+  const std::vector<float> before = weights(single);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    WorkerShard shard(data, r, 2, 7);
+    shard.next_batch(kBatch, single.input_buffer() + r * kBatch * data.sample_floats(),
+                     single.label_buffer() + r * kBatch);
+  }
+  single.forward_backward(2 * kBatch, [](std::size_t) {});
+  const Optimizer optimizer(sgd);
+  for (std::size_t i = 0; i < single.variables().size(); ++i) {
+    const std::size_t n = single.variables()[i].size;
+    optimizer.apply({single.param(i).data(), n}, {single.grad(i).data(), n}, {}, 1);
+  }
+  const std::vector<float> expected = weights(single);
+
+  REQUIRE(replica.size() == expected.size());
+  std::size_t moved = 0, mismatched = 0;
+  for (std::size_t k = 0; k < expected.size(); ++k) {
+    moved += expected[k] != before[k];
+    if (std::abs(replica[k] - expected[k]) > 1e-5f + 1e-4f * std::abs(expected[k])) ++mismatched;
+  }
+  CHECK(moved > expected.size() / 2);
+  CHECK(mismatched == 0);
+}
+
+TEST_CASE("sync: the learning-rate factor warms up linearly to the scaled rate") {
+  TrainConfig t;
+  CHECK(sync_lr_scale(t, 4, 1) == 1.0f);
+  t.lr_scaling = true;
+  CHECK(sync_lr_scale(t, 4, 1) == 4.0f);
+  t.warmup_steps = 10;
+  CHECK(sync_lr_scale(t, 4, 0) == doctest::Approx(1.0));
+  CHECK(sync_lr_scale(t, 4, 5) == doctest::Approx(2.5));
+  CHECK(sync_lr_scale(t, 4, 10) == 4.0f);
+  CHECK(sync_lr_scale(t, 4, 1000) == 4.0f);
+  t.lr_scaling = false;
+  CHECK(sync_lr_scale(t, 4, 5) == doctest::Approx(0.5));
+  CHECK(sync_lr_scale(t, 4, 10) == 1.0f);
+}
+
+TEST_CASE("sync: a peer that goes away is named in the error, and the communicator stays broken") {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<float> data(1000, 1.0f);
+  auto peer = std::async(std::launch::async, [&] {
+    GlooCommunicator comm(two_workers(1), store);
+    std::vector<float> mine(1000, 2.0f);
+    comm.allreduce_sum(mine.data(), mine.size());
+    return mine[0];
+  });
+  GlooCommunicator comm(two_workers(0), store);
+  comm.allreduce_sum(data.data(), data.size());
+  CHECK(data[0] == 3.0f);
+  CHECK(peer.get() == 3.0f);  // worker 1 has returned and closed its sockets
+
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    comm.allreduce_sum(data.data(), data.size());
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK(message.find("worker 1 (127.0.0.1) did not answer within 5 s") != std::string::npos);
+  CHECK_THROWS_WITH_AS(comm.barrier(), message.c_str(), CommError);
+}
+
+}  // namespace
+}  // namespace pstrain
