@@ -177,14 +177,17 @@ __global__ void maxpool_forward_kernel(const float* x, float* y, std::int32_t* a
        e += std::size_t{gridDim.x} * blockDim.x) {
     const int ox = int(e % ow), oy = int(e / ow % oh);
     const std::size_t plane = e / (std::size_t(ow) * oh);  // i * c + ch
-    std::size_t best = plane * h * w + std::size_t(oy * k) * w + ox * k;
+    const std::size_t corner = plane * h * w + std::size_t(oy * k) * w + ox * k;
+    std::size_t best = corner;
+    float best_value = x[corner];
     for (int u = 0; u < k; ++u) {
       for (int v = 0; v < k; ++v) {
-        const std::size_t xi = plane * h * w + std::size_t(oy * k + u) * w + ox * k + v;
-        if (ew::takes_max(x[xi], x[best])) best = xi;
+        const std::size_t xi = corner + std::size_t(u) * w + v;
+        const float value = x[xi];
+        if (ew::takes_max(value, best_value)) best = xi, best_value = value;
       }
     }
-    y[e] = x[best];
+    y[e] = best_value;
     argmax[e] = std::int32_t(best);
   }
 }

@@ -1,7 +1,519 @@
+// Tests of the CUDA backend and the NCCL communicator on a real GPU: every op
+// against the double-precision reference, transfers and their ordering,
+// fences, the optimizers against their shared per-element math, NCCL, and a
+// short training run. Needs only the CUDA libraries, libpstrain_cuda.so and
+// headers, so it can be copied to a GPU host; exits 77 (skipped) without one.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "client/backend.h"
+#include "client/communicator.h"
+#include "client/cuda_api.h"
+#include "shared/optimizer_math.h"
+#include "tests/support/reference_layers.h"
+
+namespace {
+
+using pstrain::Backend;
+using pstrain::ConvShape;
+using pstrain::PoolShape;
+namespace ref = pstrain::reference;
+
+std::unique_ptr<Backend> make_backend(int device = 0) {
+  std::array<char, 512> error{};
+  std::unique_ptr<Backend> backend(
+      pstrain_cuda_create_backend(device, error.data(), error.size()));
+  if (!backend) throw std::runtime_error(error.data());
+  return backend;
+}
+
+std::vector<float> random_vector(std::size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// A device buffer with its size in elements, filled from and read back to
+// host vectors.
+template <class T = float>
+struct Buffer {
+  Buffer(Backend& b, std::size_t n) : backend(&b), size(n), memory(b.alloc(n * sizeof(T))) {}
+  Buffer(Backend& b, const std::vector<T>& v) : Buffer(b, v.size()) {
+    backend->upload(v.data(), data(), v.size() * sizeof(T));
+    backend->synchronize();  // v may go away after the constructor
+  }
+  T* data() const { return memory.template data<T>(); }
+  std::vector<T> read() const {
+    std::vector<T> out(size);
+    backend->download(data(), out.data(), size * sizeof(T));
+    backend->synchronize();
+    return out;
+  }
+  Backend* backend;
+  std::size_t size;
+  pstrain::DeviceMemory memory;
+};
+
+// Float results against the double reference: relative to the magnitude of
+// the terms summed, which bounds float rounding (`scale`).
+void check_close(const std::vector<float>& got, const std::vector<double>& want,
+                 const char* what, double tolerance = 1e-4) {
+  REQUIRE(got.size() == want.size());
+  double scale = 1e-30;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  std::size_t bad = 0, first_bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (!(std::abs(got[i] - want[i]) <= tolerance * (std::abs(want[i]) + scale))) {
+      if (bad++ == 0) first_bad = i;
+    }
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " differ; first at " << first_bad
+            << ": got " << (bad ? got[first_bad] : 0) << ", want " << (bad ? want[first_bad] : 0));
+  CHECK(bad == 0);
+}
+
+TEST_CASE("backend: name and errors") {
+  auto b = make_backend();
+  CHECK(b->name().rfind("cuda:0 (", 0) == 0);
+  CHECK_FALSE(b->host_accessible());
+  std::array<char, 512> error{};
+  CHECK(pstrain_cuda_create_backend(999, error.data(), error.size()) == nullptr);
+  CHECK(std::string(error.data()).find("device 999 does not exist") != std::string::npos);
+  Buffer<float> small(*b, 4);
+  std::vector<float> host(8);
+  CHECK_THROWS_WITH_AS(b->upload(host.data(), small.data(), 32),
+                       doctest::Contains("overrun an allocation of 16 bytes"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(b->dense_forward(small.data(), small.data(), small.data(), small.data(), 0, 1, 1),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(b->wait(b->fence() + 5), std::invalid_argument);
+}
+
+TEST_CASE("dense forward and backward match the reference") {
+  auto b = make_backend();
+  std::mt19937 rng(1);
+  for (auto [n, in, out] : {std::array{1, 1, 1}, std::array{3, 5, 7}, std::array{33, 17, 10},
+                            std::array{64, 784, 128}, std::array{256, 128, 10}}) {
+    INFO("n=" << n << " in=" << in << " out=" << out);
+    const auto x = random_vector(std::size_t(n) * in, rng);
+    const auto w = random_vector(std::size_t(in) * out, rng);
+    const auto bias = random_vector(out, rng);
+    const auto dy = random_vector(std::size_t(n) * out, rng);
+    Buffer<> dx_(*b, x), dw_(*b, w), db_(*b, bias), ddy(*b, dy);
+    Buffer<> y(*b, std::size_t(n) * out), dx(*b, x.size()), dw(*b, w.size()), db(*b, out);
+    b->dense_forward(dx_.data(), dw_.data(), db_.data(), y.data(), n, in, out);
+    std::vector<double> ry(y.size);
+    ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), n, in, out);
+    check_close(y.read(), ry, "dense y");
+
+    std::vector<double> rdx(x.size()), rdw(w.size()), rdb(out);
+    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
+                        rdw.data(), rdb.data(), n, in, out);
+    b->fill(dw.data(), 123.0f, dw.size);  // overwritten, not accumulated
+    b->dense_backward(dx_.data(), dw_.data(), ddy.data(), dx.data(), dw.data(), db.data(), n, in, out);
+    check_close(dx.read(), rdx, "dense dx");
+    check_close(dw.read(), rdw, "dense dw");
+    check_close(db.read(), rdb, "dense db");
+    b->dense_backward(dx_.data(), dw_.data(), ddy.data(), nullptr, dw.data(), db.data(), n, in, out);
+    check_close(dw.read(), rdw, "dense dw without dx");
+  }
+}
+
+TEST_CASE("relu forward and backward match the reference") {
+  auto b = make_backend();
+  std::mt19937 rng(2);
+  auto x = random_vector(1000, rng);
+  x[0] = 0.0f;
+  const auto dy = random_vector(x.size(), rng);
+  Buffer<> bx(*b, x), bdy(*b, dy), y(*b, x.size()), dx(*b, x.size());
+  b->relu_forward(bx.data(), y.data(), x.size());
+  std::vector<double> ry(x.size()), rdx(x.size());
+  ref::relu_forward(widen(x).data(), ry.data(), x.size());
+  const auto gy = y.read();
+  check_close(gy, ry, "relu y");
+  b->relu_backward(y.data(), bdy.data(), dx.data(), x.size());
+  ref::relu_backward(ry.data(), widen(dy).data(), rdx.data(), x.size());
+  check_close(dx.read(), rdx, "relu dx");
+}
+
+TEST_CASE("conv2d forward and backward match the reference") {
+  auto b = make_backend();
+  std::mt19937 rng(3);
+  // The last two shapes exceed one im2col chunk, so several chunks run.
+  for (ConvShape s : {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3},
+                      ConvShape{2, 2, 6, 6, 2, 1}, ConvShape{5, 3, 10, 10, 8, 5},
+                      ConvShape{16, 1, 28, 28, 32, 3}, ConvShape{8, 1, 512, 512, 8, 1},
+                      ConvShape{7, 2, 300, 300, 16, 3}}) {
+    INFO("n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " filters=" << s.filters
+                << " kernel=" << s.kernel);
+    const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+    const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+    const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+    const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
+    const auto bias = random_vector(s.filters, rng), dy = random_vector(yn, rng);
+    Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+    Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
+    Buffer<> workspace(*b, b->conv2d_workspace(s));
+    b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+    std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
+    ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
+    check_close(y.read(), ry, "conv y");
+    ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
+                         rdw.data(), rdb.data(), s);
+    b->fill(dw.data(), 7.0f, wn);
+    b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                       workspace.data(), s);
+    check_close(dx.read(), rdx, "conv dx");
+    check_close(dw.read(), rdw, "conv dw");
+    check_close(db.read(), rdb, "conv db");
+    b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
+                       workspace.data(), s);
+    check_close(dw.read(), rdw, "conv dw without dx");
+  }
+  CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
+}
+
+TEST_CASE("maxpool forward and backward match the reference, ties included") {
+  auto b = make_backend();
+  std::mt19937 rng(4);
+  for (PoolShape s : {PoolShape{2, 3, 8, 8, 2}, PoolShape{3, 2, 7, 9, 2}, PoolShape{1, 4, 10, 11, 3}}) {
+    const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+    const std::size_t yn = std::size_t(s.n) * s.c * s.out_h() * s.out_w();
+    // Few distinct values, so windows hold ties the first-element rule decides.
+    std::vector<float> x(xn);
+    std::uniform_int_distribution<int> level(0, 3);
+    for (auto& v : x) v = float(level(rng));
+    const auto dy = random_vector(yn, rng);
+    Buffer<> bx(*b, x), bdy(*b, dy), y(*b, yn), dx(*b, xn);
+    Buffer<std::int32_t> argmax(*b, yn);
+    b->maxpool_forward(bx.data(), y.data(), argmax.data(), s);
+    std::vector<double> ry(yn), rdx(xn);
+    std::vector<std::int32_t> rarg(yn);
+    ref::maxpool_forward(widen(x).data(), ry.data(), rarg.data(), s);
+    check_close(y.read(), ry, "maxpool y");
+    const auto got_arg = argmax.read();
+    const auto mismatch = std::mismatch(got_arg.begin(), got_arg.end(), rarg.begin());
+    if (mismatch.first != got_arg.end()) {
+      FAIL_CHECK("argmax " << (mismatch.first - got_arg.begin()) << " is " << *mismatch.first
+                 << " (x " << x.at(*mismatch.first) << "), want " << *mismatch.second
+                 << " (x " << x.at(*mismatch.second) << ")");
+    }
+    b->fill(dx.data(), 5.0f, xn);  // overwritten, remainder rows and columns too
+    b->maxpool_backward(bdy.data(), argmax.data(), dx.data(), s);
+    ref::maxpool_backward(widen(dy).data(), rarg.data(), rdx.data(), s);
+    check_close(dx.read(), rdx, "maxpool dx");
+  }
+}
+
+TEST_CASE("maxpool ties go to the first element of the window") {
+  auto b = make_backend();
+  const PoolShape s{1, 1, 2, 4, 2};
+  Buffer<> x(*b, std::vector<float>{3, 3, 1, 2, 3, 0, 2, 1}), y(*b, 2), dx(*b, 8);
+  Buffer<std::int32_t> argmax(*b, 2);
+  b->maxpool_forward(x.data(), y.data(), argmax.data(), s);
+  CHECK(x.read() == std::vector<float>{3, 3, 1, 2, 3, 0, 2, 1});
+  CHECK(y.read() == std::vector<float>{3, 2});
+  const auto got = argmax.read();
+  const std::vector<std::int32_t> want{0, 3};
+  CHECK_MESSAGE(got == want, "argmax " << got[0] << ", " << got[1]);
+}
+
+TEST_CASE("softmax cross-entropy matches the reference") {
+  auto b = make_backend();
+  std::mt19937 rng(5);
+  for (auto [n, classes] : {std::array{1, 1}, std::array{5, 10}, std::array{100, 10},
+                            std::array{7, 37}, std::array{3, 100}}) {
+    INFO("n=" << n << " classes=" << classes);
+    auto logits = random_vector(std::size_t(n) * classes, rng, -8, 8);
+    if (classes > 3) logits[2] = logits[1] = 20.0f;  // a tie: the first maximum counts
+    std::vector<std::int32_t> labels(n);
+    std::uniform_int_distribution<int> pick(0, classes - 1);
+    for (auto& l : labels) l = pick(rng);
+    labels[0] = classes > 3 ? 1 : 0;
+    Buffer<> bl(*b, logits), dl(*b, logits.size()), loss(*b, n), correct(*b, n);
+    Buffer<std::int32_t> blabels(*b, labels);
+    b->softmax_xent(bl.data(), blabels.data(), dl.data(), loss.data(), correct.data(), n, classes);
+    std::vector<double> rdl(logits.size()), rloss(n), rcorrect(n);
+    ref::softmax_xent(widen(logits).data(), labels.data(), rdl.data(), rloss.data(),
+                      rcorrect.data(), n, classes);
+    check_close(dl.read(), rdl, "dlogits");
+    check_close(loss.read(), rloss, "loss");
+    check_close(correct.read(), rcorrect, "correct", 0);
+  }
+}
+
+TEST_CASE("fill and scale") {
+  auto b = make_backend();
+  Buffer<> x(*b, 100000);
+  b->fill(x.data(), 1.5f, x.size);
+  b->scale(x.data() + 10, -2.0f, 100);
+  const auto got = x.read();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != (i >= 10 && i < 110 ? -3.0f : 1.5f)) FAIL("element " << i << " is " << got[i]);
+  }
+}
+
+TEST_CASE("apply_optimizer matches the shared per-element math") {
+  auto b = make_backend();
+  std::mt19937 rng(6);
+  const std::size_t n = 5000;
+  for (auto kind : {pstrain::OptimizerKind::sgd, pstrain::OptimizerKind::momentum,
+                    pstrain::OptimizerKind::adam, pstrain::OptimizerKind::adagrad}) {
+    for (bool nesterov : {false, true}) {
+      pstrain::OptimizerConfig c;
+      c.kind = kind;
+      c.lr = 0.05f;
+      c.nesterov = nesterov;
+      c.weight_decay = 0.01f;
+      const std::size_t slots = kind == pstrain::OptimizerKind::adam ? 2
+                                : kind == pstrain::OptimizerKind::sgd ? 0 : 1;
+      auto w = random_vector(n, rng);
+      std::vector<float> state(n * slots,
+                               kind == pstrain::OptimizerKind::adagrad ? c.initial_accumulator : 0.0f);
+      Buffer<> bw(*b, w), bstate(*b, state.empty() ? std::vector<float>(1) : state), bg(*b, n);
+      for (std::uint64_t step = 1; step <= 3; ++step) {
+        const auto g = random_vector(n, rng);
+        b->upload(g.data(), bg.data(), n * sizeof(float));
+        b->apply_optimizer(c, bw.data(), bg.data(), bstate.data(), n, step, 0.5f);
+        b->synchronize();
+        const float lr = c.lr * 0.5f;
+        const auto t = double(step);
+        const auto bias1 = float(1.0 - std::pow(double(c.beta1), t));
+        const auto bias2 = float(1.0 - std::pow(double(c.beta2), t));
+        for (std::size_t i = 0; i < n; ++i) {
+          switch (kind) {
+            case pstrain::OptimizerKind::sgd: pstrain::opt::sgd_step(w[i], g[i], lr, c.weight_decay); break;
+            case pstrain::OptimizerKind::momentum:
+              pstrain::opt::momentum_step(w[i], state[i], g[i], lr, c.momentum, c.weight_decay, c.nesterov);
+              break;
+            case pstrain::OptimizerKind::adam:
+              pstrain::opt::adam_step(w[i], state[i], state[n + i], g[i], lr, c.beta1, c.beta2, c.eps,
+                                      bias1, bias2, c.weight_decay);
+              break;
+            case pstrain::OptimizerKind::adagrad:
+              pstrain::opt::adagrad_step(w[i], state[i], g[i], lr, c.eps, c.weight_decay);
+              break;
+          }
+        }
+      }
+      INFO("optimizer " << int(kind) << " nesterov " << nesterov);
+      check_close(bw.read(), widen(w), "weights", 1e-5);
+      if (slots) check_close(bstate.read(), widen(state), "state", 1e-5);
+    }
+  }
+}
+
+TEST_CASE("transfers round-trip and keep issue order across the two streams") {
+  auto b = make_backend();
+  std::mt19937 rng(7);
+  const std::size_t n = 1 << 20;
+  auto pinned_in = b->alloc_host(n * sizeof(float));
+  auto pinned_out = b->alloc_host(n * sizeof(float));
+  const auto input = random_vector(n, rng);
+  std::memcpy(pinned_in.data(), input.data(), n * sizeof(float));
+  Buffer<> x(*b, n);
+  b->upload(pinned_in.data(), x.data(), n * sizeof(float));
+  b->download(x.data(), pinned_out.data(), n * sizeof(float));
+  b->synchronize();
+  CHECK(std::memcmp(pinned_out.data(), input.data(), n * sizeof(float)) == 0);
+
+  // Each round uploads into buffers that the previous round's compute still
+  // reads and writes, and downloads what this round's compute produced: any
+  // missing wait between the streams shows up as a wrong value.
+  const int rounds = 20;
+  const std::size_t m = 1 << 18;
+  Buffer<> a(*b, m), c(*b, m);
+  std::vector<pstrain::HostMemory> in, out;
+  for (int r = 0; r < rounds; ++r) {
+    in.push_back(b->alloc_host(m * sizeof(float)));
+    out.push_back(b->alloc_host(m * sizeof(float)));
+    std::fill_n(in.back().data(), m, float(r));
+  }
+  for (int r = 0; r < rounds; ++r) {
+    b->upload(in[r].data(), a.data(), m * sizeof(float));
+    b->scale(a.data(), 2.0f, m);
+    b->relu_forward(a.data(), c.data(), m);
+    b->scale(c.data(), 3.0f, m);
+    b->download(c.data(), out[r].data(), m * sizeof(float));
+    b->fill(a.data(), -1.0f, m);
+    b->fill(c.data(), -1.0f, m);
+  }
+  b->synchronize();
+  for (int r = 0; r < rounds; ++r) {
+    const float want = 6.0f * float(r);
+    const float* o = out[r].data<float>();
+    CHECK_MESSAGE(std::all_of(o, o + m, [&](float v) { return v == want; }), "round " << r);
+  }
+
+  // Memory the backend did not allocate orders against everything.
+  float* raw = nullptr;
+  REQUIRE(cudaMalloc(&raw, m * sizeof(float)) == cudaSuccess);
+  b->upload(in[3].data(), raw, m * sizeof(float));
+  b->scale(raw, 2.0f, m);
+  b->download(raw, out[0].data(), m * sizeof(float));
+  b->synchronize();
+  CHECK(out[0].data<float>()[m - 1] == 6.0f);
+  REQUIRE(cudaFree(raw) == cudaSuccess);
+}
+
+TEST_CASE("fences complete in order") {
+  auto b = make_backend();
+  Buffer<> x(*b, 1 << 22);
+  for (int i = 0; i < 50; ++i) b->scale(x.data(), 1.0001f, x.size);
+  const auto f1 = b->fence();
+  const auto f2 = b->fence();
+  CHECK(f2 > f1);
+  b->wait(f2);
+  CHECK(b->fence_done(f1));  // an earlier fence is done once a later one is
+  CHECK(b->fence_done(f2));
+  b->wait(f1);
+  std::vector<Backend::Fence> many;
+  for (int i = 0; i < 1000; ++i) many.push_back(b->fence());
+  b->wait(many.back());
+  CHECK(std::all_of(many.begin(), many.end(), [&](auto f) { return b->fence_done(f); }));
+}
+
+std::unique_ptr<pstrain::Communicator> make_comm(Backend& backend, const std::array<std::uint8_t, 128>& id,
+                                                 int rank, int size) {
+  std::array<char, 512> error{};
+  std::unique_ptr<pstrain::Communicator> comm(pstrain_nccl_create(
+      &backend, id.data(), id.size(), rank, size, 60.0, error.data(), error.size()));
+  if (!comm) throw std::runtime_error(error.data());
+  return comm;
+}
+
+std::array<std::uint8_t, 128> unique_id() {
+  std::array<std::uint8_t, 128> id{};
+  std::array<char, 512> error{};
+  REQUIRE_MESSAGE(pstrain_nccl_unique_id(id.data(), id.size(), error.data(), error.size()) == 0,
+                  error.data());
+  return id;
+}
+
+TEST_CASE("nccl with one rank: all-reduce, broadcast and barrier") {
+  auto b = make_backend();
+  auto comm = make_comm(*b, unique_id(), 0, 1);
+  CHECK(comm->name() == "nccl");
+  CHECK(comm->size() == 1);
+  std::vector<float> v(1000);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  Buffer<> x(*b, v);
+  comm->allreduce_sum(x.data(), v.size());
+  b->scale(x.data(), 2.0f, v.size());  // ordered after the all-reduce
+  comm->broadcast(x.data(), v.size(), 0);
+  comm->barrier();
+  const auto got = x.read();
+  CHECK(got[999] == 1998.0f);
+  CHECK_THROWS_AS(comm->broadcast(x.data(), 1, 1), std::invalid_argument);
+  std::array<char, 512> error{};
+  const auto id = unique_id();
+  CHECK(pstrain_nccl_create(b.get(), id.data(), id.size(), 2, 2, 5.0, error.data(), error.size()) == nullptr);
+  CHECK(std::string(error.data()).find("rank 2 is not in a group of size 2") != std::string::npos);
+}
+
+TEST_CASE("nccl across all devices of this host") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 2) {
+    MESSAGE("one device: the multi-GPU all-reduce needs two");
+    return;
+  }
+  const auto id = unique_id();
+  std::vector<std::vector<float>> results(devices);
+  std::vector<std::string> errors(devices);
+  std::vector<std::thread> threads;
+  for (int d = 0; d < devices; ++d) {
+    threads.emplace_back([&, d] {
+      try {
+        auto b = make_backend(d);
+        auto comm = make_comm(*b, id, d, devices);
+        Buffer<> x(*b, std::vector<float>(4096, float(d + 1)));
+        comm->allreduce_sum(x.data(), x.size);
+        results[d] = x.read();
+      } catch (const std::exception& e) {
+        errors[d] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const float want = float(devices * (devices + 1) / 2);
+  for (int d = 0; d < devices; ++d) {
+    CHECK_MESSAGE(errors[d].empty(), errors[d]);
+    CHECK(std::all_of(results[d].begin(), results[d].end(), [&](float v) { return v == want; }));
+  }
+}
+
+TEST_CASE("an MLP trained on the GPU from backend calls alone learns") {
+  auto b = make_backend();
+  std::mt19937 rng(8);
+  const int n = 128, in = 20, hidden = 32, classes = 3;
+  // Three Gaussian blobs, one per class.
+  const auto centers = random_vector(classes * in, rng, -2, 2);
+  std::normal_distribution<float> noise(0.0f, 0.5f);
+  std::vector<float> x(n * in);
+  std::vector<std::int32_t> labels(n);
+  for (int i = 0; i < n; ++i) {
+    labels[i] = i % classes;
+    for (int k = 0; k < in; ++k) x[i * in + k] = centers[labels[i] * in + k] + noise(rng);
+  }
+  Buffer<> bx(*b, x), w1(*b, random_vector(in * hidden, rng, -0.3f, 0.3f)), b1(*b, hidden);
+  Buffer<> w2(*b, random_vector(hidden * classes, rng, -0.3f, 0.3f)), b2(*b, classes);
+  Buffer<std::int32_t> bl(*b, labels);
+  Buffer<> h(*b, n * hidden), a(*b, n * hidden), logits(*b, n * classes), dlogits(*b, n * classes);
+  Buffer<> loss(*b, n), correct(*b, n), da(*b, n * hidden), dh(*b, n * hidden);
+  Buffer<> dw1(*b, in * hidden), db1(*b, hidden), dw2(*b, hidden * classes), db2(*b, classes);
+  b->fill(b1.data(), 0, hidden);
+  b->fill(b2.data(), 0, classes);
+  pstrain::OptimizerConfig sgd;
+  sgd.lr = 0.1f;
+  auto mean_loss = [&] {
+    const auto l = loss.read();
+    double s = 0;
+    for (float v : l) s += v;
+    return s / n;
+  };
+  double first = 0;
+  for (int step = 1; step <= 100; ++step) {
+    b->dense_forward(bx.data(), w1.data(), b1.data(), h.data(), n, in, hidden);
+    b->relu_forward(h.data(), a.data(), n * hidden);
+    b->dense_forward(a.data(), w2.data(), b2.data(), logits.data(), n, hidden, classes);
+    b->softmax_xent(logits.data(), bl.data(), dlogits.data(), loss.data(), correct.data(), n, classes);
+    if (step == 1) first = mean_loss();
+    b->dense_backward(a.data(), w2.data(), dlogits.data(), da.data(), dw2.data(), db2.data(), n, hidden, classes);
+    b->relu_backward(a.data(), da.data(), dh.data(), n * hidden);
+    b->dense_backward(bx.data(), w1.data(), dh.data(), nullptr, dw1.data(), db1.data(), n, in, hidden);
+    for (auto [w, g, size] : {std::tuple{w1.data(), dw1.data(), w1.size}, std::tuple{b1.data(), db1.data(), b1.size},
+                              std::tuple{w2.data(), dw2.data(), w2.size}, std::tuple{b2.data(), db2.data(), b2.size}}) {
+      b->apply_optimizer(sgd, w, g, nullptr, size, step, 1.0f);
+    }
+  }
+  const double last = mean_loss();
+  const auto c = correct.read();
+  const double accuracy = std::count(c.begin(), c.end(), 1.0f) / double(n);
+  MESSAGE("loss " << first << " -> " << last << ", accuracy " << accuracy);
+  CHECK(last < 0.2 * first);
+  CHECK(accuracy > 0.95);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
