@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "client/model.h"
-#include "server/snapshot.h"
+#include "shared/snapshot.h"
 
 namespace pstrain {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
 // The saved model: <name>.bin holds every variable as one record of the
-// snapshot format (server/snapshot.h: values, no optimizer state) and
+// snapshot format (shared/snapshot.h: values, no optimizer state) and
 // <name>.yaml beside it the resolved configuration of the run that trained
 // it, whose `model` key rebuilds the architecture, followed by the layers as
 // comments for a reader.

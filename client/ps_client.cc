@@ -409,9 +409,22 @@ double PsClient::last_staleness(std::string_view variable) const {
 
 void PsClient::barrier(const std::string& name, std::uint32_t count) {
   Header h;
+  h.op = Op::barrier;
   h.variable = name;
   h.count = count;
-  impl_->control(Op::barrier, {0}, std::move(h), impl_->options.timeout_s);
+  auto& impl = *impl_;
+  // A barrier may wait far longer than any request timeout (the slowest
+  // worker decides), so it has none of its own: while it waits, heartbeats
+  // keep this worker alive in every ps's eyes, and a ps that stops answering
+  // them ends the wait with an error naming it.
+  auto [id, t] = impl.start(Op::barrier, name, impl.options.timeout_s);
+  impl.send(id, t, {0, 0, nullptr, nullptr}, std::move(h), {});
+  const auto interval = Impl::seconds(std::min(1.0, impl.options.timeout_s / 4));
+  while (t.replies_left > 0) {
+    impl.poll(interval);
+    if (t.replies_left > 0) heartbeat(0);
+  }
+  impl.finish(id, t);
 }
 
 std::uint64_t PsClient::heartbeat(std::uint64_t samples_since_last) {

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/snapshot.h"
+#include "shared/snapshot.h"
 #include "shared/optimizer.h"
 
 namespace pstrain {

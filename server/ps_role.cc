@@ -15,7 +15,7 @@
 #include <zmq_addon.hpp>
 
 #include "server/chunk_store.h"
-#include "server/snapshot.h"
+#include "shared/snapshot.h"
 #include "shared/log.h"
 #include "shared/protocol.h"
 
@@ -453,8 +453,15 @@ class PsServer {
     if (silent.empty()) return;
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", config_.net.worker_timeout);
-    log("no message from worker(s) ", silent, " for ", seconds,
-        " s (net.worker_timeout); exiting");
+    const std::string reason = "no message from worker(s) " + silent + " for " + seconds +
+                               " s (net.worker_timeout)";
+    log(reason, "; exiting");
+    // Workers parked in a barrier or kv_get learn why instead of timing out.
+    for (auto& [name, b] : barriers_)
+      for (auto& p : b.waiting) send(p.identity, wire::error_reply(p.request, prefix() + reason), {});
+    for (auto& p : kv_waiting_) send(p.identity, wire::error_reply(p.request, prefix() + reason), {});
+    barriers_.clear();
+    kv_waiting_.clear();
     exit_code_ = 3;
   }
 
@@ -517,9 +524,6 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     log("no ps ", index, " in the cluster (it has ", config.ps.size(), ")");
     return 2;
   }
-  log_open("ps " + std::to_string(index),
-           config.run_dir.empty() ? std::filesystem::path()
-                                  : config.run_dir / ("ps" + std::to_string(index) + ".log"));
   StopSignals signals;
   try {
     PsServer server(config, index);

@@ -40,6 +40,7 @@ void log_open(std::string name, const std::filesystem::path& file) {
   auto& s = sink();
   std::lock_guard lock(s.mutex);
   s.name = std::move(name);
+  if (s.file.is_open()) s.file.close();
   if (file.empty()) return;
   std::filesystem::create_directories(file.parent_path());
   // A role may name itself again after the CLI did (ps_role does); opening

@@ -1,4 +1,4 @@
-#include "server/snapshot.h"
+#include "shared/snapshot.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,7 @@
 // The `pstrain` command line: help, exit codes and messages for bad input,
 // and the resolved config.yaml a run records.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -123,9 +124,13 @@ TEST_CASE("cli: ps 0 records the resolved config in run_dir") {
   CHECK(recorded.hash() == expected.hash());
   CHECK(recorded.mode == Mode::sync);
   CHECK(recorded.train.seed == 9);
-  // Only the renamed file is left: no torn or temporary copies.
-  CHECK(std::distance(std::filesystem::directory_iterator(run_dir),
-                      std::filesystem::directory_iterator()) == 1);
+  // Only the renamed file and the process's log are left: no torn or
+  // temporary copies.
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir))
+    names.push_back(entry.path().filename().string());
+  std::ranges::sort(names);
+  CHECK(names == std::vector<std::string>{"config.yaml", "ps0.log"});
 }
 
 TEST_CASE("cli: a failure after start exits 1 naming the role and index") {

@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "server/chunk_store.h"
-#include "server/snapshot.h"
+#include "shared/snapshot.h"
 #include "tests/support/process.h"
 
 using namespace pstrain;
