@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""tools/launch: a whole cluster end to end, a failing process, signals,
+ssh for other hosts and --dry-run. Every cluster runs on loopback ports
+that were free a moment before."""
+
+import json
+import os
+import shlex
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import unittest
+
+import support
+
+# Distinct loopback addresses that tools/launch does not count as this host,
+# so their processes go through ssh, yet they bind and connect like remote
+# hosts would.
+REMOTE_PS, REMOTE_WORKER = "127.0.0.2", "127.0.0.3"
+
+# Logs its argv and runs the remote command in a new session, as sshd would
+# on another host: a signal to the local ssh's process group does not reach
+# it; only the end of its stdin (the launcher's pipe) does.
+FAKE_SSH = """#!/bin/sh
+printf '%s\\n' "$*" >> "$FAKE_SSH_LOG"
+for last; do :; done
+exec setsid -w /bin/sh -c "$last"
+"""
+
+
+class LaunchTest(unittest.TestCase):
+    def setUp(self):
+        support.require_binary(self)
+        self.spaces = []
+
+    def tearDown(self):
+        for w in self.spaces:
+            w.cleanup()
+
+    def workspace(self, doc):
+        w = support.Workspace(doc)
+        self.spaces.append(w)
+        return w
+
+    def fake_ssh(self, w):
+        path = os.path.join(w.path, "ssh")
+        with open(path, "w") as f:
+            f.write(FAKE_SSH)
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        log = os.path.join(w.path, "ssh.log")
+        # Extra words in $PSTRAIN_SSH are options for ssh.
+        return {"PSTRAIN_SSH": f"{path} -p 22", "FAKE_SSH_LOG": log}, log
+
+    def start_launcher(self, w, run_dir, env=None):
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(support.TOOLS, "launch"), w.cluster,
+             "--run-dir", run_dir],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=support.tool_env(**(env or {})), cwd=support.ROOT)
+        self.addCleanup(self.reap, proc)
+        return proc
+
+    @staticmethod
+    def reap(proc):
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+    def wait_for_processes(self, launcher, count=4):
+        """{pid: argv} of the pstrain processes under the launcher, once all
+        `count` have started."""
+        def started():
+            found = support.pstrain_processes_under(launcher.pid)
+            return found if len(found) == count else None
+        procs = support.wait_for(started, 20, f"the launcher's {count} pstrain processes")
+        self.addCleanup(self.kill_leftovers, procs)
+        return procs
+
+    @staticmethod
+    def kill_leftovers(pids):
+        """A failed test must not leave its processes running."""
+        for p in pids:
+            if support.alive(p) and support.is_pstrain(p):
+                os.kill(p, signal.SIGKILL)
+
+    def assert_all_gone(self, pids, timeout=10):
+        def gone():
+            return not [p for p in pids if support.alive(p) and support.is_pstrain(p)]
+        support.wait_for(gone, timeout, f"processes {sorted(pids)} to end")
+
+    def test_two_ps_two_workers_end_to_end(self):
+        w = self.workspace(support.cluster())
+        run_dir = os.path.join(w.path, "run")
+        r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        for name in ("cluster.yaml", "config.yaml", "model.bin", "launch.json", "ps0.log",
+                     "ps1.log", "worker0.log", "worker1.log"):
+            path = os.path.join(run_dir, name)
+            self.assertTrue(os.path.isfile(path), f"{name} missing from the run directory")
+            self.assertGreater(os.path.getsize(path), 0, f"{name} is empty")
+        for i in (0, 1):
+            with open(os.path.join(run_dir, f"worker{i}.metrics.jsonl")) as f:
+                records = [json.loads(line) for line in f]
+            steps = [r for r in records if "event" not in r]
+            self.assertTrue(steps, f"worker {i} wrote no training records")
+            self.assertEqual(steps[-1]["local_samples"], 1000)
+        self.assertIn("serving on", support.read_text(os.path.join(run_dir, "ps1.log")))
+        self.assertRegex(r.stdout, r"\[worker0\] final test accuracy 0\.\d+")
+        self.assertRegex(r.stdout, r"\[ps1\] .*serving on tcp://127\.0\.0\.1:"
+                         + str(w.doc["ps"][1]["port"]))
+        record = support.read_json(os.path.join(run_dir, "launch.json"))
+        self.assertEqual(record["exit_code"], 0)
+        self.assertEqual([p["name"] for p in record["processes"]],
+                         ["ps0", "ps1", "worker0", "worker1"])
+        self.assertLessEqual(record["start"], record["end"])
+        # Every process read the resolved file the launcher wrote.
+        for p in record["processes"]:
+            self.assertEqual(p["command"][-2:], ["--cluster", os.path.join(run_dir, "cluster.yaml")])
+
+    def test_a_failing_ps_stops_the_run_and_is_named_with_its_output(self):
+        w = self.workspace(support.cluster(train={"straggler_worker": 1,
+                                                  "straggler_delay_ms": 100}))
+        port = w.doc["ps"][1]["port"]
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
+            # What ps 1 alone exits with when its port is taken.
+            alone = subprocess.run([support.PSTRAIN, "--role", "ps", "--index", "1",
+                                    "--cluster", w.cluster, "--set",
+                                    f"run_dir={os.path.join(w.path, 'alone')}"],
+                                   capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(alone.returncode, 0)
+            run_dir = os.path.join(w.path, "run")
+            started = time.monotonic()
+            r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir])
+            elapsed = time.monotonic() - started
+        self.assertEqual(r.returncode, alone.returncode, r.stderr)
+        self.assertIn(f"launch: ps1 exited with code {alone.returncode}; stopped the other "
+                      "processes", r.stderr)
+        self.assertIn("last lines of ps1", r.stderr)
+        self.assertIn(f"tcp://127.0.0.1:{port}: Address already in use", r.stderr)
+        # The straggler alone needs over 3 s: the others were stopped, not
+        # waited for.
+        self.assertLess(elapsed, 3.0)
+        record = support.read_json(os.path.join(run_dir, "launch.json"))
+        self.assertEqual(record["failed"], "ps1")
+        pids = [p["pid"] for p in record["processes"]]
+        self.addCleanup(self.kill_leftovers, pids)
+        self.assert_all_gone(pids)
+
+    def test_sigterm_ends_every_process(self):
+        # A straggler keeps the run going long enough to be interrupted.
+        w = self.workspace(support.cluster(train={"straggler_worker": 1,
+                                                  "straggler_delay_ms": 200}))
+        launcher = self.start_launcher(w, os.path.join(w.path, "run"))
+        procs = self.wait_for_processes(launcher)
+        self.assertEqual(sorted(a[2] + a[4] for a in procs.values()),
+                         ["ps0", "ps1", "worker0", "worker1"])
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=30)
+        self.assertEqual(launcher.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("SIGTERM received; stopped every process", err)
+        self.assert_all_gone(procs)
+
+    def test_a_killed_launcher_takes_its_processes_along(self):
+        w = self.workspace(support.cluster(train={"straggler_worker": 1,
+                                                  "straggler_delay_ms": 200}))
+        launcher = self.start_launcher(w, os.path.join(w.path, "run"))
+        procs = self.wait_for_processes(launcher)
+        launcher.kill()
+        launcher.communicate(timeout=30)
+        self.assert_all_gone(procs)
+
+    def test_other_hosts_run_over_ssh(self):
+        w = self.workspace(support.cluster(ps_hosts=(REMOTE_PS, REMOTE_PS),
+                                           worker_hosts=(REMOTE_WORKER, "127.0.0.1")))
+        env, log = self.fake_ssh(w)
+        run_dir = os.path.join(w.path, "run")
+        r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir], **env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue(os.path.isfile(os.path.join(run_dir, "model.bin")))
+        calls = support.read_text(log).splitlines()
+        self.assertEqual(len(calls), 3, "ps0, ps1 and worker0 go through ssh; worker1 is local")
+        cluster_file = os.path.join(run_dir, "cluster.yaml")
+        # The fake ssh logs in the order the processes got to run, not
+        # necessarily the cluster's.
+        for host, role, index in [(REMOTE_PS, "ps", 0), (REMOTE_PS, "ps", 1),
+                                  (REMOTE_WORKER, "worker", 0)]:
+            command = shlex.join([support.PSTRAIN, "--role", role, "--index", str(index),
+                                  "--cluster", cluster_file]) + " "
+            matching = [c for c in calls if command in c]
+            self.assertEqual(len(matching), 1, f"{command} in {calls}")
+            self.assertTrue(matching[0].startswith(f"-p 22 -o BatchMode=yes {host} cd "),
+                            matching[0])
+
+    def test_sigterm_ends_remote_processes_too(self):
+        w = self.workspace(support.cluster(
+            ps_hosts=(REMOTE_PS, REMOTE_PS), worker_hosts=(REMOTE_WORKER, REMOTE_WORKER),
+            train={"straggler_worker": 1, "straggler_delay_ms": 200}))
+        env, _ = self.fake_ssh(w)
+        launcher = self.start_launcher(w, os.path.join(w.path, "run"), env)
+        procs = self.wait_for_processes(launcher)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.communicate(timeout=30)
+        self.assertEqual(launcher.returncode, 128 + signal.SIGTERM)
+        self.assert_all_gone(procs)
+
+    def test_dry_run_prints_every_command_and_starts_nothing(self):
+        w = self.workspace(support.cluster(worker_hosts=("127.0.0.1", REMOTE_WORKER)))
+        env, log = self.fake_ssh(w)
+        run_dir = os.path.join(w.path, "run")
+        r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir, "--dry-run",
+                                        "--set", "optimizer.lr=0.01"], **env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], f"# run directory: {run_dir}")
+        cluster_file = os.path.join(run_dir, "cluster.yaml")
+        expected = [[support.PSTRAIN, "--role", role, "--index", str(i), "--cluster",
+                     cluster_file] for role, i in (("ps", 0), ("ps", 1), ("worker", 0),
+                                                   ("worker", 1))]
+        self.assertEqual(lines[1:4], [shlex.join(c) for c in expected[:3]])
+        remote = shlex.split(lines[4])
+        self.assertEqual(remote[:5], [env["PSTRAIN_SSH"].split()[0], "-p", "22", "-o",
+                                      "BatchMode=yes"])
+        self.assertEqual(remote[5], REMOTE_WORKER)
+        self.assertIn(shlex.join(expected[3]), remote[6])
+        self.assertEqual(len(lines), 5)
+        self.assertFalse(os.path.exists(run_dir))
+        self.assertFalse(os.path.exists(log))
+
+    def test_a_bad_override_is_reported_before_anything_starts(self):
+        w = self.workspace(support.cluster())
+        run_dir = os.path.join(w.path, "run")
+        r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir,
+                                        "--set", "optimizer.lr=fast"])
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("optimizer.lr", r.stderr)
+        self.assertFalse(os.path.exists(run_dir))
+
+
+if __name__ == "__main__":
+    unittest.main()
