@@ -50,36 +50,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// A forked child that runs `body` with stdout/stderr sent to `log`; killed
-// and reaped by PID on destruction.
-class Forked {
- public:
-  template <class F>
-  Forked(const std::filesystem::path& log, F body) {
-    pid_ = ::fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-        ::close(fd);
-      }
-      ::_exit(body());
-    }
-  }
-  ~Forked() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  Forked(const Forked&) = delete;
-  Forked& operator=(const Forked&) = delete;
-
- private:
-  pid_t pid_ = -1;
-};
-
 // The raw peer: replies to [u64 reply size][payload?] with a frame of that
 // size, sent zero-copy from a static buffer, like the ps sends its values.
 int raw_server(std::uint16_t port) {
@@ -283,13 +253,13 @@ int main(int argc, char** argv) try {
   testing::TempDir dir;
   const Setup setups[] = {make_setup(1, chunk_bytes, dir.path()), make_setup(2, chunk_bytes, dir.path())};
   // Every server is forked before this process creates a ZeroMQ context.
-  std::vector<std::unique_ptr<Forked>> children;
+  std::vector<std::unique_ptr<testing::Child>> children;
   for (const auto& s : setups)
     for (std::uint32_t i = 0; i < s.config.ps.size(); ++i) {
       const auto log = dir.path() / "servers.log";
-      children.push_back(std::make_unique<Forked>(
+      children.push_back(std::make_unique<testing::Child>(
           log, [&, i] { return run_ps_role(s.config, i, std::nullopt); }));
-      children.push_back(std::make_unique<Forked>(log, [&, i] { return raw_server(s.raw_ports[i]); }));
+      children.push_back(std::make_unique<testing::Child>(log, [&, i] { return raw_server(s.raw_ports[i]); }));
     }
 
   std::printf("bench_ps: loopback tcp, 1 client, chunk size %s, SGD on the ps, median of %d reps\n",

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace pstrain::testing {
@@ -71,18 +72,25 @@ class Child {
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-        ::close(fd);
-      }
+      redirect_and_die_with_parent(log);
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
       ::execv(args[0], args.data());
       ::_exit(127);
+    }
+  }
+  // Forks and runs `body` in the child (no exec), its return value the exit
+  // code: for benchmarks that run a role in-process. Fork before creating
+  // any ZeroMQ context or thread.
+  template <class Body>
+    requires std::is_invocable_r_v<int, Body>
+  Child(const std::filesystem::path& log, Body body) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      redirect_and_die_with_parent(log);
+      ::_exit(body());
     }
   }
   Child(const Child&) = delete;
@@ -130,6 +138,16 @@ class Child {
   }
 
  private:
+  static void redirect_and_die_with_parent(const std::filesystem::path& log) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+  }
+
   pid_t pid_ = -1;
   std::filesystem::path log_;
   std::optional<int> status_;
