@@ -25,8 +25,9 @@ class PsClient;
 // prefix for it. Worker 0 draws a random attempt id and publishes it before
 // it enters the barrier "sync/<hash>/join"; the others read it once the
 // barrier has let everyone through, so nobody can read an earlier attempt's
-// id. Throws CommError naming the barrier when not every worker arrives
-// within net.request_timeout.
+// id. The wait has no limit of its own (workers may start minutes apart): a
+// worker that never comes makes ps 0 exit after net.worker_timeout, which
+// ends the wait in a CommError naming the barrier.
 std::string join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32_t index);
 
 // NCCL's rendezvous id for the attempt `prefix` (from join_sync_run): worker

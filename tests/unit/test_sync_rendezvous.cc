@@ -1,0 +1,112 @@
+// Rendezvous through ps 0, with a ps role served on a thread of this process:
+// attempts, Gloo communicators made by the factory over the ps store, and
+// (when the CUDA library is built) the NCCL id handed from worker 0 to the
+// others.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <future>
+
+#include "client/cpu_backend.h"
+#include "client/gloo_communicator.h"
+#include "client/ps_client.h"
+#include "client/ps_store.h"
+#include "server/ps_role.h"
+#include "tests/support/process.h"
+
+namespace pstrain {
+namespace {
+
+// ps 0 on a free loopback port, served until the fixture is destroyed.
+struct LocalPs {
+  explicit LocalPs(const std::string& net = "{request_timeout: 5}") {
+    config = parse_config("job: rendezvous\nrun_dir: " + dir.path().string() +
+                          "\nmode: sync\nps: [{host: 127.0.0.1, port: " +
+                          std::to_string(testing::free_port()) +
+                          "}]\nworkers: {count: 2}\ndata: {name: synthetic}\n"
+                          "net: " + net + "\n");
+    served = std::async(std::launch::async, [this] { return run_ps_role(config, 0, {}); });
+  }
+  ~LocalPs() {
+    if (!served.valid()) return;  // the test collected the exit code
+    if (served.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      PsClient(config, 0, map()).shutdown(0);
+    served.get();
+  }
+  ShardMap map() const { return ShardMap({{"w", 4, {}}}, 1); }
+
+  testing::TempDir dir;
+  ClusterConfig config;
+  std::future<int> served;
+};
+
+// Runs body(rank, ps client) for both workers at once.
+template <class Body>
+auto both(const LocalPs& ps, Body body) {
+  auto run = [&](std::uint32_t rank) {
+    PsClient client(ps.config, rank, ps.map());
+    client.hello();
+    return body(rank, client);
+  };
+  auto other = std::async(std::launch::async, run, 1u);
+  auto mine = run(0);
+  return std::array{mine, other.get()};
+}
+
+TEST_CASE("sync rendezvous: workers agree on an attempt, and a new join gets a new one") {
+  LocalPs ps;
+  const auto first = both(ps, [&](std::uint32_t rank, PsClient& client) {
+    return join_sync_run(client, ps.config, rank);
+  });
+  CHECK(first[0] == first[1]);
+  CHECK(first[0].starts_with("sync/"));
+  const auto second = both(ps, [&](std::uint32_t rank, PsClient& client) {
+    return join_sync_run(client, ps.config, rank);
+  });
+  CHECK(second[0] == second[1]);
+  CHECK(second[0] != first[0]);
+}
+
+TEST_CASE("sync rendezvous: the factory connects Gloo through ps 0 on CPU backends") {
+  LocalPs ps;
+  const auto sums = both(ps, [&](std::uint32_t rank, PsClient& client) {
+    auto backend = make_cpu_backend(1);
+    auto comm = make_communicator(ps.config, rank, *backend, client);
+    CHECK(comm->name() == "gloo");
+    CHECK(comm->size() == 2);
+    CHECK(comm->rank() == static_cast<int>(rank));
+    std::vector<float> v(3, static_cast<float>(rank + 1));
+    comm->allreduce_sum(v.data(), v.size());
+    std::vector<float> b{rank == 1 ? 7.0f : 0.0f};
+    comm->broadcast(b.data(), 1, 1);
+    comm->barrier();
+    return v[2] + b[0];
+  });
+  CHECK(sums[0] == 10.0f);  // 1 + 2, and 7 from worker 1
+  CHECK(sums[1] == 10.0f);
+}
+
+TEST_CASE("sync rendezvous: a worker that never joins ends the wait once ps 0 gives up on it") {
+  LocalPs ps("{request_timeout: 0.5, worker_timeout: 1, heartbeat: 0.2}");
+  PsClient client(ps.config, 0, ps.map());
+  client.hello();
+  CHECK_THROWS_WITH_AS(join_sync_run(client, ps.config, 0),
+                       doctest::Contains("not all 2 workers reached barrier"), CommError);
+  CHECK(ps.served.get() == 3);  // ps 0 named the silent worker and exited
+}
+
+#if defined(PSTRAIN_CUDA_LIBRARY)
+TEST_CASE("sync rendezvous: worker 0's NCCL id reaches worker 1 through ps 0") {
+  ::setenv("PSTRAIN_CUDA_LIB", PSTRAIN_CUDA_LIBRARY, 1);
+  LocalPs ps;
+  const auto ids = both(ps, [&](std::uint32_t rank, PsClient& client) {
+    return share_nccl_id(client, join_sync_run(client, ps.config, rank), rank,
+                         ps.config.net.request_timeout);
+  });
+  CHECK(ids[0] == ids[1]);
+  CHECK(ids[0] != cuda::NcclId{});
+}
+#endif
+
+}  // namespace
+}  // namespace pstrain
