@@ -1,0 +1,150 @@
+// Asynchronous training end to end with the real binary: accuracy on
+// Fashion-MNIST, determinism of a single worker, a missing data directory,
+// and a worker killed mid-run.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "tests/support/process.h"
+
+using namespace pstrain::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Run {
+  TempDir dir;
+  std::filesystem::path cluster;
+  std::vector<std::unique_ptr<Child>> ps, workers;
+
+  Run(int n_ps, int n_workers, const std::string& extra) {
+    std::ostringstream y;
+    y << "job: train-test\nrun_dir: " << (dir.path() / "run").string() << "\nps:\n";
+    for (int i = 0; i < n_ps; ++i) y << "  - {host: 127.0.0.1, port: " << free_port() << "}\n";
+    y << "workers: {count: " << n_workers << "}\n" << extra;
+    cluster = dir.path() / "cluster.yaml";
+    std::ofstream(cluster) << y.str();
+  }
+
+  std::vector<std::string> argv(const std::string& role, int index) const {
+    return {PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index), "--cluster",
+            cluster.string()};
+  }
+  void start(int n_ps, int n_workers) {
+    for (int i = 0; i < n_ps; ++i)
+      ps.push_back(std::make_unique<Child>(argv("ps", i), dir.path() / ("ps" + std::to_string(i) + ".out")));
+    for (int i = 0; i < n_workers; ++i)
+      workers.push_back(std::make_unique<Child>(argv("worker", i),
+                                                dir.path() / ("worker" + std::to_string(i) + ".out")));
+  }
+  // Waits for every process; returns false (with the logs) on a timeout.
+  bool finish(std::chrono::seconds timeout, std::string& logs) {
+    bool ok = true;
+    for (auto* group : {&workers, &ps})
+      for (auto& c : *group)
+        if (!c->wait_for(timeout)) ok = false;
+    for (auto* group : {&workers, &ps})
+      for (auto& c : *group) logs += c->log_text();
+    return ok;
+  }
+  std::filesystem::path run_dir() const { return dir.path() / "run"; }
+};
+
+double final_accuracy(const std::string& worker0_output) {
+  std::smatch m;
+  static const std::regex re("final test accuracy ([0-9.]+)");
+  return std::regex_search(worker0_output, m, re) ? std::stod(m[1]) : -1;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") {
+  Run run(2, 2,
+          "model: mlp\n"
+          "optimizer: {name: momentum, lr: 0.02, momentum: 0.9}\n"
+          "train: {epochs: 1, eval_every: 0}\n");
+  run.start(2, 2);
+  std::string logs;
+  REQUIRE_MESSAGE(run.finish(120s, logs), logs);
+  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+  for (auto& p : run.ps) CHECK_MESSAGE(p->wait_for(0s) == 0, logs);
+  const double accuracy = final_accuracy(run.workers[0]->log_text());
+  MESSAGE("final test accuracy ", accuracy);
+  CHECK_MESSAGE(accuracy >= 0.80, logs);
+  CHECK(std::filesystem::exists(run.run_dir() / "model.bin"));
+  CHECK(std::filesystem::exists(run.run_dir() / "worker0.metrics.jsonl"));
+
+  // The saved model scores the same on its own.
+  Child eval({PSTRAIN_BINARY, "--role", "eval", "--model", (run.run_dir() / "model.bin").string(),
+              "--cluster", run.cluster.string()},
+             run.dir.path() / "eval.out");
+  REQUIRE(eval.wait_for(60s) == 0);
+  std::smatch m;
+  const std::string out = eval.log_text();
+  REQUIRE_MESSAGE(std::regex_search(out, m, std::regex("test accuracy ([0-9.]+)")), out);
+  CHECK(std::abs(std::stod(m[1]) - accuracy) < 1e-4);
+}
+
+TEST_CASE("async: a single worker with a fixed seed trains bit-identically twice") {
+  std::string models[2];
+  for (auto& model : models) {
+    Run run(2, 1,
+            "data: {name: synthetic, synthetic_train: 2000, synthetic_test: 200}\n"
+            "optimizer: {name: adam, lr: 0.001}\n"
+            "train: {epochs: 1, seed: 7, eval_every: 0}\n");
+    run.start(2, 1);
+    std::string logs;
+    REQUIRE_MESSAGE(run.finish(60s, logs), logs);
+    REQUIRE_MESSAGE(run.workers[0]->wait_for(0s) == 0, logs);
+    model = read_file(run.run_dir() / "model.bin");
+    REQUIRE(model.size() > 100000);
+  }
+  CHECK(models[0] == models[1]);
+}
+
+TEST_CASE("async: a missing data directory is named, with the package that provides it") {
+  Run run(1, 1, "data: {dir: /nonexistent/fashion}\nnet: {worker_timeout: 2, heartbeat: 0.5}\n");
+  run.start(1, 1);
+  const auto code = run.workers[0]->wait_for(30s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  const std::string out = run.workers[0]->log_text();
+  CHECK_MESSAGE(out.find("/nonexistent/fashion/train-images-idx3-ubyte.gz") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("dataset-fashion-mnist") != std::string::npos, out);
+}
+
+TEST_CASE("async: a killed worker makes the ps exit naming it, and the others stop too") {
+  Run run(1, 2,
+          "data: {name: synthetic, synthetic_train: 60000, synthetic_test: 200}\n"
+          "train: {epochs: 3, eval_every: 0}\n"
+          "net: {worker_timeout: 2, heartbeat: 0.25, request_timeout: 5}\n");
+  run.start(1, 2);
+  // Wait until worker 1 is training (its metrics file appears), then kill it.
+  const auto metrics = run.run_dir() / "worker1.metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!std::filesystem::exists(metrics) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  REQUIRE(std::filesystem::exists(metrics));
+  run.workers[1]->kill(SIGKILL);
+
+  const auto ps_code = run.ps[0]->wait_for(20s);
+  REQUIRE_MESSAGE(ps_code.has_value(), run.ps[0]->log_text());
+  CHECK(*ps_code == 3);
+  const std::string ps_log = run.ps[0]->log_text();
+  CHECK_MESSAGE(ps_log.find("no message from worker(s) 1") != std::string::npos, ps_log);
+  // Worker 0 does not hang: it ends with an error naming the silent worker
+  // (parked in the barrier) or the ps that went away.
+  const auto w0 = run.workers[0]->wait_for(30s);
+  REQUIRE_MESSAGE(w0.has_value(), run.workers[0]->log_text());
+  CHECK(*w0 != 0);
+}
