@@ -6,6 +6,8 @@ recomputed from the runs' metrics files."""
 import glob
 import json
 import os
+import signal
+import subprocess
 import sys
 import unittest
 
@@ -169,6 +171,30 @@ class CompareTest(unittest.TestCase):
         r = support.run_tool("compare", [self.space.cluster, "--out", self.out])
         self.assertEqual(r.returncode, 1)
         self.assertIn(f"{self.out} is not empty", r.stderr)
+
+    def test_sigterm_stops_the_comparison_and_its_processes(self):
+        w = support.Workspace(support.cluster(train={"straggler_worker": 1,
+                                                     "straggler_delay_ms": 200}))
+        self.addCleanup(w.cleanup)
+        compare = subprocess.Popen(
+            [sys.executable, os.path.join(support.TOOLS, "compare"), w.cluster,
+             "--out", os.path.join(w.path, "cmp")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=support.tool_env(), cwd=support.ROOT)
+        self.addCleanup(lambda: compare.poll() is None and compare.kill())
+
+        def started():
+            found = support.pstrain_processes_under(compare.pid)
+            return found if len(found) == 4 else None
+        procs = support.wait_for(started, 20, "the async run's 4 pstrain processes")
+        compare.send_signal(signal.SIGTERM)
+        _, err = compare.communicate(timeout=30)
+        self.assertEqual(compare.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("compare: SIGTERM received; stopped", err)
+        self.assertFalse(os.path.exists(os.path.join(w.path, "cmp", "sync")),
+                         "the sync run must not start after a signal")
+        support.wait_for(lambda: not [p for p in procs if support.alive(p)
+                                      and support.is_pstrain(p)], 10, "every process to end")
 
     def test_report_names_a_run_without_metrics(self):
         empty = os.path.join(self.space.path, "empty")
