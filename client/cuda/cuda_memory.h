@@ -49,12 +49,6 @@ inline Event make_event() {
   return Event(e);
 }
 
-inline Event make_timing_event() {
-  cudaEvent_t e = nullptr;
-  PSTRAIN_CUDA_CHECK(cudaEventCreate(&e));
-  return Event(e);
-}
-
 struct CublasDeleter {
   void operator()(cublasContext* h) const noexcept {
     const cublasStatus_t status = cublasDestroy(h);
