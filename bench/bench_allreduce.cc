@@ -7,7 +7,7 @@
 //     after backward, with buckets reduced after backward or on the
 //     communication thread during it; samples/s counts both workers.
 //
-//   bench_allreduce [steps=200] [batch=64] [bucket_bytes=1048576]
+//   bench_allreduce [steps=200] [batch=64] [bucket_bytes=262144]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,7 +104,7 @@ void bench_steps(GlooCommunicator& comm, int steps, int batch, std::size_t bucke
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
-  const std::size_t bucket_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1u << 20;
+  const std::size_t bucket_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 256u << 10;
   testing::TempDir dir;
   std::printf("Gloo all-reduce, 2 processes on 127.0.0.1 (ring, TCP)\n");
   std::fflush(stdout);

@@ -20,16 +20,11 @@ double ms_since(Clock::time_point t) {
 
 }  // namespace
 
-AsyncTrainer::AsyncTrainer(const ClusterConfig& config, std::uint32_t index,
-                           Backend& backend, Model& model, PsClient& ps,
-                           WorkerShard& shard, MetricsFile& metrics)
-    : config_(config), index_(index), backend_(backend), model_(model), ps_(ps),
-      shard_(shard), metrics_(metrics) {}
-
-TrainSummary AsyncTrainer::run() {
-  const auto& vars = model_.variables();
+TrainSummary train_async(const TrainContext& context) {
+  auto& [config, index, backend, model, ps, shard, metrics, hook] = context;
+  const auto& vars = model.variables();
   const std::size_t nv = vars.size();
-  const bool direct = backend_.host_accessible();
+  const bool direct = backend.host_accessible();
 
   // Host views of every variable's weights and gradient: the backend's own
   // memory when the host can reach it, else pinned staging buffers.
@@ -38,22 +33,22 @@ TrainSummary AsyncTrainer::run() {
   for (std::size_t i = 0; i < nv; ++i) {
     const std::size_t n = vars[i].size;
     if (direct) {
-      weights[i] = {model_.param(i).data(), n};
-      grads[i] = {model_.grad(i).data(), n};
+      weights[i] = {model.param(i).data(), n};
+      grads[i] = {model.grad(i).data(), n};
     } else {
-      staging.push_back(backend_.alloc_host(n * sizeof(float)));
+      staging.push_back(backend.alloc_host(n * sizeof(float)));
       weights[i] = {staging.back().data(), n};
-      staging.push_back(backend_.alloc_host(n * sizeof(float)));
+      staging.push_back(backend.alloc_host(n * sizeof(float)));
       grads[i] = {staging.back().data(), n};
     }
   }
-  BatchFeeder feeder(backend_, model_, shard_, config_.train.batch_size);
-  const std::uint64_t steps = total_steps(config_, shard_);
+  BatchFeeder feeder(backend, model, shard, config.train.batch_size);
+  const std::uint64_t steps = total_steps(config, shard);
 
-  for (std::size_t i = 0; i < nv; ++i) ps_.pull(vars[i].name, weights[i]);
-  ps_.wait_all();
+  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights[i]);
+  ps.wait_all();
 
-  ProgressReporter reporter(config_, index_, ps_, shard_, metrics_, hook_);
+  ProgressReporter reporter(config, index, ps, shard, metrics, hook);
   struct Pending {
     std::size_t variable;
     Backend::Fence fence;
@@ -63,20 +58,20 @@ TrainSummary AsyncTrainer::run() {
   for (std::uint64_t step = 0; step < steps; ++step) {
     if (!direct)
       for (std::size_t i = 0; i < nv; ++i)
-        backend_.upload(weights[i].data(), model_.param(i).data(), weights[i].size_bytes());
+        backend.upload(weights[i].data(), model.param(i).data(), weights[i].size_bytes());
     const Batch b = feeder.load();
 
     const auto t_compute = Clock::now();
     Clock::time_point t_first_send{};
     auto send = [&](std::size_t i) {
       if (t_first_send == Clock::time_point{}) t_first_send = Clock::now();
-      ps_.push_pull(vars[i].name, grads[i], weights[i]);
+      ps.push_pull(vars[i].name, grads[i], weights[i]);
     };
-    model_.forward_backward(static_cast<int>(b.size), [&](std::size_t i) {
+    model.forward_backward(static_cast<int>(b.size), [&](std::size_t i) {
       if (direct) return send(i);
-      backend_.download(model_.grad(i).data(), grads[i].data(), grads[i].size_bytes());
-      pending.push_back({i, backend_.fence()});
-      while (!pending.empty() && backend_.fence_done(pending.front().fence)) {
+      backend.download(model.grad(i).data(), grads[i].data(), grads[i].size_bytes());
+      pending.push_back({i, backend.fence()});
+      while (!pending.empty() && backend.fence_done(pending.front().fence)) {
         send(pending.front().variable);
         pending.pop_front();
       }
@@ -84,16 +79,16 @@ TrainSummary AsyncTrainer::run() {
     feeder.fetch_losses();
     if (!direct) {
       for (; !pending.empty(); pending.pop_front()) {
-        backend_.wait(pending.front().fence);
+        backend.wait(pending.front().fence);
         send(pending.front().variable);
       }
-      backend_.synchronize();
+      backend.synchronize();
     }
     const auto t_wait = Clock::now();
-    ps_.wait_all();
+    ps.wait_all();
 
     double staleness = 0;
-    for (const auto& v : vars) staleness += ps_.last_staleness(v.name);
+    for (const auto& v : vars) staleness += ps.last_staleness(v.name);
     staleness /= static_cast<double>(nv);
 
     reporter.step(b.size, feeder.mean_loss(),

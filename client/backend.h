@@ -20,29 +20,33 @@ namespace pstrain {
 
 class Backend;
 
-// Memory owned by a backend: device memory for CUDA, aligned host memory for
-// the CPU. Frees itself through its backend.
-class DeviceMemory {
+// Memory owned by a backend, freed through it: DeviceMemory is device memory
+// for CUDA and aligned host memory for the CPU; HostMemory is host memory
+// suited for transfers to and from the backend (pinned for CUDA).
+enum class MemoryKind { device, host };
+
+template <MemoryKind Kind>
+class BackendMemory {
  public:
-  DeviceMemory() = default;
-  DeviceMemory(Backend* owner, void* ptr, std::size_t bytes)
+  BackendMemory() = default;
+  BackendMemory(Backend* owner, void* ptr, std::size_t bytes)
       : owner_(owner), ptr_(ptr), bytes_(bytes) {}
-  DeviceMemory(DeviceMemory&& other) noexcept { swap(other); }
-  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
-    DeviceMemory tmp(std::move(other));
+  BackendMemory(BackendMemory&& other) noexcept { swap(other); }
+  BackendMemory& operator=(BackendMemory&& other) noexcept {
+    BackendMemory tmp(std::move(other));
     swap(tmp);
     return *this;
   }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  ~DeviceMemory();
+  BackendMemory(const BackendMemory&) = delete;
+  BackendMemory& operator=(const BackendMemory&) = delete;
+  ~BackendMemory();
 
   template <class T = float>
   T* data() const { return static_cast<T*>(ptr_); }
   std::size_t bytes() const { return bytes_; }
 
  private:
-  void swap(DeviceMemory& other) noexcept {
+  void swap(BackendMemory& other) noexcept {
     std::swap(owner_, other.owner_);
     std::swap(ptr_, other.ptr_);
     std::swap(bytes_, other.bytes_);
@@ -52,37 +56,8 @@ class DeviceMemory {
   std::size_t bytes_ = 0;
 };
 
-// Host memory suited for transfers to and from the backend (pinned for
-// CUDA). Same ownership rules as DeviceMemory.
-class HostMemory {
- public:
-  HostMemory() = default;
-  HostMemory(Backend* owner, void* ptr, std::size_t bytes)
-      : owner_(owner), ptr_(ptr), bytes_(bytes) {}
-  HostMemory(HostMemory&& other) noexcept { swap(other); }
-  HostMemory& operator=(HostMemory&& other) noexcept {
-    HostMemory tmp(std::move(other));
-    swap(tmp);
-    return *this;
-  }
-  HostMemory(const HostMemory&) = delete;
-  HostMemory& operator=(const HostMemory&) = delete;
-  ~HostMemory();
-
-  template <class T = float>
-  T* data() const { return static_cast<T*>(ptr_); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void swap(HostMemory& other) noexcept {
-    std::swap(owner_, other.owner_);
-    std::swap(ptr_, other.ptr_);
-    std::swap(bytes_, other.bytes_);
-  }
-  Backend* owner_ = nullptr;
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
+using DeviceMemory = BackendMemory<MemoryKind::device>;
+using HostMemory = BackendMemory<MemoryKind::host>;
 
 struct ConvShape {
   int n = 0, c = 0, h = 0, w = 0;  // input NCHW
@@ -169,11 +144,14 @@ class Backend {
                                std::uint64_t step, float lr_scale) = 0;
 };
 
-inline DeviceMemory::~DeviceMemory() {
-  if (ptr_) owner_->release(ptr_);
-}
-inline HostMemory::~HostMemory() {
-  if (ptr_) owner_->release_host(ptr_);
+template <MemoryKind Kind>
+BackendMemory<Kind>::~BackendMemory() {
+  if (!ptr_) return;
+  if constexpr (Kind == MemoryKind::device) {
+    owner_->release(ptr_);
+  } else {
+    owner_->release_host(ptr_);
+  }
 }
 
 }  // namespace pstrain

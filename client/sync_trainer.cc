@@ -163,16 +163,11 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   return times;
 }
 
-SyncTrainer::SyncTrainer(const ClusterConfig& config, std::uint32_t index, Backend& backend,
-                         Model& model, PsClient& ps, WorkerShard& shard, MetricsFile& metrics,
-                         Communicator& comm)
-    : config_(config), index_(index), backend_(backend), model_(model), ps_(ps),
-      shard_(shard), metrics_(metrics), comm_(comm) {}
-
-TrainSummary SyncTrainer::run() {
-  const auto& vars = model_.variables();
+TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
+  auto& [config, index, backend, model, ps, shard, metrics, hook] = context;
+  const auto& vars = model.variables();
   const std::size_t nv = vars.size();
-  const bool direct = backend_.host_accessible();
+  const bool direct = backend.host_accessible();
 
   // Host views of the weights for pulling and assigning: the backend's own
   // memory when the host can reach it, else pinned staging buffers.
@@ -180,45 +175,45 @@ TrainSummary SyncTrainer::run() {
   std::vector<std::span<float>> weights(nv);
   for (std::size_t i = 0; i < nv; ++i) {
     if (direct) {
-      weights[i] = {model_.param(i).data(), vars[i].size};
+      weights[i] = {model.param(i).data(), vars[i].size};
     } else {
-      staging.push_back(backend_.alloc_host(vars[i].size * sizeof(float)));
+      staging.push_back(backend.alloc_host(vars[i].size * sizeof(float)));
       weights[i] = {staging.back().data(), vars[i].size};
     }
   }
   // Every replica starts from the ps's weights, so they agree from step 1.
-  for (std::size_t i = 0; i < nv; ++i) ps_.pull(vars[i].name, weights[i]);
-  ps_.wait_all();
+  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights[i]);
+  ps.wait_all();
   if (!direct) {
     for (std::size_t i = 0; i < nv; ++i)
-      backend_.upload(weights[i].data(), model_.param(i).data(), weights[i].size_bytes());
-    backend_.synchronize();
+      backend.upload(weights[i].data(), model.param(i).data(), weights[i].size_bytes());
+    backend.synchronize();
   }
   const auto write_to_ps = [&] {
     if (!direct) {
       for (std::size_t i = 0; i < nv; ++i)
-        backend_.download(model_.param(i).data(), weights[i].data(), weights[i].size_bytes());
-      backend_.synchronize();
+        backend.download(model.param(i).data(), weights[i].data(), weights[i].size_bytes());
+      backend.synchronize();
     }
-    for (std::size_t i = 0; i < nv; ++i) ps_.assign(vars[i].name, weights[i]);
-    ps_.wait_all();
+    for (std::size_t i = 0; i < nv; ++i) ps.assign(vars[i].name, weights[i]);
+    ps.wait_all();
   };
 
-  SyncReplica replica(backend_, model_, comm_, config_.optimizer, config_.train.bucket_bytes,
+  SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes,
                       true);
-  BatchFeeder feeder(backend_, model_, shard_, config_.train.batch_size);
-  const std::uint64_t steps = total_steps(config_, shard_);
-  log("sync mode: ", comm_.name(), " all-reduce over ", comm_.size(), " workers, ",
+  BatchFeeder feeder(backend, model, shard, config.train.batch_size);
+  const std::uint64_t steps = total_steps(config, shard);
+  log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
       replica.buckets(), " buckets, ", steps, " steps");
 
-  ProgressReporter reporter(config_, index_, ps_, shard_, metrics_, hook_);
+  ProgressReporter reporter(config, index, ps, shard, metrics, hook);
   for (std::uint64_t step = 1; step <= steps; ++step) {
     const Batch b = feeder.load();
-    const float lr_scale = sync_lr_scale(config_.train, comm_.size(), step);
+    const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
     const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
     feeder.fetch_losses();
-    if (!direct) backend_.synchronize();
-    if (index_ == 0 && (step % config_.train.sync_every == 0 || step == steps)) write_to_ps();
+    if (!direct) backend.synchronize();
+    if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps();
 
     reporter.step(b.size, feeder.mean_loss(), t.compute_ms);
     reporter.add_mean("allreduce_ms", t.allreduce_ms);

@@ -100,28 +100,9 @@ class SyncReplica {
   std::jthread thread_;
 };
 
-class SyncTrainer {
- public:
-  SyncTrainer(const ClusterConfig& config, std::uint32_t index, Backend& backend, Model& model,
-              PsClient& ps, WorkerShard& shard, MetricsFile& metrics, Communicator& comm);
-  SyncTrainer(const SyncTrainer&) = delete;
-  SyncTrainer& operator=(const SyncTrainer&) = delete;
+// Pulls the initial weights, trains train.epochs, and (worker 0) leaves the
+// final weights on the ps. Throws CommError when a peer fails.
+TrainSummary train_sync(const TrainContext& context, Communicator& comm);
 
-  void on_progress(ProgressHook hook) { hook_ = std::move(hook); }
-  // Pulls the initial weights, trains train.epochs, and (worker 0) leaves
-  // the final weights on the ps. Throws CommError when a peer fails.
-  TrainSummary run();
-
- private:
-  const ClusterConfig& config_;
-  std::uint32_t index_;
-  Backend& backend_;
-  Model& model_;
-  PsClient& ps_;
-  WorkerShard& shard_;
-  MetricsFile& metrics_;
-  Communicator& comm_;
-  ProgressHook hook_;
-};
 
 }  // namespace pstrain

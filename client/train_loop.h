@@ -35,6 +35,19 @@ using ProgressHook = std::function<void(std::uint64_t global_samples,
                                         double epoch, double loss,
                                         double samples_per_s)>;
 
+// What a training loop works with: one worker's model on its backend, its
+// part of the data, its ps client and metrics file, and the progress hook.
+struct TrainContext {
+  const ClusterConfig& config;
+  std::uint32_t index;
+  Backend& backend;
+  Model& model;
+  PsClient& ps;
+  WorkerShard& shard;
+  MetricsFile& metrics;
+  ProgressHook hook;
+};
+
 // Steps of `config.train.epochs` passes over the shard, rounded up. Every
 // worker of a run gets the same number (shards are equal).
 std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard);

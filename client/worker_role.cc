@@ -98,17 +98,11 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     };
   }
 
-  const TrainSummary summary = [&] {
-    if (config.mode == Mode::sync) {
-      const auto comm = make_communicator(config, index, *backend, ps);
-      SyncTrainer trainer(config, index, *backend, model, ps, shard, metrics, *comm);
-      trainer.on_progress(hook);
-      return trainer.run();
-    }
-    AsyncTrainer trainer(config, index, *backend, model, ps, shard, metrics);
-    trainer.on_progress(hook);
-    return trainer.run();
-  }();
+  const TrainContext context{config, index, *backend, model, ps, shard, metrics, hook};
+  const TrainSummary summary = config.mode == Mode::sync
+                                   ? train_sync(context, *make_communicator(config, index, *backend, ps))
+                                   : train_async(context);
+
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
       summary.seconds, " s; waiting for the other workers");
   // Every worker's last push (sync: worker 0's last assign) lands before

@@ -374,7 +374,7 @@ void read_train(const Reader& r, const YAML::Node& node, TrainConfig& t) {
 
 void read_net(const Reader& r, const YAML::Node& node, NetConfig& n) {
   r.keys(node, "net",
-         {"chunk_bytes", "request_timeout", "worker_timeout", "heartbeat", "gloo_base_port"},
+         {"chunk_bytes", "request_timeout", "worker_timeout", "heartbeat"},
          "a map {chunk_bytes, request_timeout, ...}");
   if (node["chunk_bytes"]) {
     n.chunk_bytes = r.integer<std::uint64_t>(node["chunk_bytes"], "net.chunk_bytes",
@@ -386,10 +386,6 @@ void read_net(const Reader& r, const YAML::Node& node, NetConfig& n) {
   seconds("request_timeout", n.request_timeout);
   seconds("worker_timeout", n.worker_timeout);
   seconds("heartbeat", n.heartbeat);
-  if (node["gloo_base_port"]) {
-    n.gloo_base_port =
-        r.integer<std::uint16_t>(node["gloo_base_port"], "net.gloo_base_port", between(0, 65535));
-  }
 }
 
 // Constraints between sections, checked once every section is read.
@@ -405,10 +401,6 @@ void check_across(const Reader& r, const ClusterConfig& c) {
     r.fail("train.straggler_worker", std::to_string(c.train.straggler_worker) +
                                          " is not a worker index (there are " +
                                          std::to_string(workers) + " workers; -1: none)");
-  }
-  if (c.net.gloo_base_port != 0 && c.net.gloo_base_port + workers - 1 > 65535) {
-    r.fail("net.gloo_base_port", std::to_string(c.net.gloo_base_port) + " + " +
-                                     std::to_string(workers) + " workers runs past port 65535");
   }
 }
 
@@ -667,7 +659,6 @@ std::string ClusterConfig::to_yaml() const {
   field("request_timeout", number(net.request_timeout));
   field("worker_timeout", number(net.worker_timeout));
   field("heartbeat", number(net.heartbeat));
-  field("gloo_base_port", number(net.gloo_base_port));
   out << EndMap;
 
   out << EndMap;

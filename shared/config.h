@@ -70,7 +70,9 @@ struct TrainConfig {
   std::uint32_t warmup_steps = 0;    // sync mode: linear warm-up to the scaled lr
   std::int32_t straggler_worker = -1;     // worker slowed down on purpose
   double straggler_delay_ms = 0;          // ... by this much per step
-  std::uint32_t bucket_bytes = 1 << 20;   // sync mode: all-reduce bucket size
+  // sync mode: all-reduce bucket size; small enough that a model of ~1 MB
+  // fills several, so reducing the first overlaps the rest of backward.
+  std::uint32_t bucket_bytes = 256 * 1024;
 };
 
 struct NetConfig {
@@ -78,7 +80,6 @@ struct NetConfig {
   double request_timeout = 30;   // s: a ps that does not answer is an error
   double worker_timeout = 60;    // s: a ps exits when no worker was heard for this long
   double heartbeat = 1;          // s between worker heartbeats
-  std::uint16_t gloo_base_port = 0;  // 0: ps ports + 1000 + worker index
 };
 
 struct ClusterConfig {
