@@ -65,6 +65,9 @@ Row measure(const ClusterConfig& config, const Dataset& data, int steps, int bat
   const int warmup = std::max(10, steps / 10);
   const double samples = static_cast<double>(steps) * batch;
 
+  // Real initial values: uninitialized memory can hold denormals, which
+  // would time the CPU's slow path instead of the model.
+  model.initialize(1);
   for (int s = 0; s < warmup; ++s) {
     next();
     model.forward_backward(batch, [](std::size_t) {});
