@@ -350,13 +350,17 @@ std::vector<std::string> connect_addresses(const ClusterConfig& config) {
 
 PsClient::PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map)
     : PsClient(connect_addresses(config), std::move(map), config.hash(),
-               PsClientOptions{sender, config.net.request_timeout}) {}
+               PsClientOptions{sender, config.net.request_timeout, config.to_yaml()}) {}
 
 PsClient::~PsClient() = default;
 
 const ShardMap& PsClient::map() const { return impl_->map; }
 
-void PsClient::hello() { impl_->control(Op::hello, impl_->all_servers(), {}, impl_->options.timeout_s); }
+void PsClient::hello() {
+  Header h;
+  h.text = impl_->options.config_yaml;
+  impl_->control(Op::hello, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
+}
 
 void PsClient::init(std::uint64_t seed) {
   auto& m = impl_->map;

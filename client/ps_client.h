@@ -36,6 +36,9 @@ struct PsError : std::runtime_error {
 struct PsClientOptions {
   std::uint32_t sender = 0;      // worker index, sent with every request
   double timeout_s = 30;         // a ps silent for this long is an error
+  // The resolved config (ClusterConfig::to_yaml), sent with hello so a ps
+  // whose config differs can say which keys differ.
+  std::string config_yaml;
 };
 
 class PsClient {

@@ -102,6 +102,7 @@ class PsServer {
       : config_(config),
         index_(index),
         run_id_(config.hash()),
+        config_yaml_(config.to_yaml()),
         store_(config.optimizer),
         socket_(context_, zmq::socket_type::router),
         heard_(config.workers.size()),
@@ -224,12 +225,16 @@ class PsServer {
                                 std::to_string(wire::kProtocolVersion) + ", sender " +
                                 std::to_string(request.sender) + " speaks " +
                                 std::to_string(request.protocol));
-    if (request.run_id != run_id_)
+    if (request.run_id != run_id_) {
+      std::string which;
+      if (request.op == Op::hello && !request.text.empty())
+        which = " (ps vs sender: " + config_differences(config_yaml_, request.text) + ")";
       throw wire::ProtocolError("config hash differs: ps has " + hex(run_id_) + ", sender " +
                                 std::to_string(request.sender) + " sent " +
-                                hex(request.run_id) +
+                                hex(request.run_id) + which +
                                 " — all processes must use the same cluster.yaml and --set "
                                 "overrides");
+    }
     if (frames.size() != 2 + request.payload_frames)
       throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
                                 " payload frames, the message has " +
@@ -494,6 +499,7 @@ class PsServer {
   const ClusterConfig& config_;
   std::uint32_t index_;
   std::uint64_t run_id_;
+  std::string config_yaml_;
   ChunkStore store_;
   zmq::context_t context_;
   zmq::socket_t socket_;

@@ -665,6 +665,51 @@ std::string ClusterConfig::to_yaml() const {
   return std::string(out.c_str()) + "\n";
 }
 
+namespace {
+
+std::string scalar_text(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "(absent)";
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+void diff_nodes(const YAML::Node& a, const YAML::Node& b, const std::string& path,
+                std::vector<std::string>& out) {
+  if (a.IsMap() && b.IsMap()) {
+    std::vector<std::string> keys;
+    for (const auto& kv : a) keys.push_back(kv.first.Scalar());
+    for (const auto& kv : b)
+      if (!a[kv.first.Scalar()]) keys.push_back(kv.first.Scalar());
+    for (const auto& k : keys) diff_nodes(a[k], b[k], join(path, k), out);
+    return;
+  }
+  if (a.IsSequence() && b.IsSequence() && a.size() == b.size()) {
+    for (std::size_t i = 0; i < a.size(); ++i) diff_nodes(a[i], b[i], join(path, std::to_string(i)), out);
+    return;
+  }
+  const auto at = scalar_text(a), bt = scalar_text(b);
+  if (at != bt) out.push_back(path + ": " + at + " vs " + bt);
+}
+
+}  // namespace
+
+std::string config_differences(const std::string& a_yaml, const std::string& b_yaml,
+                               std::size_t limit) {
+  std::vector<std::string> found;
+  try {
+    diff_nodes(YAML::Load(a_yaml), YAML::Load(b_yaml), "", found);
+  } catch (const YAML::Exception&) {
+    return "(a configuration could not be read)";
+  }
+  std::string text;
+  for (std::size_t i = 0; i < found.size() && i < limit; ++i)
+    text += (i ? "; " : "") + found[i];
+  if (found.size() > limit) text += "; and " + std::to_string(found.size() - limit) + " more";
+  return text;
+}
+
 std::uint64_t ClusterConfig::hash() const { return fnv1a64(to_yaml()); }
 
 }  // namespace pstrain

@@ -112,6 +112,13 @@ ClusterConfig parse_config(const std::string& yaml_text,
                            const std::vector<std::string>& overrides = {},
                            const std::string& origin = "<string>");
 
+// The keys whose values differ between two configurations given as YAML
+// (to_yaml() output), as "dotted.key: A vs B" joined by "; ", at most `limit`
+// of them; "" when none differ. Tells a user which --set or file edit made
+// two processes of a run disagree.
+std::string config_differences(const std::string& a_yaml, const std::string& b_yaml,
+                               std::size_t limit = 5);
+
 std::string_view to_string(Mode mode);
 std::string_view to_string(Device device);
 

@@ -42,7 +42,9 @@ TEST_CASE("ps: a silent worker makes the ps exit 3 naming it") {
   auto& ps = cluster.start_ps(0);
   const auto& config = cluster.config();
   // A short request timeout: the last heartbeat may be in flight when the ps exits.
-  PsClient w0({config.ps[0].connect_address()}, small_map(config), config.hash(), {0, 0.5});
+  PsClientOptions options;
+  options.timeout_s = 0.5;
+  PsClient w0({config.ps[0].connect_address()}, small_map(config), config.hash(), options);
   w0.hello();
   // Worker 0 keeps talking, worker 1 never shows up.
   const auto start = std::chrono::steady_clock::now();

@@ -172,13 +172,24 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
   CHECK(stats.find("\"updates\":1,") != std::string::npos);
 }
 
-TEST_CASE("ps: a client with another config hash is refused, naming both hashes") {
+TEST_CASE("ps: a client with another config is refused, naming the keys that differ") {
   PsCluster cluster({.ps = 1});
   cluster.start_ps(0);
   const auto& config = cluster.config();
   const ShardMap map({{"w", 4, {}}}, 1);
-  PsClient wrong({config.ps[0].connect_address()}, map, config.hash() + 1, {0, 10});
-  CHECK_THROWS_WITH_AS(wrong.hello(), doctest::Contains("config hash differs"), PsError);
+  ClusterConfig other = config;
+  other.optimizer.lr = 0.5f;
+  other.train.batch_size = 32;
+  PsClient wrong(other, 0, map);
+  try {
+    wrong.hello();
+    FAIL("hello with another config was accepted");
+  } catch (const PsError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("config hash differs") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("optimizer.lr: 1 vs 0.5") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("train.batch_size: 64 vs 32") != std::string::npos, what);
+  }
   PsClient right(config, 0, map);
   CHECK_NOTHROW(right.hello());
   // Errors name the ps, its address, the op and the variable.
@@ -194,7 +205,9 @@ TEST_CASE("ps: a silent ps is reported by index, address, op and variable") {
   const auto port = free_port();  // nobody listens here
   const ShardMap map({{"w", 4, {}}}, 1);
   const std::string address = "tcp://127.0.0.1:" + std::to_string(port);
-  PsClient client({address}, map, 1, {0, 0.3});
+  PsClientOptions options;
+  options.timeout_s = 0.3;
+  PsClient client({address}, map, 1, options);
   std::vector<float> grad(4, 1.0f);
   CHECK_THROWS_WITH_AS(client.wait(client.push("w", grad)),
                        doctest::Contains(("ps 0 (" + address + "): no reply to push of 'w'").c_str()),
