@@ -77,6 +77,7 @@ TrainSummary train_async(const TrainContext& context) {
       }
     });
     feeder.fetch_losses();
+    feeder.stage_next();
     if (!direct) {
       for (; !pending.empty(); pending.pop_front()) {
         backend.wait(pending.front().fence);

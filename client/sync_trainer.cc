@@ -212,6 +212,7 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
     const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
     const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
     feeder.fetch_losses();
+    feeder.stage_next();
     if (!direct) backend.synchronize();
     if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps();
 

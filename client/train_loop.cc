@@ -22,28 +22,44 @@ BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard,
       shard_(shard),
       batch_size_(batch_size),
       direct_(backend.host_accessible()),
-      images_(model.input_buffer()),
-      labels_(model.label_buffer()),
       losses_(model.loss_buffer()) {
   if (direct_) return;
   const std::size_t sample_floats = shard.data().sample_floats();
-  host_images_ = backend.alloc_host(batch_size * sample_floats * sizeof(float));
-  host_labels_ = backend.alloc_host(batch_size * sizeof(std::int32_t));
+  for (auto& s : staged_) {
+    s.images = backend.alloc_host(batch_size * sample_floats * sizeof(float));
+    s.labels = backend.alloc_host(batch_size * sizeof(std::int32_t));
+  }
   host_loss_ = backend.alloc_host(batch_size * sizeof(float));
-  images_ = host_images_.data();
-  labels_ = host_labels_.data<std::int32_t>();
   losses_ = host_loss_.data();
 }
 
 Batch BatchFeeder::load() {
-  const Batch b = shard_.next_batch(batch_size_, images_, labels_);
-  last_ = b.size;
-  if (!direct_) {
-    backend_.upload(images_, model_.input_buffer(),
-                    b.size * shard_.data().sample_floats() * sizeof(float));
-    backend_.upload(labels_, model_.label_buffer(), b.size * sizeof(std::int32_t));
+  if (direct_) {
+    const Batch b = shard_.next_batch(batch_size_, model_.input_buffer(), model_.label_buffer());
+    last_ = b.size;
+    return b;
   }
-  return b;
+  Staged& s = staged_[next_];
+  if (!s.ready) {
+    s.batch = shard_.next_batch(batch_size_, s.images.data(), s.labels.data<std::int32_t>());
+  }
+  // The other buffer's upload was issued a step ago and has completed (every
+  // step ends with a fence), so stage_next may refill it now.
+  s.ready = false;
+  next_ ^= 1;
+  last_ = s.batch.size;
+  backend_.upload(s.images.data(), model_.input_buffer(),
+                  s.batch.size * shard_.data().sample_floats() * sizeof(float));
+  backend_.upload(s.labels.data(), model_.label_buffer(), s.batch.size * sizeof(std::int32_t));
+  return s.batch;
+}
+
+void BatchFeeder::stage_next() {
+  if (direct_) return;
+  Staged& s = staged_[next_];
+  if (s.ready) return;
+  s.batch = shard_.next_batch(batch_size_, s.images.data(), s.labels.data<std::int32_t>());
+  s.ready = true;
 }
 
 void BatchFeeder::fetch_losses() {
