@@ -125,6 +125,11 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
                       .add("test_loss", final_point.loss)
                       .add("train_s", summary.seconds));
     log("saved the model to ", model_path.string());
+    // The servers' full state (values, optimizer state, versions), so a
+    // later run can continue with `pstrain --role ps --restore
+    // <run_dir>/snapshot`.
+    for (std::uint32_t s = 0; s < config.ps.size(); ++s) ps.snapshot(s);
+    log("snapshot of every ps in ", (config.run_dir / "snapshot").string());
   }
   ps.done(summary.local_samples);
   return 0;

@@ -118,7 +118,8 @@ class Reader {
            " floats, more than the file holds");
     const auto bytes = take(count * sizeof(float), what);
     std::vector<float> v(count);
-    std::memcpy(v.data(), bytes.data(), bytes.size());
+    // An empty vector's data() may be null, which memcpy must not get.
+    if (count) std::memcpy(v.data(), bytes.data(), bytes.size());
     return v;
   }
   std::size_t pos() const { return pos_; }

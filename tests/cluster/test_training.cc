@@ -33,9 +33,12 @@ struct Run {
     return {PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index), "--cluster",
             cluster.string()};
   }
-  void start(int n_ps, int n_workers) {
-    for (int i = 0; i < n_ps; ++i)
-      ps.push_back(std::make_unique<Child>(argv("ps", i), dir.path() / ("ps" + std::to_string(i) + ".out")));
+  void start(int n_ps, int n_workers, const std::vector<std::string>& ps_extra = {}) {
+    for (int i = 0; i < n_ps; ++i) {
+      auto args = argv("ps", i);
+      args.insert(args.end(), ps_extra.begin(), ps_extra.end());
+      ps.push_back(std::make_unique<Child>(args, dir.path() / ("ps" + std::to_string(i) + ".out")));
+    }
     for (int i = 0; i < n_workers; ++i)
       workers.push_back(std::make_unique<Child>(argv("worker", i),
                                                 dir.path() / ("worker" + std::to_string(i) + ".out")));
@@ -147,4 +150,31 @@ TEST_CASE("async: a killed worker makes the ps exit naming it, and the others st
   const auto w0 = run.workers[0]->wait_for(30s);
   REQUIRE_MESSAGE(w0.has_value(), run.workers[0]->log_text());
   CHECK(*w0 != 0);
+}
+
+TEST_CASE("async: a run continues from the snapshot the previous run left") {
+  const std::string setup =
+      "data: {name: synthetic, synthetic_train: 2000, synthetic_test: 500}\n"
+      "optimizer: {name: adam, lr: 0.001}\n"
+      "train: {epochs: 1, eval_every: 0}\n";
+  Run first(2, 1, setup);
+  first.start(2, 1);
+  std::string logs;
+  REQUIRE_MESSAGE(first.finish(60s, logs), logs);
+  REQUIRE_MESSAGE(first.workers[0]->wait_for(0s) == 0, logs);
+  const auto snapshot = first.run_dir() / "snapshot";
+  REQUIRE(std::filesystem::exists(snapshot / "ps0.bin"));
+  REQUIRE(std::filesystem::exists(snapshot / "ps1.bin"));
+
+  Run second(2, 1, setup);
+  second.start(2, 1, {"--restore", snapshot.string()});
+  std::string logs2;
+  REQUIRE_MESSAGE(second.finish(60s, logs2), logs2);
+  REQUIRE_MESSAGE(second.workers[0]->wait_for(0s) == 0, logs2);
+  CHECK_MESSAGE(second.ps[0]->log_text().find("restored") != std::string::npos, logs2);
+  // The global sample count goes on from the first run's 2,000.
+  std::smatch m;
+  const std::string out = second.workers[0]->log_text();
+  REQUIRE_MESSAGE(std::regex_search(out, m, std::regex("after ([0-9]+) global samples")), out);
+  CHECK(std::stoull(m[1]) == 4000);
 }
