@@ -35,9 +35,6 @@ struct PsClient::Impl {
     std::string label;           // variable or key, for error messages
     double timeout_s = 0;
     std::size_t replies_left = 0;
-    // Zero-copy frames ZeroMQ has not released yet; decremented from
-    // ZeroMQ's I/O thread, hence atomic.
-    std::atomic<std::uint32_t> sends_in_flight{0};
     std::string error;
     double staleness_sum = 0;
     std::size_t staleness_chunks = 0;
@@ -51,8 +48,12 @@ struct PsClient::Impl {
     float* out = nullptr;             // where pulled values of the variable go
   };
 
-  // Declared before the context: ZeroMQ may release send buffers (and so
-  // touch ticket states) until the context is terminated.
+  // Zero-copy frames ZeroMQ has not released yet, over all tickets:
+  // decremented from ZeroMQ's I/O thread, hence atomic. It belongs to the
+  // client rather than a ticket, whose state may be gone by the time the I/O
+  // thread notifies; declared before the context, which releases the last
+  // frames when it terminates.
+  std::atomic<std::uint64_t> sends_in_flight{0};
   std::unordered_map<Ticket, std::unique_ptr<TicketState>> tickets;
   std::unordered_map<std::uint64_t, Request> requests;
   std::vector<std::string> addresses;
@@ -115,7 +116,7 @@ struct PsClient::Impl {
   }
 
   static void release_send(void*, void* hint) {
-    auto& in_flight = static_cast<TicketState*>(hint)->sends_in_flight;
+    auto& in_flight = static_cast<Impl*>(hint)->sends_in_flight;
     in_flight.fetch_sub(1);
     in_flight.notify_all();
   }
@@ -137,9 +138,9 @@ struct PsClient::Impl {
     socket.send(zmq::buffer(header), has_payload ? zmq::send_flags::sndmore
                                                  : zmq::send_flags::none);
     if (!floats.empty()) {
-      t.sends_in_flight.fetch_add(1);
+      sends_in_flight.fetch_add(1);
       zmq::message_t payload(const_cast<float*>(floats.data()), floats.size_bytes(),
-                             &Impl::release_send, &t);
+                             &Impl::release_send, this);
       socket.send(payload, zmq::send_flags::none);
     } else if (has_payload) {
       socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
@@ -212,7 +213,10 @@ struct PsClient::Impl {
         timed_out(id, t);
       }
     }
-    wait_for_releases(t);
+    // Every caller buffer ZeroMQ still reads from is released before a call
+    // returns, and before an error leaves the client: the caller may free
+    // buffers of other calls while unwinding.
+    wait_for_releases();
     if (t.variable != kNoVariable && t.staleness_chunks > 0)
       staleness[t.variable] = t.staleness_sum / static_cast<double>(t.staleness_chunks);
     auto error = std::move(t.error);
@@ -226,9 +230,9 @@ struct PsClient::Impl {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
 
-  static void wait_for_releases(TicketState& t) {
-    for (auto n = t.sends_in_flight.load(); n != 0; n = t.sends_in_flight.load())
-      t.sends_in_flight.wait(n);
+  void wait_for_releases() {
+    for (auto n = sends_in_flight.load(); n != 0; n = sends_in_flight.load())
+      sends_in_flight.wait(n);
   }
 
   [[noreturn]] void timed_out(Ticket id, TicketState& t) {
@@ -252,7 +256,7 @@ struct PsClient::Impl {
     // The silent ps may still hold our zero-copy frames in its queue; a fresh
     // socket drops them so the caller gets its buffers back.
     for (auto s : silent) sockets[s] = make_socket(s);
-    wait_for_releases(t);
+    wait_for_releases();
     tickets.erase(id);
     throw PsError(msg);
   }
