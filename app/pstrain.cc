@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "client/model_io.h"
 #include "client/worker_role.h"
 #include "server/ps_role.h"
 #include "shared/config.h"
@@ -214,7 +215,10 @@ int main(int argc, char** argv) {
     auto parsed = parse_args(argc, argv);
     if (!parsed) return 0;
     args = std::move(*parsed);
-    config = pstrain::load_config(args.cluster, args.overrides);
+    // A saved model carries the config of the run that trained it; eval
+    // tests it with that model and data (and the command line's --set).
+    config = args.role == "eval" ? pstrain::load_model_config(*args.model, args.overrides)
+                                 : pstrain::load_config(args.cluster, args.overrides);
     if (args.check) {
       std::cout << config.to_yaml();
       return 0;
@@ -232,7 +236,7 @@ int main(int argc, char** argv) {
   try {
     return run(args, config);
   } catch (const std::exception& e) {
-    std::cerr << "pstrain: " << who << ": " << e.what() << "\n";
+    pstrain::log_plain("pstrain: " + who + ": " + e.what());
     return 1;
   }
 }

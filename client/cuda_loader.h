@@ -13,9 +13,9 @@
 //   auto id = pstrain::cuda::nccl_unique_id();     // rank 0, shared via ps 0's kv store
 //   auto comm = pstrain::cuda::make_nccl_communicator(*backend, id, rank, size);
 //
-// Every failure (no library, a library of another version, no driver or
-// device, NCCL errors) throws CudaUnavailable with the reason; NCCL peer
-// failures later surface as CommError from the communicator.
+// Every failure to load or start (no library, a library of another version,
+// no driver or device) throws CudaUnavailable with the reason; NCCL failures
+// (creating a communicator, a peer that dies or hangs later) throw CommError.
 #include <array>
 #include <cstdint>
 #include <filesystem>

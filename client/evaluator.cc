@@ -18,7 +18,9 @@ constexpr int kEvalBatch = 500;
 Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test,
                      MetricsFile& metrics)
     : config_(config), test_(std::move(test)), metrics_(metrics) {
-  backend_ = make_cpu_backend(1);
+  // OpenBLAS's thread count is process-wide: the evaluator's backend keeps
+  // the one training set rather than resetting it.
+  backend_ = make_cpu_backend(static_cast<int>(config.train.threads));
   model_ = std::make_unique<Model>(
       config.model, *backend_, InputShape{test_.channels, test_.height, test_.width},
       test_.classes, kEvalBatch);

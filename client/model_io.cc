@@ -45,8 +45,9 @@ void save_model(const std::filesystem::path& bin, Model& model,
   std::filesystem::rename(tmp, yaml);
 }
 
-ClusterConfig load_model_config(const std::filesystem::path& bin) {
-  return load_config(yaml_beside(bin));
+ClusterConfig load_model_config(const std::filesystem::path& bin,
+                                const std::vector<std::string>& overrides) {
+  return load_config(yaml_beside(bin), overrides);
 }
 
 void load_model_weights(const std::filesystem::path& bin, Model& model) {

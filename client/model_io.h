@@ -17,8 +17,10 @@ class Model;
 void save_model(const std::filesystem::path& bin, Model& model,
                 const ClusterConfig& config, std::uint64_t global_samples);
 
-// The configuration saved beside `bin`; throws ConfigError naming the file.
-ClusterConfig load_model_config(const std::filesystem::path& bin);
+// The configuration saved beside `bin`, with `overrides` applied as on the
+// command line; throws ConfigError naming the file.
+ClusterConfig load_model_config(const std::filesystem::path& bin,
+                                const std::vector<std::string>& overrides = {});
 
 // Fills `model`'s parameters from `bin`; throws SnapshotError when a
 // variable is missing or its size differs, naming both.

@@ -5,7 +5,7 @@
 //
 //   PsClient ps(config, /*sender=*/worker_index, map);
 //   ps.hello();                      // handshake with every ps
-//   ps.init();                       // create-if-absent from the seeded generator
+//   ps.init(seed);                   // create-if-absent from the seeded generator
 //   auto t = ps.push_pull("dense0/w", grad, weights);
 //   ps.wait(t);
 //

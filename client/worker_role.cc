@@ -136,10 +136,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 }
 
 int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model_path) {
-  const ClusterConfig saved = load_model_config(model_path);
   const Dataset test = load_dataset(config.data, false);
   auto backend = make_cpu_backend(static_cast<int>(config.train.threads));
-  Model model(saved.model, *backend, InputShape{test.channels, test.height, test.width},
+  Model model(config.model, *backend, InputShape{test.channels, test.height, test.width},
               test.classes, 500);
   load_model_weights(model_path, model);
   const EvalResult result = model.evaluate(test);

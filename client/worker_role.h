@@ -10,7 +10,8 @@ namespace pstrain {
 
 int run_worker_role(const ClusterConfig& config, std::uint32_t index);
 // Prints the test accuracy of a saved model (a file written at the end of a
-// run, see README "Saved model").
+// run, see README "Saved model"); `config` is the model's own
+// (load_model_config), which names its architecture and dataset.
 int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model);
 
 }  // namespace pstrain

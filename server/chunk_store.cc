@@ -1,6 +1,7 @@
 #include "server/chunk_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 namespace pstrain {
@@ -52,7 +53,12 @@ Chunk& ChunkStore::existing(std::string_view name, std::uint32_t chunk, std::siz
 std::span<float> ChunkStore::writable(Chunk& c) {
   // use_count() is exact here: only this thread creates references, and a
   // count of 1 means every ZeroMQ message of this buffer has been released.
-  if (c.values.use_count() > 1) {
+  // That release happened on ZeroMQ's I/O thread after it read the buffer;
+  // the fence orders its reads before our writes (use_count() itself is a
+  // relaxed load).
+  const bool shared = c.values.use_count() > 1;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (shared) {
     c.values = std::make_shared<std::vector<float>>(*c.values);
     ++stats_.copies_on_write;
   }

@@ -1,11 +1,10 @@
 #include "server/ps_role.h"
 
-#include <signal.h>
-
 #include <array>
 #include <charconv>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -127,11 +126,14 @@ class PsServer {
         " values) and ", global_samples_, " global samples from ", file.string());
   }
 
-  int run() {
+  void bind() {
     const auto address = config_.ps.at(index_).bind_address();
     socket_.bind(address);
     log("serving on ", address, " (", config_.workers.size(), " workers, optimizer ",
         to_string(config_.optimizer.kind), ")");
+  }
+
+  int run() {
     while (!exit_code_) {
       if (g_stop_signal) {
         log("stopping on signal ", static_cast<int>(g_stop_signal));
@@ -161,10 +163,13 @@ class PsServer {
     return timeout;
   }
 
-  // Handles every request that has arrived, without blocking.
+  // Handles the requests that have arrived, without blocking, at most a
+  // batch at a time so that signals, kv_get deadlines and worker timeouts
+  // are checked under steady traffic too.
   void drain() {
+    constexpr int kBatch = 256;
     std::vector<zmq::message_t> frames;
-    while (!exit_code_) {
+    for (int n = 0; n < kBatch && !exit_code_; ++n) {
       frames.clear();
       if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
         return;
@@ -311,6 +316,14 @@ class PsServer {
       case Op::kv_get:
         return get_kv(identity, request);
       case Op::heartbeat:
+        // Only workers train samples; a count that would wrap the total is
+        // not one a worker can have trained.
+        if (request.sender >= done_.size())
+          throw std::invalid_argument("heartbeat from sender " + std::to_string(request.sender) +
+                                      ", which is not a worker");
+        if (request.count > UINT64_MAX - global_samples_)
+          throw std::invalid_argument("heartbeat count " + std::to_string(request.count) +
+                                      " overflows the global sample count");
         global_samples_ += request.count;
         reply.version = global_samples_;
         break;
@@ -534,11 +547,17 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   try {
     PsServer server(config, index);
     if (restore_dir) server.restore(*restore_dir);
-    return server.run();
+    server.bind();
+    try {
+      return server.run();
+    } catch (const zmq::error_t& e) {
+      log("network error while serving on ", config.ps[index].bind_address(), ": ", e.what());
+      return 1;
+    }
   } catch (const SnapshotError& e) {
     log("cannot restore: ", e.what());
   } catch (const zmq::error_t& e) {
-    log("network error on ", config.ps[index].bind_address(), ": ", e.what());
+    log("cannot serve on ", config.ps[index].bind_address(), ": ", e.what());
   }
   return 2;
 }

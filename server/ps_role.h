@@ -3,11 +3,12 @@
 // done, a shutdown request arrives, SIGTERM/SIGINT, or no worker has been
 // heard from for net.worker_timeout seconds (then exits non-zero naming the
 // silent workers). Returns the process exit code: 0 after the last `done`, a
-// `shutdown` request or a signal; 3 when workers fell silent; 2 when the
-// snapshot in `restore_dir` (its ps<index>.bin, as written by the snapshot op
-// to run_dir/snapshot) cannot be loaded or the address cannot be bound.
+// `shutdown` request or a signal; 3 when a worker fell silent; 2 when nothing
+// was served: the snapshot in `restore_dir` (its ps<index>.bin, as written by
+// the snapshot op to run_dir/snapshot) cannot be loaded or the address cannot
+// be bound; 1 on a network error while serving.
 //
-// Log lines go to stderr and run_dir/ps<index>.log under the name "ps N". The
+// Log lines go to stderr and run_dir/ps<index>.log (the CLI opens the log). The
 // stats op answers JSON: requests per op, errors, malformed, bytes_in,
 // bytes_out, optimizer_seconds, updates, copies_on_write, chunks, elements,
 // version_sum, version_max, global_samples, uptime_seconds.

@@ -40,20 +40,27 @@ void log_open(std::string name, const std::filesystem::path& file) {
   auto& s = sink();
   std::lock_guard lock(s.mutex);
   s.name = std::move(name);
-  if (s.file.is_open()) s.file.close();
-  if (file.empty()) return;
-  std::filesystem::create_directories(file.parent_path());
-  // A role may name itself again after the CLI did (ps_role does); opening
-  // an already open stream would fail and silently drop the file.
+  // Opening a stream that is still open would fail and drop the file.
   s.file.close();
   s.file.clear();
+  if (file.empty()) return;
+  std::filesystem::create_directories(file.parent_path());
   s.file.open(file, std::ios::app);
   if (!s.file) std::cerr << "[" << s.name << "] cannot write log file " << file << "\n";
 }
 
 void log_line(std::string_view line) {
   auto& s = sink();
-  const std::string text = timestamp() + " [" + s.name + "] " + std::string(line) + "\n";
+  const std::string stamp = timestamp();
+  std::lock_guard lock(s.mutex);
+  const std::string text = stamp + " [" + s.name + "] " + std::string(line) + "\n";
+  std::cerr << text << std::flush;
+  if (s.file) s.file << text << std::flush;
+}
+
+void log_plain(std::string_view line) {
+  auto& s = sink();
+  const std::string text = std::string(line) + "\n";
   std::lock_guard lock(s.mutex);
   std::cerr << text << std::flush;
   if (s.file) s.file << text << std::flush;

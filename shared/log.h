@@ -13,6 +13,9 @@ namespace pstrain {
 // (created with its directories; an empty path logs to stderr only).
 void log_open(std::string name, const std::filesystem::path& file);
 void log_line(std::string_view line);
+// `line` as it is, without time or name, to stderr and the log file: a
+// process's last words, in the fixed form tools and users match.
+void log_plain(std::string_view line);
 
 // log("pulled ", n, " chunks") — streams its arguments into one line.
 template <class... Args>
