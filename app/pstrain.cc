@@ -3,13 +3,11 @@
 // Exit codes: 0 done; 1 the role failed at run time; 2 bad command line or
 // configuration (nothing was started). A role's own non-zero code passes
 // through.
-#include <unistd.h>
 
 #include <boost/program_options.hpp>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <stdexcept>
@@ -19,6 +17,7 @@
 #include "client/model_io.h"
 #include "client/worker_role.h"
 #include "server/ps_role.h"
+#include "shared/atomic_file.h"
 #include "shared/config.h"
 #include "shared/log.h"
 #include "shared/protocol.h"
@@ -181,17 +180,7 @@ void check_index(const Args& args, const pstrain::ClusterConfig& config) {
 // worker 0 may both write it at once; each writes its own temporary file and
 // renames it into place, so a reader never sees a torn file.
 void write_resolved_config(const pstrain::ClusterConfig& config) {
-  std::filesystem::create_directories(config.run_dir);
-  const auto target = config.run_dir / "config.yaml";
-  auto temp = target;
-  temp += ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out << config.to_yaml();
-    out.close();
-    if (!out) throw std::runtime_error("cannot write " + temp.string());
-  }
-  std::filesystem::rename(temp, target);
+  pstrain::write_file_atomically(config.run_dir / "config.yaml", config.to_yaml());
 }
 
 int run(const Args& args, const pstrain::ClusterConfig& config) {

@@ -1,10 +1,10 @@
 #include "client/model_io.h"
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 
 #include "client/model.h"
+#include "shared/atomic_file.h"
 #include "shared/snapshot.h"
 
 namespace pstrain {
@@ -35,14 +35,7 @@ void save_model(const std::filesystem::path& bin, Model& model,
        << config.to_yaml();
   std::istringstream layers(model.describe());
   for (std::string line; std::getline(layers, line);) text << "# " << line << "\n";
-  const auto yaml = yaml_beside(bin);
-  const auto tmp = std::filesystem::path(yaml.string() + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text.str();
-    if (!out.flush()) throw std::runtime_error("cannot write " + tmp.string());
-  }
-  std::filesystem::rename(tmp, yaml);
+  write_file_atomically(yaml_beside(bin), text.str());
 }
 
 ClusterConfig load_model_config(const std::filesystem::path& bin,

@@ -1,13 +1,13 @@
 #include "shared/snapshot.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <span>
+
+#include "shared/atomic_file.h"
 
 namespace pstrain {
 namespace {
@@ -16,55 +16,10 @@ constexpr char kMagic[8] = {'P', 'S', 'T', 'R', 'S', 'N', 'A', 'P'};
 
 std::string errno_text() { return std::strerror(errno); }
 
-// A file descriptor that closes itself; writes go straight to it (a snapshot
-// is a few large arrays, which need no user-space buffering).
-class File {
- public:
-  File(const std::filesystem::path& path, int flags) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw SnapshotError("snapshot: cannot open " + path.string() + " (" + errno_text() + ")");
-  }
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  void write(const void* data, std::size_t size) {
-    const auto* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, p, size);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        throw SnapshotError("snapshot: writing " + path_.string() + " failed (" +
-                            errno_text() + ")");
-      p += n;
-      size -= static_cast<std::size_t>(n);
-    }
-  }
-  void sync() {
-    if (::fsync(fd_) != 0)
-      throw SnapshotError("snapshot: fsync of " + path_.string() + " failed (" +
-                          errno_text() + ")");
-  }
-  void close() {
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0)
-      throw SnapshotError("snapshot: closing " + path_.string() + " failed (" +
-                          errno_text() + ")");
-  }
-
- private:
-  std::filesystem::path path_;
-  int fd_ = -1;
-};
-
 // Writes fields and keeps the running crc of the current record.
 class RecordWriter {
  public:
-  explicit RecordWriter(File& file) : file_(file) {}
+  explicit RecordWriter(AtomicFileWriter& file) : file_(file) {}
   void bytes(const void* data, std::size_t size) {
     // An empty vector's data() may be null, which zlib reads as "restart".
     if (size == 0) return;
@@ -83,7 +38,7 @@ class RecordWriter {
   }
 
  private:
-  File& file_;
+  AtomicFileWriter& file_;
   uLong crc_ = 0;
 };
 
@@ -139,43 +94,33 @@ class Reader {
 }  // namespace
 
 void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot) {
-  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    throw SnapshotError("snapshot: cannot create " + dir.string() + " (" + ec.message() + ")");
-  auto tmp = path;
-  tmp += ".tmp";
-  {
-    File file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    file.write(kMagic, sizeof(kMagic));
-    const std::uint32_t format = kSnapshotFormatVersion;
-    file.write(&format, sizeof(format));
-    file.write(&snapshot.global_samples, sizeof(snapshot.global_samples));
-    const std::uint64_t records = snapshot.records.size();
-    file.write(&records, sizeof(records));
-    RecordWriter w(file);
-    for (const auto& r : snapshot.records) {
-      w.begin_record();
-      w.scalar(static_cast<std::uint32_t>(r.name.size()));
-      w.bytes(r.name.data(), r.name.size());
-      w.scalar(r.chunk);
-      w.scalar(r.version);
-      w.scalar(static_cast<std::uint64_t>(r.values.size()));
-      w.scalar(static_cast<std::uint64_t>(r.state.size()));
-      w.floats(r.values);
-      w.floats(r.state);
-      w.end_record();
-    }
-    file.sync();
-    file.close();
+  try {
+    write_file_atomically(path, [&](AtomicFileWriter& file) {
+      file.write(kMagic, sizeof(kMagic));
+      const std::uint32_t format = kSnapshotFormatVersion;
+      file.write(&format, sizeof(format));
+      file.write(&snapshot.global_samples, sizeof(snapshot.global_samples));
+      const std::uint64_t records = snapshot.records.size();
+      file.write(&records, sizeof(records));
+      RecordWriter w(file);
+      for (const auto& r : snapshot.records) {
+        w.begin_record();
+        w.scalar(static_cast<std::uint32_t>(r.name.size()));
+        w.bytes(r.name.data(), r.name.size());
+        w.scalar(r.chunk);
+        w.scalar(r.version);
+        w.scalar(static_cast<std::uint64_t>(r.values.size()));
+        w.scalar(static_cast<std::uint64_t>(r.state.size()));
+        w.floats(r.values);
+        w.floats(r.state);
+        w.end_record();
+      }
+    });
+  } catch (const SnapshotError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw SnapshotError(std::string("snapshot: ") + e.what());
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    throw SnapshotError("snapshot: renaming " + tmp.string() + " to " + path.string() +
-                        " failed (" + ec.message() + ")");
-  File d(dir, O_RDONLY | O_DIRECTORY);
-  d.sync();
 }
 
 Snapshot read_snapshot(const std::filesystem::path& path) {

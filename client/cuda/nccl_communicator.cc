@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <utility>
 
 namespace pstrain::cuda {
 
@@ -29,11 +30,23 @@ NcclCommunicator::~NcclCommunicator() {
   if (!comm_) return;
   try {
     const DeviceScope scope(backend_.device());
-    complete(ncclCommFinalize(comm_), "ncclCommFinalize");
-    PSTRAIN_CUDA_CHECK(ncclCommDestroy(comm_));
+    try {
+      complete(ncclCommFinalize(comm_), "ncclCommFinalize");
+    } catch (const std::exception& e) {
+      // Finalize could not flush: abort instead of destroying, which would
+      // wait for peers that may be gone.
+      std::fprintf(stderr, "pstrain nccl: %s\n", e.what());
+      if (comm_) ncclCommAbort(std::exchange(comm_, nullptr));  // fail() may have aborted it
+      return;
+    }
+    // A destroy that fails must not be followed by an abort of the same
+    // communicator, so the handle is given up first.
+    const ncclResult_t destroyed = ncclCommDestroy(std::exchange(comm_, nullptr));
+    if (destroyed != ncclSuccess)
+      std::fprintf(stderr, "pstrain nccl: ncclCommDestroy failed: %s\n",
+                   ncclGetErrorString(destroyed));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pstrain nccl: %s\n", e.what());
-    if (comm_) ncclCommAbort(comm_);
   }
 }
 
@@ -88,7 +101,11 @@ void NcclCommunicator::watchdog(double waited_s) {
   if (state != ncclSuccess && state != ncclInProgress) {
     fail(std::string("a collective failed: ") + ncclGetErrorString(state));
   }
-  if (waited_s > timeout_s_ && cudaEventQuery(last_collective_.get()) == cudaErrorNotReady) {
+  const cudaError_t done = cudaEventQuery(last_collective_.get());
+  if (done != cudaSuccess && done != cudaErrorNotReady) {
+    fail(std::string("cudaEventQuery on the last collective failed: ") + cudaGetErrorString(done));
+  }
+  if (waited_s > timeout_s_ && done == cudaErrorNotReady) {
     fail("a collective did not complete within " + std::to_string(timeout_s_) +
          " s: a peer is dead or stuck");
   }
