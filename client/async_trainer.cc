@@ -24,28 +24,14 @@ TrainSummary train_async(const TrainContext& context) {
   auto& [config, index, backend, model, ps, shard, metrics, hook] = context;
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
-  const bool direct = backend.host_accessible();
-
-  // Host views of every variable's weights and gradient: the backend's own
-  // memory when the host can reach it, else pinned staging buffers.
-  std::vector<HostMemory> staging;
-  std::vector<std::span<float>> weights(nv), grads(nv);
-  for (std::size_t i = 0; i < nv; ++i) {
-    const std::size_t n = vars[i].size;
-    if (direct) {
-      weights[i] = {model.param(i).data(), n};
-      grads[i] = {model.grad(i).data(), n};
-    } else {
-      staging.push_back(backend.alloc_host(n * sizeof(float)));
-      weights[i] = {staging.back().data(), n};
-      staging.push_back(backend.alloc_host(n * sizeof(float)));
-      grads[i] = {staging.back().data(), n};
-    }
-  }
+  const HostViews host(backend, model, true);
+  const bool direct = host.direct();
+  auto weights = [&](std::size_t i) { return host.weights(i); };
+  auto grads = [&](std::size_t i) { return host.grads(i); };
   BatchFeeder feeder(backend, model, shard, config.train.batch_size);
   const std::uint64_t steps = total_steps(config, shard);
 
-  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights[i]);
+  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
   ps.wait_all();
 
   ProgressReporter reporter(config, index, ps, shard, metrics, hook);
@@ -58,18 +44,18 @@ TrainSummary train_async(const TrainContext& context) {
   for (std::uint64_t step = 0; step < steps; ++step) {
     if (!direct)
       for (std::size_t i = 0; i < nv; ++i)
-        backend.upload(weights[i].data(), model.param(i).data(), weights[i].size_bytes());
+        backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());
     const Batch b = feeder.load();
 
     const auto t_compute = Clock::now();
     Clock::time_point t_first_send{};
     auto send = [&](std::size_t i) {
       if (t_first_send == Clock::time_point{}) t_first_send = Clock::now();
-      ps.push_pull(vars[i].name, grads[i], weights[i]);
+      ps.push_pull(vars[i].name, grads(i), weights(i));
     };
     model.forward_backward(static_cast<int>(b.size), [&](std::size_t i) {
       if (direct) return send(i);
-      backend.download(model.grad(i).data(), grads[i].data(), grads[i].size_bytes());
+      backend.download(model.grad(i).data(), grads(i).data(), grads(i).size_bytes());
       pending.push_back({i, backend.fence()});
       while (!pending.empty() && backend.fence_done(pending.front().fence)) {
         send(pending.front().variable);

@@ -167,35 +167,25 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
   auto& [config, index, backend, model, ps, shard, metrics, hook] = context;
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
-  const bool direct = backend.host_accessible();
-
-  // Host views of the weights for pulling and assigning: the backend's own
-  // memory when the host can reach it, else pinned staging buffers.
-  std::vector<HostMemory> staging;
-  std::vector<std::span<float>> weights(nv);
-  for (std::size_t i = 0; i < nv; ++i) {
-    if (direct) {
-      weights[i] = {model.param(i).data(), vars[i].size};
-    } else {
-      staging.push_back(backend.alloc_host(vars[i].size * sizeof(float)));
-      weights[i] = {staging.back().data(), vars[i].size};
-    }
-  }
+  // Host views of the weights, for pulling and assigning.
+  const HostViews host(backend, model, false);
+  const bool direct = host.direct();
+  auto weights = [&](std::size_t i) { return host.weights(i); };
   // Every replica starts from the ps's weights, so they agree from step 1.
-  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights[i]);
+  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
   ps.wait_all();
   if (!direct) {
     for (std::size_t i = 0; i < nv; ++i)
-      backend.upload(weights[i].data(), model.param(i).data(), weights[i].size_bytes());
+      backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());
     backend.synchronize();
   }
   const auto write_to_ps = [&] {
     if (!direct) {
       for (std::size_t i = 0; i < nv; ++i)
-        backend.download(model.param(i).data(), weights[i].data(), weights[i].size_bytes());
+        backend.download(model.param(i).data(), weights(i).data(), weights(i).size_bytes());
       backend.synchronize();
     }
-    for (std::size_t i = 0; i < nv; ++i) ps.assign(vars[i].name, weights[i]);
+    for (std::size_t i = 0; i < nv; ++i) ps.assign(vars[i].name, weights(i));
     ps.wait_all();
   };
 

@@ -15,6 +15,20 @@ std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard)
       std::ceil(config.train.epochs * static_cast<double>(batches)));
 }
 
+HostViews::HostViews(Backend& backend, Model& model, bool grads)
+    : direct_(backend.host_accessible()) {
+  const auto& vars = model.variables();
+  auto view = [&](DeviceMemory& memory, std::size_t n) -> std::span<float> {
+    if (direct_) return {memory.data(), n};
+    staging_.push_back(backend.alloc_host(n * sizeof(float)));
+    return {staging_.back().data(), n};
+  };
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    weights_.push_back(view(model.param(i), vars[i].size));
+    if (grads) grads_.push_back(view(model.grad(i), vars[i].size));
+  }
+}
+
 BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard,
                          std::size_t batch_size)
     : backend_(backend),

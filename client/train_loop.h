@@ -48,6 +48,23 @@ struct TrainContext {
   ProgressHook hook;
 };
 
+// Host views of every variable of a model, for the ps client to pull into
+// and push from: the backend's own memory when the host can reach it, else
+// pinned staging buffers that the trainer moves with upload and download.
+class HostViews {
+ public:
+  // `grads`: also views of the gradients (the async trainer pushes them).
+  HostViews(Backend& backend, Model& model, bool grads);
+  bool direct() const { return direct_; }
+  std::span<float> weights(std::size_t variable) const { return weights_[variable]; }
+  std::span<float> grads(std::size_t variable) const { return grads_.at(variable); }
+
+ private:
+  bool direct_;
+  std::vector<HostMemory> staging_;
+  std::vector<std::span<float>> weights_, grads_;
+};
+
 // Steps of `config.train.epochs` passes over the shard, rounded up. Every
 // worker of a run gets the same number (shards are equal).
 std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard);
