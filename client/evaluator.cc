@@ -99,7 +99,6 @@ EvalPoint Evaluator::evaluate(std::uint64_t global_samples) {
   const auto start = std::chrono::steady_clock::now();
   EvalPoint point;
   point.global_samples = global_samples;
-  point.time = unix_time();
   const auto& vars = model_->variables();
   for (std::size_t i = 0; i < vars.size(); ++i)
     ps_->pull(vars[i].name, {model_->param(i).data(), vars[i].size});

@@ -24,7 +24,6 @@ struct EvalPoint {
   std::uint64_t global_samples = 0;
   double accuracy = 0;
   double loss = 0;
-  double time = 0;       // UNIX seconds when the weights were pulled
   double duration_s = 0;
 };
 

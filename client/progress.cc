@@ -34,10 +34,10 @@ ProgressDisplay::~ProgressDisplay() {
   std::fflush(stdout);
 }
 
-void ProgressDisplay::update(const ProgressState& s, bool force) {
+void ProgressDisplay::update(const ProgressState& s) {
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_).count();
-  if (!force && since < (tty_ ? 0.1 : interval_s_)) return;
+  if (since < (tty_ ? 0.1 : interval_s_)) return;
   last_ = now;
 
   char acc[16] = "-";

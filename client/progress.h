@@ -27,8 +27,8 @@ class ProgressDisplay {
   ProgressDisplay& operator=(const ProgressDisplay&) = delete;
 
   // Shows `state` if the last line is older than the interval (a terminal
-  // redraws at most 10 times a second), or at once when `force`.
-  void update(const ProgressState& state, bool force = false);
+  // redraws at most 10 times a second).
+  void update(const ProgressState& state);
 
  private:
   bool tty_;

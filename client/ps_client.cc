@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 #include <unordered_map>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>

@@ -23,10 +23,8 @@
 
 #include "client/backend.h"
 #include "client/communicator.h"
-#include "client/dataset.h"
 #include "client/train_loop.h"
 #include "shared/config.h"
-#include "shared/metrics.h"
 
 namespace pstrain {
 
@@ -62,7 +60,6 @@ class SyncReplica {
   // forward_backward on the first n samples of the model's input, all-reduce,
   // average, and the optimizer step. Throws CommError when a peer fails.
   SyncStepTimes step(int n, float lr_scale);
-  std::uint64_t steps() const { return steps_; }
   std::size_t buckets() const { return buckets_.size(); }
 
  private:

@@ -109,7 +109,6 @@ void ProgressReporter::step(std::size_t samples, double loss, double compute_ms)
   samples_ += samples;
   summary_.local_samples += samples;
   summary_.steps += 1;
-  summary_.last_loss = loss;
   unreported_ += samples;
 }
 

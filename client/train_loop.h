@@ -26,7 +26,6 @@ struct TrainSummary {
   std::uint64_t global_samples = 0;  // as last reported by ps 0
   std::uint64_t steps = 0;
   double seconds = 0;
-  double last_loss = 0;
 };
 
 // Called after every heartbeat with the global sample count and the worker's
