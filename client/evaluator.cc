@@ -17,7 +17,10 @@ constexpr int kEvalBatch = 500;
 
 Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test,
                      MetricsFile& metrics)
-    : config_(config), test_(std::move(test)), metrics_(metrics) {
+    : config_(config),
+      test_(std::move(test)),
+      metrics_(metrics),
+      next_eval_(config.train.eval_every) {
   // OpenBLAS's thread count is process-wide: the evaluator's backend keeps
   // the one training set rather than resetting it.
   backend_ = make_cpu_backend(static_cast<int>(config.train.threads));
@@ -48,6 +51,13 @@ void Evaluator::request(std::uint64_t global_samples) {
     pending_ = global_samples;
   }
   wake_.notify_all();
+}
+
+void Evaluator::on_global_samples(std::uint64_t global_samples) {
+  const auto every = config_.train.eval_every;
+  if (every == 0 || global_samples < next_eval_) return;
+  request(global_samples);
+  next_eval_ = (global_samples / every + 1) * every;
 }
 
 EvalPoint Evaluator::evaluate_now(std::uint64_t global_samples) {

@@ -39,6 +39,9 @@ class Evaluator {
   // Starts an evaluation of the current ps weights unless one is running
   // (then this request is dropped: the next one will see newer weights).
   void request(std::uint64_t global_samples);
+  // Requests an evaluation each time the global sample count passes another
+  // multiple of train.eval_every (0: never).
+  void on_global_samples(std::uint64_t global_samples);
   // Evaluates now and waits for the result (after any running evaluation).
   EvalPoint evaluate_now(std::uint64_t global_samples);
   // The last completed evaluation; rethrows an evaluation's failure.
@@ -61,6 +64,7 @@ class Evaluator {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable finished_;
+  std::uint64_t next_eval_;               // the next multiple of eval_every
   std::optional<std::uint64_t> pending_;  // global samples of the queued request
   bool busy_ = false;
   bool stop_ = false;

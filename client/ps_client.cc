@@ -414,7 +414,8 @@ double PsClient::last_staleness(std::string_view variable) const {
   return impl_->staleness[impl_->variable_index(variable)];
 }
 
-void PsClient::barrier(const std::string& name, std::uint32_t count) {
+void PsClient::barrier(const std::string& name, std::uint32_t count,
+                       const std::function<void(std::uint64_t)>& while_waiting) {
   Header h;
   h.op = Op::barrier;
   h.variable = name;
@@ -429,7 +430,9 @@ void PsClient::barrier(const std::string& name, std::uint32_t count) {
   const auto interval = Impl::seconds(std::min(1.0, impl.options.timeout_s / 4));
   while (t.replies_left > 0) {
     impl.poll(interval);
-    if (t.replies_left > 0) heartbeat(0);
+    if (t.replies_left == 0) break;
+    const auto global = heartbeat(0);
+    if (while_waiting) while_waiting(global);
   }
   impl.finish(id, t);
 }

@@ -15,6 +15,7 @@
 // one thread; other threads (an evaluator) make their own. ZeroMQ stays
 // entirely behind this interface.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -76,7 +77,11 @@ class PsClient {
   double last_staleness(std::string_view variable) const;
 
   // Control operations; each waits for its reply.
-  void barrier(const std::string& name, std::uint32_t count);  // on ps 0
+  // Waits on ps 0 until `count` senders entered barrier `name`, with no
+  // timeout of its own: it heartbeats every ps while it waits and calls
+  // `while_waiting` with the global sample count each time.
+  void barrier(const std::string& name, std::uint32_t count,
+               const std::function<void(std::uint64_t global_samples)>& while_waiting = {});
   // Liveness and progress, sent to every ps; returns the global samples
   // counted by ps 0 so far (this call's samples included).
   std::uint64_t heartbeat(std::uint64_t samples_since_last);

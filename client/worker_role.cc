@@ -77,15 +77,10 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   ProgressHook hook;
   if (evaluator) {
-    std::uint64_t next_eval = config.train.eval_every;
     const double total = config.train.epochs * static_cast<double>(train.size() / n_workers) *
                          n_workers;
-    hook = [&, next_eval](std::uint64_t global, double epoch, double loss,
-                          double rate) mutable {
-      if (config.train.eval_every > 0 && global >= next_eval) {
-        evaluator->request(global);
-        while (next_eval <= global) next_eval += config.train.eval_every;
-      }
+    hook = [&](std::uint64_t global, double epoch, double loss, double rate) {
+      evaluator->on_global_samples(global);
       ProgressState state;
       state.epoch = epoch;
       state.epochs = config.train.epochs;
@@ -106,8 +101,11 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
       summary.seconds, " s; waiting for the other workers");
   // Every worker's last push (sync: worker 0's last assign) lands before
-  // anyone evaluates or saves.
-  ps.barrier("train-done", n_workers);
+  // anyone evaluates or saves. Worker 0 goes on evaluating while slower
+  // workers still train, so the accuracy curve has no gap at the end.
+  ps.barrier("train-done", n_workers, [&](std::uint64_t global) {
+    if (evaluator) evaluator->on_global_samples(global);
+  });
 
   if (evaluator) {
     // After the barrier ps 0 has counted every worker's samples.
