@@ -114,6 +114,18 @@ class PsServer {
   }
 
   void restore(const std::filesystem::path& dir) {
+    // The shard map depends on the number of servers: a snapshot of another
+    // layout would restore some chunks and leave others to be created fresh.
+    std::size_t files = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const auto name = entry.path().filename().string();
+      if (name.starts_with("ps") && name.ends_with(".bin")) ++files;
+    }
+    if (!ec && files != config_.ps.size())
+      throw SnapshotError("snapshot " + dir.string() + " holds " + std::to_string(files) +
+                          " ps files, this cluster has " + std::to_string(config_.ps.size()) +
+                          " parameter servers; restore with the same ps list");
     const auto file = dir / ("ps" + std::to_string(index_) + ".bin");
     auto snap = read_snapshot(file);
     try {

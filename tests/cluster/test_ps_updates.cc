@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "client/ps_client.h"
+#include "shared/snapshot.h"
 #include "tests/support/ps_cluster.h"
 
 using namespace pstrain;
@@ -166,4 +167,19 @@ TEST_CASE("ps: a damaged snapshot stops the restoring ps with a message naming t
   REQUIRE(code.has_value());
   CHECK(*code != 0);
   CHECK(ps.log_text().find((dir / "ps0.bin").string()) != std::string::npos);
+}
+
+TEST_CASE("ps: a snapshot written by another number of servers is refused, saying so") {
+  PsCluster cluster({.ps = 1});
+  const auto dir = cluster.dir() / "snapshot";
+  std::filesystem::create_directories(dir);
+  write_snapshot(dir / "ps0.bin", {});
+  write_snapshot(dir / "ps1.bin", {});
+  auto& ps = cluster.start_ps(0, {"--restore", dir.string()});
+  const auto code = ps.wait_for(std::chrono::seconds(10));
+  REQUIRE(code.has_value());
+  CHECK(*code == 2);
+  CHECK_MESSAGE(ps.log_text().find("holds 2 ps files, this cluster has 1 parameter servers") !=
+                    std::string::npos,
+                ps.log_text());
 }
