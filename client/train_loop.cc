@@ -136,19 +136,24 @@ void ProgressReporter::end_step(bool last) {
 }
 
 void ProgressReporter::report() {
-  const std::uint64_t previous = summary_.global_samples;
-  const double interval = std::chrono::duration<double>(Clock::now() - last_heartbeat_).count();
   summary_.global_samples = ps_.heartbeat(unreported_);
   unreported_ = 0;
   last_heartbeat_ = Clock::now();
+  const auto window = std::chrono::duration<double>(std::max(5.0, 5 * config_.net.heartbeat));
+  global_history_.emplace_back(last_heartbeat_, summary_.global_samples);
+  while (global_history_.size() > 2 && last_heartbeat_ - global_history_[1].first >= window)
+    global_history_.pop_front();
   const double steps = static_cast<double>(steps_);
   const double epoch =
       static_cast<double>(summary_.local_samples) / static_cast<double>(shard_.size());
   const double local_rate = static_cast<double>(samples_) /
                             std::chrono::duration<double>(Clock::now() - window_start_).count();
+  const auto& [oldest_time, oldest_samples] = global_history_.front();
+  const double span = std::chrono::duration<double>(last_heartbeat_ - oldest_time).count();
   const double global_rate =
-      previous == 0 ? local_rate
-                    : static_cast<double>(summary_.global_samples - previous) / interval;
+      global_history_.size() < 2 || span <= 0
+          ? local_rate
+          : static_cast<double>(summary_.global_samples - oldest_samples) / span;
   JsonObject line;
   line.add("role", "worker")
       .add("index", static_cast<int>(index_))

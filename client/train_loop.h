@@ -6,6 +6,7 @@
 // metrics line and calls the progress hook.
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <utility>
@@ -154,6 +155,10 @@ class ProgressReporter {
   std::uint64_t unreported_ = 0;
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_heartbeat_ = start_;
+  // (time, global samples) of the heartbeats of the last few seconds: the
+  // other workers report at their own pace, so the global rate is taken over
+  // a window several of their heartbeats long rather than since our last.
+  std::deque<std::pair<Clock::time_point, std::uint64_t>> global_history_;
   // The window since the last report.
   Clock::time_point window_start_ = start_;
   double loss_ = 0, compute_ms_ = 0;

@@ -79,7 +79,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   if (evaluator) {
     const double total = config.train.epochs * static_cast<double>(train.size() / n_workers) *
                          n_workers;
-    hook = [&](std::uint64_t global, double epoch, double loss, double rate) {
+    // `total` by value: it ends with this block, the hook lives on.
+    hook = [&, total](std::uint64_t global, double epoch, double loss, double rate) {
       evaluator->on_global_samples(global);
       ProgressState state;
       state.epoch = epoch;
