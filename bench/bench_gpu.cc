@@ -129,10 +129,11 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<pstrain::Backend> backend;
   try {
-    if (pstrain::cuda::device_count() == 0) throw pstrain::cuda::CudaUnavailable("0 devices visible");
+    if (pstrain::cuda::device_count() == 0)
+      throw pstrain::cuda::CudaUnavailable("no CUDA device: 0 devices visible");
     backend = pstrain::cuda::make_cuda_backend(device);
   } catch (const pstrain::cuda::CudaUnavailable& e) {
-    std::printf("bench_gpu: no CUDA device: %s\n", e.what());
+    std::printf("bench_gpu: %s\n", e.what());
     return 77;
   }
   std::printf("bench_gpu on %s (library %s, architectures %s)\n", backend->name().c_str(),

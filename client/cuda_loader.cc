@@ -27,8 +27,12 @@ std::filesystem::path find_library() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    const auto beside = exe.parent_path() / kLibraryName;
-    if (std::filesystem::exists(beside, ec)) return beside;
+    // Beside the executable (where the build puts pstrain), or one folder up
+    // for the build tree's bench/ and tests/ programs.
+    for (const auto& dir : {exe.parent_path(), exe.parent_path().parent_path()}) {
+      const auto candidate = dir / kLibraryName;
+      if (std::filesystem::exists(candidate, ec)) return candidate;
+    }
   }
   if (const char* env = std::getenv("PSTRAIN_CUDA_LIB"); env && *env) {
     if (!std::filesystem::exists(env, ec)) {
@@ -38,7 +42,7 @@ std::filesystem::path find_library() {
   }
   throw CudaUnavailable(
       std::string(kLibraryName) + " not found beside " +
-      (ec ? std::string("the executable") : exe.parent_path().string()) +
+      (exe.empty() ? std::string("the executable") : exe.parent_path().string()) +
       " and PSTRAIN_CUDA_LIB is not set: this pstrain was built without CUDA "
       "(configure with nvcc available), or the library was not copied with it");
 }

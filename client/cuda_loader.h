@@ -5,8 +5,9 @@
 // a host without CUDA libraries.
 //
 // The library is looked for next to the running executable (the directory of
-// /proc/self/exe, where the build puts it beside `pstrain`), then at
-// $PSTRAIN_CUDA_LIB. It stays loaded for the life of the process: objects it
+// /proc/self/exe, where the build puts it beside `pstrain`) and in that
+// directory's parent (for the build tree's bench/ and tests/ programs), then
+// at $PSTRAIN_CUDA_LIB. It stays loaded for the life of the process: objects it
 // made may be alive until exit.
 //
 //   auto backend = pstrain::cuda::make_cuda_backend(0);
