@@ -15,6 +15,16 @@ constexpr int kEvalBatch = 500;
 
 }  // namespace
 
+JsonObject eval_record(const char* event, const EvalPoint& point) {
+  return JsonObject()
+      .add("role", "worker")
+      .add("index", 0)
+      .add("event", event)
+      .add("global_samples", point.global_samples)
+      .add("test_accuracy", point.accuracy)
+      .add("test_loss", point.loss);
+}
+
 Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test,
                      MetricsFile& metrics)
     : config_(config),
@@ -118,14 +128,7 @@ EvalPoint Evaluator::evaluate(std::uint64_t global_samples) {
   point.loss = result.loss;
   point.duration_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics_.write(JsonObject()
-                     .add("role", "worker")
-                     .add("index", 0)
-                     .add("event", "eval")
-                     .add("global_samples", global_samples)
-                     .add("test_accuracy", point.accuracy)
-                     .add("test_loss", point.loss)
-                     .add("eval_s", point.duration_s));
+  metrics_.write(eval_record("eval", point).add("eval_s", point.duration_s));
   return point;
 }
 

@@ -27,6 +27,10 @@ struct EvalPoint {
   double duration_s = 0;
 };
 
+// The metrics line of an evaluation: event "eval" for the periodic ones,
+// "final" for the last (the README's metrics schema).
+JsonObject eval_record(const char* event, const EvalPoint& point);
+
 class Evaluator {
  public:
   // `sender` identifies the evaluator's requests to the ps (not a worker).

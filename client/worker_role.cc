@@ -115,14 +115,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     print_final(final_point, summary.seconds);
     const auto model_path = config.run_dir / "model.bin";
     save_model(model_path, evaluator->model(), config, final_point.global_samples);
-    metrics.write(JsonObject()
-                      .add("role", "worker")
-                      .add("index", 0)
-                      .add("event", "final")
-                      .add("global_samples", final_point.global_samples)
-                      .add("test_accuracy", final_point.accuracy)
-                      .add("test_loss", final_point.loss)
-                      .add("train_s", summary.seconds));
+    metrics.write(eval_record("final", final_point).add("train_s", summary.seconds));
     log("saved the model to ", model_path.string());
     // The servers' full state (values, optimizer state, versions), so a
     // later run can continue with `pstrain --role ps --restore

@@ -18,9 +18,10 @@ namespace {
 struct Run {
   TempDir dir;
   std::filesystem::path cluster;
+  int n_ps, n_workers;
   std::vector<std::unique_ptr<Child>> ps, workers;
 
-  Run(int n_ps, int n_workers, const std::string& extra) {
+  Run(int n_ps_, int n_workers_, const std::string& extra) : n_ps(n_ps_), n_workers(n_workers_) {
     std::ostringstream y;
     y << "job: train-test\nrun_dir: " << (dir.path() / "run").string() << "\nps:\n";
     for (int i = 0; i < n_ps; ++i) y << "  - {host: 127.0.0.1, port: " << free_port() << "}\n";
@@ -33,7 +34,7 @@ struct Run {
     return {PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index), "--cluster",
             cluster.string()};
   }
-  void start(int n_ps, int n_workers, const std::vector<std::string>& ps_extra = {}) {
+  void start(const std::vector<std::string>& ps_extra = {}) {
     for (int i = 0; i < n_ps; ++i) {
       auto args = argv("ps", i);
       args.insert(args.end(), ps_extra.begin(), ps_extra.end());
@@ -52,6 +53,15 @@ struct Run {
     for (auto* group : {&workers, &ps})
       for (auto& c : *group) logs += c->log_text();
     return ok;
+  }
+  // Starts every process and requires that they all end and worker 0
+  // succeeds; returns every process's output.
+  std::string train(std::chrono::seconds timeout, const std::vector<std::string>& ps_extra = {}) {
+    start(ps_extra);
+    std::string logs;
+    REQUIRE_MESSAGE(finish(timeout, logs), logs);
+    REQUIRE_MESSAGE(workers[0]->wait_for(0s) == 0, logs);
+    return logs;
   }
   std::filesystem::path run_dir() const { return dir.path() / "run"; }
 };
@@ -76,9 +86,7 @@ TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") 
           "model: mlp\n"
           "optimizer: {name: momentum, lr: 0.02, momentum: 0.9}\n"
           "train: {epochs: 1, eval_every: 0}\n");
-  run.start(2, 2);
-  std::string logs;
-  REQUIRE_MESSAGE(run.finish(120s, logs), logs);
+  const std::string logs = run.train(120s);
   for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
   for (auto& p : run.ps) CHECK_MESSAGE(p->wait_for(0s) == 0, logs);
   const double accuracy = final_accuracy(run.workers[0]->log_text());
@@ -105,10 +113,7 @@ TEST_CASE("async: a single worker with a fixed seed trains bit-identically twice
             "data: {name: synthetic, synthetic_train: 2000, synthetic_test: 200}\n"
             "optimizer: {name: adam, lr: 0.001}\n"
             "train: {epochs: 1, seed: 7, eval_every: 0}\n");
-    run.start(2, 1);
-    std::string logs;
-    REQUIRE_MESSAGE(run.finish(60s, logs), logs);
-    REQUIRE_MESSAGE(run.workers[0]->wait_for(0s) == 0, logs);
+    run.train(60s);
     model = read_file(run.run_dir() / "model.bin");
     REQUIRE(model.size() > 100000);
   }
@@ -117,7 +122,7 @@ TEST_CASE("async: a single worker with a fixed seed trains bit-identically twice
 
 TEST_CASE("async: a missing data directory is named, with the package that provides it") {
   Run run(1, 1, "data: {dir: /nonexistent/fashion}\nnet: {worker_timeout: 2, heartbeat: 0.5}\n");
-  run.start(1, 1);
+  run.start();
   const auto code = run.workers[0]->wait_for(30s);
   REQUIRE(code.has_value());
   CHECK(*code == 1);
@@ -131,7 +136,7 @@ TEST_CASE("async: a killed worker makes the ps exit naming it, and the others st
           "data: {name: synthetic, synthetic_train: 60000, synthetic_test: 200}\n"
           "train: {epochs: 3, eval_every: 0}\n"
           "net: {worker_timeout: 2, heartbeat: 0.25, request_timeout: 5}\n");
-  run.start(1, 2);
+  run.start();
   // Wait until worker 1 is training (its metrics file appears), then kill it.
   const auto metrics = run.run_dir() / "worker1.metrics.jsonl";
   const auto deadline = std::chrono::steady_clock::now() + 30s;
@@ -158,19 +163,13 @@ TEST_CASE("async: a run continues from the snapshot the previous run left") {
       "optimizer: {name: adam, lr: 0.001}\n"
       "train: {epochs: 1, eval_every: 0}\n";
   Run first(2, 1, setup);
-  first.start(2, 1);
-  std::string logs;
-  REQUIRE_MESSAGE(first.finish(60s, logs), logs);
-  REQUIRE_MESSAGE(first.workers[0]->wait_for(0s) == 0, logs);
+  first.train(60s);
   const auto snapshot = first.run_dir() / "snapshot";
   REQUIRE(std::filesystem::exists(snapshot / "ps0.bin"));
   REQUIRE(std::filesystem::exists(snapshot / "ps1.bin"));
 
   Run second(2, 1, setup);
-  second.start(2, 1, {"--restore", snapshot.string()});
-  std::string logs2;
-  REQUIRE_MESSAGE(second.finish(60s, logs2), logs2);
-  REQUIRE_MESSAGE(second.workers[0]->wait_for(0s) == 0, logs2);
+  const std::string logs2 = second.train(60s, {"--restore", snapshot.string()});
   CHECK_MESSAGE(second.ps[0]->log_text().find("restored") != std::string::npos, logs2);
   // The global sample count goes on from the first run's 2,000.
   std::smatch m;
