@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "shared/optimizer_math.h"
+#include "shared/optimizer_loops.h"
 
 namespace pstrain {
 
@@ -37,9 +37,6 @@ void Optimizer::init_state(std::span<float> state) const {
   for (float& s : state) s = start;
 }
 
-// Compiled for AVX-512, AVX2 and the baseline; the loader picks the widest
-// the CPU has (the ps spends most of a push here).
-__attribute__((target_clones("avx512f", "avx2", "default")))
 void Optimizer::apply(std::span<float> values, std::span<const float> grad,
                       std::span<float> state, std::uint64_t step,
                       float lr_scale) const {
@@ -50,16 +47,8 @@ void Optimizer::apply(std::span<float> values, std::span<const float> grad,
         std::to_string(grad.size()) + " gradients and " +
         std::to_string(state.size()) + " state floats do not match");
   }
-  // A local copy of the step, and restrict on the arrays: the compiler then
-  // knows no store in the loop changes them, and vectorizes. The loop is
-  // inside the dispatch, so it is compiled once per kind.
-  const auto s = opt::OptimizerStep::make(config_, n, step, lr_scale);
-  float* __restrict w = values.data();
-  const float* __restrict g = grad.data();
-  float* __restrict st = state.data();
-  opt::dispatch(s.kind, [&](auto kind) {
-    for (std::size_t i = 0; i < n; ++i) s.apply(kind, i, w[i], g[i], st);
-  });
+  opt::best_update_loop().run(opt::OptimizerStep::make(config_, n, step, lr_scale),
+                              values.data(), grad.data(), state.data());
 }
 
 }  // namespace pstrain

@@ -15,7 +15,9 @@
 #include "shared/hd.h"
 #include "shared/optimizer.h"
 
+#if !defined(__CUDACC__)
 #include <cmath>
+#endif
 
 namespace pstrain::opt {
 
@@ -75,6 +77,17 @@ PSTRAIN_HD auto dispatch(OptimizerKind kind, Body&& body) {
   return body(Kind<OptimizerKind::adagrad>{});
 }
 
+// beta^t by squaring, in double. Only multiplications, so every x86-64 CPU
+// gets the same bits, where glibc's pow() picks an FMA or a plain variant by
+// CPU and the two may round differently.
+inline double power(double beta, std::uint64_t t) {
+  double result = 1.0;
+  for (; t != 0; t >>= 1, beta *= beta) {
+    if (t & 1) result *= beta;
+  }
+  return result;
+}
+
 // One update of n elements: the hyper-parameters with the learning-rate scale
 // and Adam's bias corrections applied. Trivially copyable, so a CUDA kernel
 // takes it by value.
@@ -89,7 +102,7 @@ struct OptimizerStep {
   // Host only. `step` is the 1-based number of this update (0 counts as 1).
   static OptimizerStep make(const OptimizerConfig& c, std::size_t n,
                             std::uint64_t step, float lr_scale) {
-    const auto t = static_cast<double>(step == 0 ? 1 : step);
+    const std::uint64_t t = step == 0 ? 1 : step;
     return {c.kind,
             c.lr * lr_scale,
             c.momentum,
@@ -97,8 +110,8 @@ struct OptimizerStep {
             c.beta2,
             c.eps,
             c.weight_decay,
-            static_cast<float>(1.0 - std::pow(double(c.beta1), t)),
-            static_cast<float>(1.0 - std::pow(double(c.beta2), t)),
+            static_cast<float>(1.0 - power(c.beta1, t)),
+            static_cast<float>(1.0 - power(c.beta2, t)),
             c.nesterov,
             n};
   }
