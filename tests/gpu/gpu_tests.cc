@@ -293,25 +293,8 @@ TEST_CASE("apply_optimizer matches the shared per-element math") {
         b->upload(g.data(), bg.data(), n * sizeof(float));
         b->apply_optimizer(c, bw.data(), bg.data(), bstate.data(), n, step, 0.5f);
         b->synchronize();
-        const float lr = c.lr * 0.5f;
-        const auto t = double(step);
-        const auto bias1 = float(1.0 - std::pow(double(c.beta1), t));
-        const auto bias2 = float(1.0 - std::pow(double(c.beta2), t));
-        for (std::size_t i = 0; i < n; ++i) {
-          switch (kind) {
-            case pstrain::OptimizerKind::sgd: pstrain::opt::sgd_step(w[i], g[i], lr, c.weight_decay); break;
-            case pstrain::OptimizerKind::momentum:
-              pstrain::opt::momentum_step(w[i], state[i], g[i], lr, c.momentum, c.weight_decay, c.nesterov);
-              break;
-            case pstrain::OptimizerKind::adam:
-              pstrain::opt::adam_step(w[i], state[i], state[n + i], g[i], lr, c.beta1, c.beta2, c.eps,
-                                      bias1, bias2, c.weight_decay);
-              break;
-            case pstrain::OptimizerKind::adagrad:
-              pstrain::opt::adagrad_step(w[i], state[i], g[i], lr, c.eps, c.weight_decay);
-              break;
-          }
-        }
+        const auto s = pstrain::opt::OptimizerStep::make(c, n, step, 0.5f);
+        for (std::size_t i = 0; i < n; ++i) s.apply(i, w[i], g[i], state.data());
       }
       INFO("optimizer " << int(kind) << " nesterov " << nesterov);
       check_close(bw.read(), widen(w), "weights", 1e-5);
