@@ -22,9 +22,9 @@
 
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
-#include "client/gloo_communicator.h"
 #include "client/model.h"
-#include "client/sync_trainer.h"
+#include "client/sync/gloo_communicator.h"
+#include "client/sync/sync_trainer.h"
 #include "tests/support/process.h"
 
 using namespace pstrain;

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "client/communicator.h"
+#include "client/sync/communicator.h"
 
 namespace pstrain::cuda {
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "client/backend.h"
-#include "client/communicator.h"
 #include "client/cuda_api.h"
+#include "client/sync/communicator.h"
 #include "shared/optimizer_math.h"
 #include "tests/support/reference_layers.h"
 

@@ -1,5 +1,5 @@
 // Rendezvous through ps 0, with a ps role served on a thread of this process:
-// attempts, Gloo communicators made by the factory over the ps store, and
+// attempts, Gloo communicators made by the factory over the rendezvous store, and
 // (when the CUDA library is built) the NCCL id handed from worker 0 to the
 // others.
 #include <doctest/doctest.h>
@@ -8,9 +8,9 @@
 #include <future>
 
 #include "client/cpu_backend.h"
-#include "client/gloo_communicator.h"
 #include "client/ps_client.h"
-#include "client/ps_store.h"
+#include "client/sync/communicator_factory.h"
+#include "client/sync/rendezvous.h"
 #include "server/ps_role.h"
 #include "tests/support/process.h"
 
