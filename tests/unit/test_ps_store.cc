@@ -9,7 +9,7 @@
 
 #include "server/chunk_store.h"
 #include "shared/snapshot.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 using namespace pstrain;
 
@@ -98,7 +98,7 @@ TEST_CASE("chunk store: records round-trip through restore, and state must fit")
 }
 
 TEST_CASE("snapshot: a written file reads back identically") {
-  testing::TempDir dir;
+  TempDir dir;
   const auto path = dir.path() / "snap" / "ps0.bin";
   const auto s = sample_snapshot();
   write_snapshot(path, s);
@@ -116,7 +116,7 @@ TEST_CASE("snapshot: a written file reads back identically") {
 }
 
 TEST_CASE("snapshot: damaged files give errors naming the file and the problem") {
-  testing::TempDir dir;
+  TempDir dir;
   const auto path = dir.path() / "ps1.bin";
   write_snapshot(path, sample_snapshot());
   const auto good = read_bytes(path);
