@@ -44,6 +44,12 @@ inline void check(ncclResult_t status, const char* call) {
   }
 }
 
+// A backend call whose arguments it cannot work with (shapes, ranges, fence
+// ids): a caller's mistake, not a device failure.
+inline void check_dims(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string("cuda backend: ") + op + ": " + what);
+}
+
 // Kernel launches report bad configurations only through the last error.
 inline void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
