@@ -114,24 +114,21 @@ void CudaBackend::release_host(void* host_ptr) noexcept {
 // ---- transfers -----------------------------------------------------------
 
 void CudaBackend::upload(const void* host, void* device, std::size_t bytes) {
-  if (bytes == 0) return;
-  const DeviceScope scope(device_);
-  if (const auto a = order_.allocation_of(device))
-    check_range(a->base, a->bytes, device, bytes, "upload");
-  order_.before_copy(device);
-  PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice,
-                                     order_.copy_stream()));
-  order_.after_copy(device);
+  transfer(device, host, device, bytes, cudaMemcpyHostToDevice, "upload");
 }
 
 void CudaBackend::download(const void* device, void* host, std::size_t bytes) {
+  transfer(host, device, device, bytes, cudaMemcpyDeviceToHost, "download");
+}
+
+void CudaBackend::transfer(void* to, const void* from, const void* device, std::size_t bytes,
+                           cudaMemcpyKind kind, const char* op) {
   if (bytes == 0) return;
   const DeviceScope scope(device_);
   if (const auto a = order_.allocation_of(device))
-    check_range(a->base, a->bytes, device, bytes, "download");
+    check_range(a->base, a->bytes, device, bytes, op);
   order_.before_copy(device);
-  PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost,
-                                     order_.copy_stream()));
+  PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, order_.copy_stream()));
   order_.after_copy(device);
 }
 

@@ -87,6 +87,10 @@ class CudaBackend final : public Backend {
  private:
   // Where compute()'s kernels go: its stream, sized for this device.
   kernels::Launch on(cudaStream_t stream) const { return {stream, sm_count_}; }
+  // upload and download: `bytes` from `from` to `to` on the copy stream;
+  // `device` is the side in device memory, checked against its allocation.
+  void transfer(void* to, const void* from, const void* device, std::size_t bytes,
+                cudaMemcpyKind kind, const char* op);
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
             const float* b, float beta, float* c);
   int conv_chunk(const ConvShape& s) const;
