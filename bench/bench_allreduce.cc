@@ -22,10 +22,10 @@
 
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
-#include "client/gloo_communicator.h"
 #include "client/model.h"
-#include "client/sync_trainer.h"
-#include "tests/support/process.h"
+#include "client/sync/gloo_communicator.h"
+#include "client/sync/sync_trainer.h"
+#include "shared/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
   const std::size_t bucket_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 256u << 10;
-  testing::TempDir dir;
+  TempDir dir;
   std::printf("Gloo all-reduce, 2 processes on 127.0.0.1 (ring, TCP)\n");
   std::fflush(stdout);
   std::vector<pid_t> children;

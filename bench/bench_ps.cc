@@ -19,7 +19,7 @@
 
 #include "client/ps_client.h"
 #include "server/ps_role.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;
@@ -129,9 +129,9 @@ Setup make_setup(std::uint32_t servers, std::uint64_t chunk_bytes, const std::fi
   s.config.run_dir = dir / ("ps" + std::to_string(servers));
   for (std::uint32_t i = 0; i < servers; ++i) {
     PsEndpoint e;
-    e.port = testing::free_port();
+    e.port = free_port();
     s.config.ps.push_back(e);
-    s.raw_ports.push_back(testing::free_port());
+    s.raw_ports.push_back(free_port());
   }
   s.config.workers.resize(1);
   s.config.optimizer.kind = OptimizerKind::sgd;
@@ -250,16 +250,17 @@ int main(int argc, char** argv) try {
       return 2;
     }
   }
-  testing::TempDir dir;
+  TempDir dir;
   const Setup setups[] = {make_setup(1, chunk_bytes, dir.path()), make_setup(2, chunk_bytes, dir.path())};
   // Every server is forked before this process creates a ZeroMQ context.
-  std::vector<std::unique_ptr<testing::Child>> children;
+  std::vector<std::unique_ptr<ChildProcess>> children;
   for (const auto& s : setups)
     for (std::uint32_t i = 0; i < s.config.ps.size(); ++i) {
       const auto log = dir.path() / "servers.log";
-      children.push_back(std::make_unique<testing::Child>(
+      children.push_back(std::make_unique<ChildProcess>(
           log, [&, i] { return run_ps_role(s.config, i, std::nullopt); }));
-      children.push_back(std::make_unique<testing::Child>(log, [&, i] { return raw_server(s.raw_ports[i]); }));
+      children.push_back(
+          std::make_unique<ChildProcess>(log, [&, i] { return raw_server(s.raw_ports[i]); }));
     }
 
   std::printf("bench_ps: loopback tcp, 1 client, chunk size %s, SGD on the ps, median of %d reps\n",

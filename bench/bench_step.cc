@@ -17,7 +17,7 @@
 #include "client/model.h"
 #include "client/ps_client.h"
 #include "server/ps_role.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;
@@ -39,7 +39,7 @@ ClusterConfig make_config(const std::string& preset, const std::filesystem::path
   c.job = "bench";
   c.run_dir = dir / preset;
   PsEndpoint e;
-  e.port = testing::free_port();
+  e.port = free_port();
   c.ps.push_back(e);
   c.workers.resize(1);
   c.model.preset = preset;
@@ -119,12 +119,12 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "usage: bench_step [steps >= 1] [batch >= 1]\n");
     return 2;
   }
-  testing::TempDir dir;
+  TempDir dir;
   const ClusterConfig configs[] = {make_config("mlp", dir.path()), make_config("cnn", dir.path())};
   // Servers are forked before this process creates a ZeroMQ context.
-  std::vector<std::unique_ptr<testing::Child>> servers;
+  std::vector<std::unique_ptr<ChildProcess>> servers;
   for (const auto& c : configs)
-    servers.push_back(std::make_unique<testing::Child>(
+    servers.push_back(std::make_unique<ChildProcess>(
         dir.path() / "ps.log", [&c] { return run_ps_role(c, 0, std::nullopt); }));
 
   DataConfig data_config;

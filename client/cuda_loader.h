@@ -25,7 +25,7 @@
 #include <string>
 
 #include "client/backend.h"
-#include "client/communicator.h"
+#include "client/sync/communicator.h"
 
 namespace pstrain::cuda {
 

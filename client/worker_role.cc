@@ -7,12 +7,12 @@
 #include "client/cuda_loader.h"
 #include "client/dataset.h"
 #include "client/evaluator.h"
-#include "client/gloo_communicator.h"
 #include "client/model.h"
 #include "client/model_io.h"
 #include "client/progress.h"
 #include "client/ps_client.h"
-#include "client/sync_trainer.h"
+#include "client/sync/communicator_factory.h"
+#include "client/sync/sync_trainer.h"
 #include "shared/log.h"
 
 namespace pstrain {

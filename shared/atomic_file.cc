@@ -62,16 +62,22 @@ void write_file_atomically(const std::filesystem::path& path,
   if (ec) throw std::runtime_error("cannot create " + dir.string() + " (" + ec.message() + ")");
   auto tmp = path;
   tmp += ".tmp." + std::to_string(::getpid());
-  {
-    File file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    fill(file);
-    file.sync();
-    file.close();
+  try {
+    {
+      File file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+      fill(file);
+      file.sync();
+      file.close();
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec)
+      throw std::runtime_error("renaming " + tmp.string() + " to " + path.string() +
+                               " failed (" + ec.message() + ")");
+  } catch (...) {
+    // A failed write leaves the target as it was and nothing beside it.
+    std::filesystem::remove(tmp, ec);
+    throw;
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    throw std::runtime_error("renaming " + tmp.string() + " to " + path.string() + " failed (" +
-                             ec.message() + ")");
   File(dir, O_RDONLY | O_DIRECTORY).sync();
 }
 

@@ -3,7 +3,8 @@
 // or the new, never a mix. The new content goes to a temporary file beside
 // the target (named per process, so two processes may replace one file at
 // once), is fsynced, renamed over the target, and the directory is fsynced.
-// Failures throw std::runtime_error naming the file and the system's reason.
+// Failures throw std::runtime_error naming the file and the system's reason;
+// the temporary file is removed then, and the target is left as it was.
 #include <cstddef>
 #include <filesystem>
 #include <functional>

@@ -1,42 +1,22 @@
 #pragma once
-// CudaBackend: the Backend interface on one GPU.
-//
-// Streams. Math runs on one compute stream (cuBLAS is bound to it); upload and
-// download run on a copy stream, so transfers overlap with unrelated math.
-// The contract is issue order: every call behaves as if the calls before it
-// had finished. The backend keeps that promise per allocation instead of
-// serializing the streams: it remembers, for every allocation, the last
-// compute op and the last copy that touched it, and makes one stream wait for
-// the other (with events) only where a call touches an allocation the other
-// stream still has work on:
-//   - a download waits for the compute that wrote the buffer (read after
-//     write), then runs while later, unrelated compute proceeds;
-//   - an upload waits for compute that still reads or writes its destination
-//     (write after read), and compute that reads the uploaded buffer waits for
-//     the upload;
-//   - compute that writes a buffer still being downloaded waits for that
-//     download.
-// A pointer the backend did not allocate orders against everything issued on
-// the other stream. Host memory is not tracked: it must stay valid until a
-// fence issued after the transfer completes (backend.h).
-//
-// Fences record an event on both streams; fence_done queries them and wait
-// blocks on them, polling the registered watchdogs (the NCCL communicator's
-// dead-peer check) instead of blocking forever when any are registered.
+// CudaBackend: the Backend interface on one GPU. Memory and transfers are
+// CUDA runtime calls, GEMMs are cuBLAS, the rest are kernels
+// (client/cuda/kernels.h). Every op goes through StreamOrder
+// (client/cuda/stream_order.h), which keeps the promise of issue order
+// across the backend's compute and copy streams, and owns its fences.
 //
 // One thread drives a backend. Every call makes the backend's device current
 // for its duration, so one process may drive several GPUs.
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <initializer_list>
-#include <map>
 #include <string>
 #include <unordered_map>
-#include <vector>
+#include <utility>
 
 #include "client/backend.h"
 #include "client/cuda/cuda_memory.h"
+#include "client/cuda/kernels.h"
+#include "client/cuda/stream_order.h"
 
 namespace pstrain::cuda {
 
@@ -93,56 +73,24 @@ class CudaBackend final : public Backend {
   template <class F>
   void compute(std::initializer_list<const void*> buffers, F&& enqueue) {
     const DeviceScope scope(device_);
-    before_compute(buffers);
-    enqueue(compute_.stream.get());
-    after_compute(buffers);
+    order_.before_compute(buffers);
+    enqueue(order_.compute_stream());
+    order_.after_compute(buffers);
   }
 
-  // A check wait() runs while it polls a fence: it gets the seconds waited so
-  // far and throws to abandon the wait. Keyed by the owner, which removes it
-  // before it dies.
-  using Watchdog = std::function<void(double waited_s)>;
-  void add_watchdog(const void* owner, Watchdog check);
-  void remove_watchdog(const void* owner) noexcept;
+  // Checks wait() runs while it polls a fence (StreamOrder::Watchdog).
+  void add_watchdog(const void* owner, StreamOrder::Watchdog check) {
+    order_.add_watchdog(owner, std::move(check));
+  }
+  void remove_watchdog(const void* owner) noexcept { order_.remove_watchdog(owner); }
 
  private:
-  struct Allocation {
-    DeviceBuffer<std::byte> memory;
-    std::size_t bytes = 0;
-    std::uint64_t compute_seq = 0;  // last compute op that touched it
-    std::uint64_t copy_seq = 0;     // last copy that touched it
-  };
-
-  // The ops issued on one stream, numbered from 1, with events recorded after
-  // some of them so the other stream can wait for "op s and everything
-  // before". Old marks are recycled; waiting on a later mark than needed is
-  // still correct, only less concurrent.
-  struct Timeline {
-    Stream stream;
-    std::uint64_t issued = 0;
-    std::uint64_t waited_on_other = 0;  // the other stream's ops this one waits for
-    std::deque<std::pair<std::uint64_t, Event>> marks;
-    // An event that completes once op `seq` has, and the last op it covers;
-    // records one when no recorded mark covers `seq`.
-    std::pair<std::uint64_t, cudaEvent_t> mark_covering(std::uint64_t seq);
-  };
-
-  struct PendingFence {
-    Fence id;
-    Event compute, copy;
-  };
-
-  Allocation* find(const void* p);
-  // Makes `waiter` wait for the ops of `other` up to `seq`.
-  void order_after(Timeline& waiter, Timeline& other, std::uint64_t seq);
-  void before_compute(std::initializer_list<const void*> buffers);
-  void after_compute(std::initializer_list<const void*> buffers);
-  void before_copy(const void* device_ptr);
-  void after_copy(const void* device_ptr);
-  Event take_event();
-  void retire_fences_through(Fence id);
-  bool fence_complete(const PendingFence& f) const;
-
+  // Where compute()'s kernels go: its stream, sized for this device.
+  kernels::Launch on(cudaStream_t stream) const { return {stream, sm_count_}; }
+  // upload and download: `bytes` from `from` to `to` on the copy stream;
+  // `device` is the side in device memory, checked against its allocation.
+  void transfer(void* to, const void* from, const void* device, std::size_t bytes,
+                cudaMemcpyKind kind, const char* op);
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
             const float* b, float beta, float* c);
   int conv_chunk(const ConvShape& s) const;
@@ -150,16 +98,12 @@ class CudaBackend final : public Backend {
   int device_;
   std::string name_;
   int sm_count_ = 1;
-  Timeline compute_;
-  Timeline copy_;
+  // Declared before the memory it orders, so the streams outlive the buffers
+  // their queued work uses.
+  StreamOrder order_;
   Cublas cublas_;
-  std::map<std::uintptr_t, Allocation> allocations_;
+  std::unordered_map<void*, DeviceBuffer<std::byte>> device_allocations_;
   std::unordered_map<void*, PinnedBuffer<std::byte>> host_allocations_;
-  Fence next_fence_ = 1;
-  Fence retired_through_ = 0;
-  std::deque<PendingFence> pending_fences_;
-  std::vector<Event> spare_events_;
-  std::vector<std::pair<const void*, Watchdog>> watchdogs_;
 };
 
 }  // namespace pstrain::cuda

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "client/communicator.h"
+#include "client/sync/communicator.h"
 
 namespace pstrain::cuda {
 
@@ -42,6 +42,12 @@ inline void check(ncclResult_t status, const char* call) {
   if (status != ncclSuccess) {
     throw CommError(std::string(call) + " failed: " + ncclGetErrorString(status));
   }
+}
+
+// A backend call whose arguments it cannot work with (shapes, ranges, fence
+// ids): a caller's mistake, not a device failure.
+inline void check_dims(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string("cuda backend: ") + op + ": " + what);
 }
 
 // Kernel launches report bad configurations only through the last error.

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "client/communicator.h"
 #include "client/cuda/cuda_backend.h"
+#include "client/sync/communicator.h"
 
 namespace pstrain::cuda {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "shared/config.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 namespace pstrain {
 namespace {
@@ -24,20 +24,20 @@ struct Result {
 
 // Runs pstrain to completion; these invocations never start a role, or fail
 // before it starts, so they end at once.
-Result run_cli(const testing::TempDir& dir, std::vector<std::string> args) {
+Result run_cli(const TempDir& dir, std::vector<std::string> args) {
   static int runs = 0;
   const auto log = dir.path() / ("cli-" + std::to_string(runs++) + ".log");
   args.insert(args.begin(), PSTRAIN_BINARY);
-  testing::Child child(args, log);
+  ChildProcess child(args, log);
   const auto code = child.wait_for(20s);
   REQUIRE_MESSAGE(code.has_value(), "pstrain did not exit: " << child.log_text());
   return {*code, child.log_text()};
 }
 
-std::string cluster_file(const testing::TempDir& dir) {
+std::string cluster_file(const TempDir& dir) {
   const auto path = dir.path() / "cluster.yaml";
   std::ofstream(path) << "job: cli\n"
-                         "ps: [{host: 127.0.0.1, port: " << testing::free_port()
+                         "ps: [{host: 127.0.0.1, port: " << free_port()
                       << "}]\n"
                          "workers: {count: 2}\n"
                          "data: {name: synthetic}\n";
@@ -47,7 +47,7 @@ std::string cluster_file(const testing::TempDir& dir) {
 }  // namespace
 
 TEST_CASE("cli: --help lists the roles, --version answers") {
-  testing::TempDir dir;
+  TempDir dir;
   const auto help = run_cli(dir, {"--help"});
   CHECK(help.code == 0);
   for (const char* text : {"--role ps", "--role worker", "--role eval", "--cluster", "--set"}) {
@@ -60,7 +60,7 @@ TEST_CASE("cli: --help lists the roles, --version answers") {
 }
 
 TEST_CASE("cli: bad command lines exit 2 naming the problem") {
-  testing::TempDir dir;
+  TempDir dir;
   const std::string cluster = cluster_file(dir);
   struct Case {
     std::vector<std::string> args;
@@ -103,12 +103,12 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
 }
 
 TEST_CASE("cli: ps 0 records the resolved config in run_dir") {
-  testing::TempDir dir;
+  TempDir dir;
   const std::string cluster = cluster_file(dir);
   const auto run_dir = dir.path() / "run";
   const std::vector<std::string> overrides = {"run_dir=" + run_dir.string(), "train.seed=9",
                                               "mode=sync"};
-  testing::Child ps({PSTRAIN_BINARY, "--role", "ps", "--index", "0", "--cluster", cluster,
+  ChildProcess ps({PSTRAIN_BINARY, "--role", "ps", "--index", "0", "--cluster", cluster,
                      "--set", overrides[0], "--set", overrides[1], "--mode", "sync"},
                     dir.path() / "ps.log");
   const auto written = run_dir / "config.yaml";
@@ -134,7 +134,7 @@ TEST_CASE("cli: ps 0 records the resolved config in run_dir") {
 }
 
 TEST_CASE("cli: a failure after start exits 1 naming the role and index") {
-  testing::TempDir dir;
+  TempDir dir;
   const std::string cluster = cluster_file(dir);
   const auto blocker = dir.path() / "file";
   std::ofstream(blocker) << "not a directory";

@@ -10,10 +10,11 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <thread>
 
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
-using namespace pstrain::testing;
+using namespace pstrain;
 using namespace std::chrono_literals;
 
 namespace {
@@ -37,8 +38,8 @@ class SyncCluster {
     for (int i = 0; i < 2; ++i) ps_.push_back(start_role("ps", i));
     for (int i = 0; i < 2; ++i) workers_.push_back(start_role("worker", i));
   }
-  Child& ps(int i) { return *ps_.at(static_cast<std::size_t>(i)); }
-  Child& worker(int i) { return *workers_.at(static_cast<std::size_t>(i)); }
+  ChildProcess& ps(int i) { return *ps_.at(static_cast<std::size_t>(i)); }
+  ChildProcess& worker(int i) { return *workers_.at(static_cast<std::size_t>(i)); }
 
   // Waits until worker i has started training (its log says so).
   void wait_training(int i) {
@@ -50,8 +51,8 @@ class SyncCluster {
   }
 
  private:
-  std::unique_ptr<Child> start_role(const std::string& role, int index) {
-    return std::make_unique<Child>(
+  std::unique_ptr<ChildProcess> start_role(const std::string& role, int index) {
+    return std::make_unique<ChildProcess>(
         std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index",
                                  std::to_string(index), "--cluster", cluster_.string()},
         dir_.path() / (role + std::to_string(index) + ".out"));
@@ -59,7 +60,7 @@ class SyncCluster {
 
   TempDir dir_;
   std::filesystem::path cluster_;
-  std::vector<std::unique_ptr<Child>> ps_, workers_;
+  std::vector<std::unique_ptr<ChildProcess>> ps_, workers_;
 };
 
 // Kills or stops worker 1 mid-run; worker 0 must fail naming it well within

@@ -7,10 +7,11 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
-using namespace pstrain::testing;
+using namespace pstrain;
 using namespace std::chrono_literals;
 
 namespace {
@@ -19,7 +20,7 @@ struct Run {
   TempDir dir;
   std::filesystem::path cluster;
   int n_ps, n_workers;
-  std::vector<std::unique_ptr<Child>> ps, workers;
+  std::vector<std::unique_ptr<ChildProcess>> ps, workers;
 
   Run(int n_ps_, int n_workers_, const std::string& extra) : n_ps(n_ps_), n_workers(n_workers_) {
     std::ostringstream y;
@@ -38,11 +39,12 @@ struct Run {
     for (int i = 0; i < n_ps; ++i) {
       auto args = argv("ps", i);
       args.insert(args.end(), ps_extra.begin(), ps_extra.end());
-      ps.push_back(std::make_unique<Child>(args, dir.path() / ("ps" + std::to_string(i) + ".out")));
+      ps.push_back(
+          std::make_unique<ChildProcess>(args, dir.path() / ("ps" + std::to_string(i) + ".out")));
     }
     for (int i = 0; i < n_workers; ++i)
-      workers.push_back(std::make_unique<Child>(argv("worker", i),
-                                                dir.path() / ("worker" + std::to_string(i) + ".out")));
+      workers.push_back(std::make_unique<ChildProcess>(
+          argv("worker", i), dir.path() / ("worker" + std::to_string(i) + ".out")));
   }
   // Waits for every process; returns false (with the logs) on a timeout.
   bool finish(std::chrono::seconds timeout, std::string& logs) {
@@ -96,9 +98,9 @@ TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") 
   CHECK(std::filesystem::exists(run.run_dir() / "worker0.metrics.jsonl"));
 
   // The saved model scores the same on its own.
-  Child eval({PSTRAIN_BINARY, "--role", "eval", "--model", (run.run_dir() / "model.bin").string(),
-              "--cluster", run.cluster.string()},
-             run.dir.path() / "eval.out");
+  ChildProcess eval({PSTRAIN_BINARY, "--role", "eval", "--model",
+                     (run.run_dir() / "model.bin").string(), "--cluster", run.cluster.string()},
+                    run.dir.path() / "eval.out");
   REQUIRE(eval.wait_for(60s) == 0);
   std::smatch m;
   const std::string out = eval.log_text();

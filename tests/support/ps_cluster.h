@@ -3,12 +3,18 @@
 // ports, `pstrain --role ps` children started from it, and forked client
 // processes. Everything is ended by PID when it goes out of scope.
 #include <doctest/doctest.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <thread>
 
+#include "shared/child_process.h"
 #include "shared/config.h"
-#include "tests/support/process.h"
 
 namespace pstrain::testing {
 
@@ -43,19 +49,19 @@ class PsCluster {
   const std::filesystem::path& cluster_file() const { return cluster_file_; }
 
   // Starts ps `index` (again, after the previous process of that index ended).
-  Child& start_ps(std::uint32_t index, std::vector<std::string> extra = {}) {
+  ChildProcess& start_ps(std::uint32_t index, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv{PSTRAIN_BINARY, "--role", "ps", "--index",
                                   std::to_string(index), "--cluster", cluster_file_.string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (ps_.size() <= index) ps_.resize(index + 1);
     ps_[index].reset();
-    ps_[index] = std::make_unique<Child>(argv, log_path(index));
+    ps_[index] = std::make_unique<ChildProcess>(argv, log_path(index));
     return *ps_[index];
   }
   void start_all() {
     for (std::uint32_t i = 0; i < config_.ps.size(); ++i) start_ps(i);
   }
-  Child& ps(std::uint32_t index) { return *ps_.at(index); }
+  ChildProcess& ps(std::uint32_t index) { return *ps_.at(index); }
   std::filesystem::path log_path(std::uint32_t index) const {
     return dir_.path() / ("ps" + std::to_string(index) + ".out");
   }
@@ -64,7 +70,7 @@ class PsCluster {
   TempDir dir_;
   std::filesystem::path cluster_file_;
   ClusterConfig config_;
-  std::vector<std::unique_ptr<Child>> ps_;
+  std::vector<std::unique_ptr<ChildProcess>> ps_;
 };
 
 // A forked copy of the test process running `body`; its exit code is 0 when

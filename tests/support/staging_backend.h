@@ -2,7 +2,21 @@
 // A CPU backend that claims its memory is out of the host's reach, so the
 // code paths written for device backends (pinned staging buffers, uploads,
 // downloads and fences) run and are tested on machines without a GPU.
+//
+// Transfers behave as asynchronously as a GPU's may, so a missing fence wait
+// gives wrong results instead of passing by luck:
+//   - a fence completes late: fence_done() answers "not yet" to the first
+//     polls of each fence; wait() completes it at once;
+//   - a download takes the device data at issue time (later compute may
+//     overwrite it, as on a stream) but fills the host memory only when a
+//     fence issued after it completes; until then that memory holds NaNs.
+// Uploads copy at once: compute issued after them must see their data.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <deque>
 #include <memory>
+#include <vector>
 
 #include "client/backend.h"
 #include "client/cpu_backend.h"
@@ -21,11 +35,29 @@ class StagingBackend final : public Backend {
   void release(void* p) noexcept override { cpu_->release(p); }
   void release_host(void* p) noexcept override { cpu_->release_host(p); }
   void upload(const void* h, void* d, std::size_t n) override { cpu_->upload(h, d, n); }
-  void download(const void* d, void* h, std::size_t n) override { cpu_->download(d, h, n); }
+  void download(const void* d, void* h, std::size_t n) override {
+    if (n == 0) return;
+    const auto* bytes = static_cast<const std::byte*>(d);
+    in_flight_.push_back({static_cast<std::byte*>(h), {bytes, bytes + n}});
+    std::memset(h, 0xff, n);  // NaN as floats
+  }
   void fill(float* d, float v, std::size_t n) override { cpu_->fill(d, v, n); }
-  Fence fence() override { return cpu_->fence(); }
-  bool fence_done(Fence f) override { return cpu_->fence_done(f); }
-  void wait(Fence f) override { cpu_->wait(f); }
+
+  Fence fence() override {
+    // It covers the downloads issued before it that no earlier fence covers.
+    fences_.push_back({kPollsToComplete, in_flight_.size()});
+    return completed_ + fences_.size();
+  }
+  bool fence_done(Fence f) override {
+    if (f <= completed_) return true;
+    PendingFence& pending = fences_.at(f - completed_ - 1);
+    if (--pending.polls_left > 0) return false;
+    complete_through(f);
+    return true;
+  }
+  void wait(Fence f) override {
+    if (f > completed_) complete_through(f);
+  }
 
   void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                      int out) override {
@@ -66,7 +98,34 @@ class StagingBackend final : public Backend {
   }
 
  private:
+  // The fence_done() poll that completes a fence; the ones before say "not yet".
+  static constexpr int kPollsToComplete = 3;
+
+  struct Download {
+    std::byte* host;
+    std::vector<std::byte> data;  // the device memory when it was issued
+  };
+  struct PendingFence {
+    int polls_left;
+    std::size_t downloads;  // in_flight_.size() when it was issued
+  };
+
+  // Completes fence `f` and the earlier ones: their downloads reach the host.
+  void complete_through(Fence f) {
+    const std::size_t covered = fences_.at(f - completed_ - 1).downloads;
+    for (std::size_t i = 0; i < covered; ++i) {
+      std::ranges::copy(in_flight_.front().data, in_flight_.front().host);
+      in_flight_.pop_front();
+    }
+    fences_.erase(fences_.begin(), fences_.begin() + static_cast<std::ptrdiff_t>(f - completed_));
+    for (auto& pending : fences_) pending.downloads -= covered;
+    completed_ = f;
+  }
+
   std::unique_ptr<Backend> cpu_;
+  std::deque<Download> in_flight_;
+  std::deque<PendingFence> fences_;  // issued, not completed, oldest first
+  Fence completed_ = 0;
 };
 
 }  // namespace pstrain::testing

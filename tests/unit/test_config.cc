@@ -8,7 +8,7 @@
 
 #include "shared/config.h"
 #include "shared/init.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 namespace pstrain {
 namespace {
@@ -365,7 +365,7 @@ TEST_CASE("config: the YAML syntax error names the file and line") {
 }
 
 TEST_CASE("config: load_config names the file it cannot read") {
-  testing::TempDir dir;
+  TempDir dir;
   const auto missing = dir.path() / "nope.yaml";
   CHECK_THROWS_WITH_AS(load_config(missing),
                        (missing.string() + ": no such file (give the cluster file with --cluster)").c_str(),

@@ -1,6 +1,7 @@
 // CPU-side checks of libpstrain_cuda.so, which run without a GPU: the build
 // produced it, it carries code for every configured architecture, it depends
 // on CUDA libraries only, and the loader reaches NCCL through it.
+#include <dlfcn.h>
 #include <doctest/doctest.h>
 #include <elf.h>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -95,14 +97,24 @@ std::vector<std::string> needed_libraries(const std::vector<char>& elf) {
   return needed;
 }
 
-// "75-real,80-real,90" -> sm_75, sm_80, sm_90, compute_90.
-std::set<std::string> expected_entries() {
-  std::set<std::string> expected;
+// PSTRAIN_CUDA_ARCHITECTURES, one entry each: "90-real" is {"90", "real"}.
+struct Architecture {
+  std::string number, suffix;  // suffix: "real", "virtual" or empty (both)
+};
+std::vector<Architecture> configured_architectures() {
+  std::vector<Architecture> archs;
   std::stringstream list(PSTRAIN_CUDA_ARCHITECTURES_CSV);
   for (std::string arch; std::getline(list, arch, ',');) {
     const auto dash = arch.find('-');
-    const std::string number = arch.substr(0, dash);
-    const std::string suffix = dash == std::string::npos ? "" : arch.substr(dash + 1);
+    archs.push_back({arch.substr(0, dash), dash == std::string::npos ? "" : arch.substr(dash + 1)});
+  }
+  return archs;
+}
+
+// "75-real,80-real,90" -> sm_75, sm_80, sm_90, compute_90.
+std::set<std::string> expected_entries() {
+  std::set<std::string> expected;
+  for (const auto& [number, suffix] : configured_architectures()) {
     if (suffix != "virtual") expected.insert("sm_" + number);
     if (suffix != "real") expected.insert("compute_" + number);
   }
@@ -137,11 +149,13 @@ TEST_CASE("cuda library: links CUDA libraries only") {
 TEST_CASE("cuda loader: loads the library and reports its architectures") {
   point_loader_at_library();
   CHECK(pstrain::cuda::library_path() == PSTRAIN_CUDA_LIBRARY);
-  std::string want = PSTRAIN_CUDA_ARCHITECTURES_CSV;
-  // The library reports "75;80;90+PTX" for "75-real,80-real,90".
-  std::string reported = pstrain::cuda::architectures();
-  CHECK(!reported.empty());
-  if (want == "75-real,80-real,90") CHECK(reported == "75;80;90+PTX");
+  // "75-real,80-real,90" is reported as "75;80;90+PTX".
+  std::string want;
+  for (const auto& [number, suffix] : configured_architectures()) {
+    want += (want.empty() ? "" : ";") + number +
+            (suffix == "real" ? "" : suffix == "virtual" ? "(PTX only)" : "+PTX");
+  }
+  CHECK(pstrain::cuda::architectures() == want);
 }
 
 TEST_CASE("cuda loader: NCCL unique ids need no GPU") {
@@ -152,19 +166,37 @@ TEST_CASE("cuda loader: NCCL unique ids need no GPU") {
   CHECK(a != b);  // each id carries a fresh random magic
 }
 
-TEST_CASE("cuda loader: device count is a number or names the CUDA error") {
+// The number of devices as the NVIDIA driver itself counts them, or nullopt
+// where no driver is installed: what the library's answer must agree with.
+std::optional<int> driver_device_count() {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!driver) return std::nullopt;
+  const auto init = reinterpret_cast<int (*)(unsigned)>(::dlsym(driver, "cuInit"));
+  const auto count = reinterpret_cast<int (*)(int*)>(::dlsym(driver, "cuDeviceGetCount"));
+  REQUIRE((init && count));
+  constexpr int kNoDevice = 100;  // CUDA_ERROR_NO_DEVICE
+  const int status = init(0);
+  if (status == kNoDevice) return 0;
+  REQUIRE(status == 0);
+  int devices = 0;
+  REQUIRE(count(&devices) == 0);
+  return devices;
+}
+
+TEST_CASE("cuda loader: the device count is the driver's, or names why there is none") {
   point_loader_at_library();
-  int count = -1;
-  std::string error;
-  try {
-    count = pstrain::cuda::device_count();
-  } catch (const pstrain::cuda::CudaUnavailable& e) {
-    error = e.what();
-  }
-  if (error.empty()) {
-    CHECK(count >= 0);
+  const auto driver = driver_device_count();
+  if (!driver) {
+    CHECK_THROWS_WITH_AS(pstrain::cuda::device_count(),
+                         "no CUDA device: cudaGetDeviceCount failed: CUDA driver version is "
+                         "insufficient for CUDA runtime version (cudaErrorInsufficientDriver)",
+                         pstrain::cuda::CudaUnavailable);
+  } else if (*driver == 0) {
+    CHECK_THROWS_WITH_AS(pstrain::cuda::device_count(),
+                         doctest::Contains("(cudaErrorNoDevice)"),
+                         pstrain::cuda::CudaUnavailable);
   } else {
-    CHECK(error.find("no CUDA device: cudaGetDeviceCount failed") != std::string::npos);
+    CHECK(pstrain::cuda::device_count() == *driver);
   }
 }
 

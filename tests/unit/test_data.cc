@@ -12,7 +12,7 @@
 
 #include "client/dataset.h"
 #include "client/idx_reader.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 namespace fs = std::filesystem;
 using namespace pstrain;
@@ -101,7 +101,7 @@ TEST_CASE("idx: the real training labels have their declared header") {
 }
 
 TEST_CASE("idx: damaged files are reported with the file and the problem") {
-  testing::TempDir dir;
+  TempDir dir;
   const fs::path file = dir.path() / "damaged.gz";
 
   SUBCASE("bad magic") {
@@ -156,7 +156,7 @@ TEST_CASE("fashion-mnist: a missing directory names the file and the package") {
 }
 
 TEST_CASE("fashion-mnist: inconsistent files are rejected") {
-  testing::TempDir dir;
+  TempDir dir;
   const fs::path images = dir.path() / "t10k-images-idx3-ubyte.gz";
   const fs::path labels = dir.path() / "t10k-labels-idx1-ubyte.gz";
   SUBCASE("wrong image size") {

@@ -1,15 +1,19 @@
-// The ps's chunk store (init semantics, copy-on-write) and the snapshot file
-// format (round trip, and named errors for every kind of damage).
+// The ps's chunk store (init semantics, copy-on-write), the snapshot file
+// format (round trip, and named errors for every kind of damage), and the
+// atomic replacement snapshots are written with.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <stdexcept>
+#include <string>
 
 #include "server/chunk_store.h"
+#include "shared/atomic_file.h"
+#include "shared/child_process.h"
 #include "shared/snapshot.h"
-#include "tests/support/process.h"
 
 using namespace pstrain;
 
@@ -33,6 +37,19 @@ Snapshot sample_snapshot() {
 std::vector<char> read_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The names in `dir`: shows whether a writer left a temporary file behind.
+std::set<std::string> names_in(const std::filesystem::path& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    names.insert(entry.path().filename().string());
+  return names;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  const auto bytes = read_bytes(p);
+  return {bytes.begin(), bytes.end()};
 }
 
 void write_bytes(const std::filesystem::path& p, const std::vector<char>& b) {
@@ -98,11 +115,11 @@ TEST_CASE("chunk store: records round-trip through restore, and state must fit")
 }
 
 TEST_CASE("snapshot: a written file reads back identically") {
-  testing::TempDir dir;
+  TempDir dir;
   const auto path = dir.path() / "snap" / "ps0.bin";
   const auto s = sample_snapshot();
   write_snapshot(path, s);
-  CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  CHECK(names_in(path.parent_path()) == std::set<std::string>{"ps0.bin"});
   const auto r = read_snapshot(path);
   CHECK(r.global_samples == s.global_samples);
   REQUIRE(r.records.size() == s.records.size());
@@ -115,8 +132,25 @@ TEST_CASE("snapshot: a written file reads back identically") {
   }
 }
 
+TEST_CASE("atomic file: a replacement leaves only the target; a failed one leaves it as it was") {
+  TempDir dir;
+  const auto path = dir.path() / "config.yaml";
+  write_file_atomically(path, "old");
+  write_file_atomically(path, "new");
+  CHECK(read_text(path) == "new");
+  CHECK(names_in(dir.path()) == std::set<std::string>{"config.yaml"});
+
+  const auto fail_midway = [](AtomicFileWriter& file) {
+    file.write("half", 4);
+    throw std::runtime_error("disk full");
+  };
+  CHECK_THROWS_WITH_AS(write_file_atomically(path, fail_midway), "disk full", std::runtime_error);
+  CHECK(read_text(path) == "new");
+  CHECK(names_in(dir.path()) == std::set<std::string>{"config.yaml"});
+}
+
 TEST_CASE("snapshot: damaged files give errors naming the file and the problem") {
-  testing::TempDir dir;
+  TempDir dir;
   const auto path = dir.path() / "ps1.bin";
   write_snapshot(path, sample_snapshot());
   const auto good = read_bytes(path);

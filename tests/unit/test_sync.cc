@@ -15,9 +15,9 @@
 
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
-#include "client/gloo_communicator.h"
 #include "client/model.h"
-#include "client/sync_trainer.h"
+#include "client/sync/gloo_communicator.h"
+#include "client/sync/sync_trainer.h"
 
 namespace pstrain {
 namespace {

@@ -1,5 +1,5 @@
 // Rendezvous through ps 0, with a ps role served on a thread of this process:
-// attempts, Gloo communicators made by the factory over the ps store, and
+// attempts, Gloo communicators made by the factory over the rendezvous store, and
 // (when the CUDA library is built) the NCCL id handed from worker 0 to the
 // others.
 #include <doctest/doctest.h>
@@ -8,11 +8,11 @@
 #include <future>
 
 #include "client/cpu_backend.h"
-#include "client/gloo_communicator.h"
 #include "client/ps_client.h"
-#include "client/ps_store.h"
+#include "client/sync/communicator_factory.h"
+#include "client/sync/rendezvous.h"
 #include "server/ps_role.h"
-#include "tests/support/process.h"
+#include "shared/child_process.h"
 
 namespace pstrain {
 namespace {
@@ -22,7 +22,7 @@ struct LocalPs {
   explicit LocalPs(const std::string& net = "{request_timeout: 5}") {
     config = parse_config("job: rendezvous\nrun_dir: " + dir.path().string() +
                           "\nmode: sync\nps: [{host: 127.0.0.1, port: " +
-                          std::to_string(testing::free_port()) +
+                          std::to_string(free_port()) +
                           "}]\nworkers: {count: 2}\ndata: {name: synthetic}\n"
                           "net: " + net + "\n");
     served = std::async(std::launch::async, [this] { return run_ps_role(config, 0, {}); });
@@ -35,7 +35,7 @@ struct LocalPs {
   }
   ShardMap map() const { return ShardMap({{"w", 4, {}}}, 1); }
 
-  testing::TempDir dir;
+  TempDir dir;
   ClusterConfig config;
   std::future<int> served;
 };

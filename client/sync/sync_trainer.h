@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "client/backend.h"
-#include "client/communicator.h"
+#include "client/sync/communicator.h"
 #include "client/train_loop.h"
 #include "shared/config.h"
 

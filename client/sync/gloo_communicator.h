@@ -1,13 +1,10 @@
 #pragma once
-// All-reduce between CPU workers with Gloo over TCP, and the factory that
-// picks Gloo or NCCL for a worker.
-//
-//   auto comm = make_communicator(config, index, backend, ps);
-//   comm->allreduce_sum(grad, n);   // every worker, same order, same sizes
+// All-reduce between CPU workers with Gloo over TCP
+// (client/sync/communicator_factory.h picks it for host-accessible backends).
 //
 // Gloo here (Debian's 2022 build) opens one listening socket per peer on an
 // ephemeral port of the worker's own host (workers[i].host in cluster.yaml);
-// the addresses travel through ps 0's key-value store (client/ps_store.h).
+// the addresses travel through ps 0's key-value store (client/sync/rendezvous.h).
 // Every operation is bounded by net.request_timeout. When a peer dies
 // (Gloo: IoException at once) or hangs (timeout), the survivors hold a roll
 // call through the same store and throw CommError naming the workers that did
@@ -21,8 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "client/backend.h"
-#include "client/communicator.h"
+#include "client/sync/communicator.h"
 #include "shared/config.h"
 
 namespace gloo {
@@ -33,8 +29,6 @@ class Store;
 }  // namespace gloo
 
 namespace pstrain {
-
-class PsClient;
 
 struct GlooOptions {
   int rank = 0;
@@ -76,13 +70,5 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   std::string broken_;  // the error that ended the communicator
 };
-
-// Gloo for CPU backends; NCCL through the CUDA library for backends the host
-// cannot reach, with the NCCL id made by worker 0 and handed out through ps
-// 0's key-value store. `ps` is used during the call and, for Gloo, again for
-// the roll call after a failure, so the caller must not use it from another
-// thread while a communicator call runs.
-std::unique_ptr<Communicator> make_communicator(const ClusterConfig& config, std::uint32_t index,
-                                                Backend& backend, PsClient& ps);
 
 }  // namespace pstrain

@@ -1,7 +1,8 @@
 #pragma once
-// Gloo's rendezvous store over ps 0's key-value store (PsClient::kv_set /
-// kv_get), so sync-mode workers find each other with no extra process or
-// shared file system.
+// How sync-mode workers find each other: through ps 0's key-value store
+// (PsClient::kv_set / kv_get), so no extra process or shared file system is
+// needed. It agrees on the run's attempt, hands out NCCL's id, and serves as
+// Gloo's rendezvous store.
 //
 // Every key is prefixed with the run's namespace from join_sync_run():
 // "sync/<config hash>/<attempt>/". A ps outlives a crashed set of workers
@@ -37,10 +38,10 @@ std::string join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
 cuda::NcclId share_nccl_id(PsClient& ps, const std::string& prefix, std::uint32_t index,
                            double timeout_s);
 
-class PsStore : public gloo::rendezvous::Store {
+class RendezvousStore : public gloo::rendezvous::Store {
  public:
   // `ps` must not be used by another thread while a store call runs.
-  PsStore(PsClient& ps, std::string prefix, std::chrono::milliseconds timeout);
+  RendezvousStore(PsClient& ps, std::string prefix, std::chrono::milliseconds timeout);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Waits up to the store's timeout for the key; throws PsError after it.

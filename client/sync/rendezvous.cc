@@ -1,12 +1,12 @@
-#include "client/ps_store.h"
+#include "client/sync/rendezvous.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <random>
 #include <span>
 
-#include "client/communicator.h"
 #include "client/ps_client.h"
+#include "client/sync/communicator.h"
 
 namespace pstrain {
 namespace {
@@ -63,21 +63,22 @@ cuda::NcclId share_nccl_id(PsClient& ps, const std::string& prefix, std::uint32_
   return id;
 }
 
-PsStore::PsStore(PsClient& ps, std::string prefix, std::chrono::milliseconds timeout)
+RendezvousStore::RendezvousStore(PsClient& ps, std::string prefix,
+                                 std::chrono::milliseconds timeout)
     : ps_(ps), prefix_(std::move(prefix)), timeout_(timeout) {}
 
-void PsStore::set(const std::string& key, const std::vector<char>& data) {
+void RendezvousStore::set(const std::string& key, const std::vector<char>& data) {
   ps_.kv_set(prefix_ + key, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()});
 }
 
-std::vector<char> PsStore::get(const std::string& key) {
+std::vector<char> RendezvousStore::get(const std::string& key) {
   const auto value = ps_.kv_get(prefix_ + key, seconds(timeout_));
   return {value.begin(), value.end()};
 }
 
-void PsStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+void RendezvousStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
-void PsStore::wait(const std::vector<std::string>& keys,
+void RendezvousStore::wait(const std::vector<std::string>& keys,
                    const std::chrono::milliseconds& timeout) {
   // One deadline for all keys: each kv_get gets what is left of it.
   const auto deadline = std::chrono::steady_clock::now() + timeout;

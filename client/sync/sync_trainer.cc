@@ -1,4 +1,4 @@
-#include "client/sync_trainer.h"
+#include "client/sync/sync_trainer.h"
 
 #include <chrono>
 #include <cstring>

@@ -1,0 +1,310 @@
+// The CUDA backend's ops: memory, transfers, cuBLAS GEMMs and kernel
+// launches, each bracketed by StreamOrder so that issue order holds across
+// the two streams.
+#include "client/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace pstrain::cuda {
+namespace {
+
+// The im2col buffers of one convolution chunk; bounds the workspace at large
+// batches (the GEMMs are already large enough to fill the GPU well before).
+constexpr std::size_t kConvWorkspaceFloats = std::size_t{1} << 24;
+
+std::string conv_text(const ConvShape& s) {
+  return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" +
+         std::to_string(s.h) + " w=" + std::to_string(s.w) + " filters=" +
+         std::to_string(s.filters) + " kernel=" + std::to_string(s.kernel);
+}
+
+void check_conv(const ConvShape& s, const char* op) {
+  check_dims(s.n > 0 && s.c > 0 && s.filters > 0 && s.kernel > 0 && s.out_h() > 0 &&
+                 s.out_w() > 0,
+             op, "invalid shape " + conv_text(s));
+}
+
+void check_pool(const PoolShape& s, const char* op) {
+  check_dims(s.n > 0 && s.c > 0 && s.k > 0 && s.out_h() > 0 && s.out_w() > 0, op,
+             "invalid shape n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) +
+                 " h=" + std::to_string(s.h) + " w=" + std::to_string(s.w) +
+                 " k=" + std::to_string(s.k));
+}
+
+// `device` if it is one of the visible devices.
+int existing_device(int device) {
+  int count = 0;
+  PSTRAIN_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count) {
+    throw std::invalid_argument("cuda backend: device " + std::to_string(device) +
+                                " does not exist (" + std::to_string(count) +
+                                " visible device(s))");
+  }
+  return device;
+}
+
+void check_range(const void* base, std::size_t size, const void* p, std::size_t bytes,
+                 const char* op) {
+  const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) -
+                                               static_cast<const std::byte*>(base));
+  check_dims(offset + bytes <= size, op,
+             std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                 " overrun an allocation of " + std::to_string(size) + " bytes");
+}
+
+}  // namespace
+
+// ---- construction --------------------------------------------------------
+
+CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(device_) {
+  const DeviceScope scope(device_);
+  cudaDeviceProp prop{};
+  PSTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  sm_count_ = prop.multiProcessorCount;
+  name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
+          std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+  cublas_ = make_cublas(order_.compute_stream());
+}
+
+CudaBackend::~CudaBackend() {
+  // Pinned host buffers and device memory may still be in use by queued
+  // copies and kernels; drain both streams before the members free them.
+  try {
+    const DeviceScope scope(device_);
+    report_release_error(cudaStreamSynchronize(order_.copy_stream()), "cudaStreamSynchronize");
+    report_release_error(cudaStreamSynchronize(order_.compute_stream()), "cudaStreamSynchronize");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstrain cuda: %s\n", e.what());
+  }
+}
+
+// ---- memory --------------------------------------------------------------
+
+DeviceMemory CudaBackend::alloc(std::size_t bytes) {
+  if (bytes == 0) return {};
+  const DeviceScope scope(device_);
+  auto memory = device_buffer<std::byte>(bytes);
+  void* p = memory.get();
+  device_allocations_.emplace(p, std::move(memory));
+  order_.track(p, bytes);
+  return DeviceMemory(this, p, bytes);
+}
+
+HostMemory CudaBackend::alloc_host(std::size_t bytes) {
+  if (bytes == 0) return {};
+  const DeviceScope scope(device_);
+  auto memory = pinned_buffer<std::byte>(bytes);
+  void* p = memory.get();
+  host_allocations_.emplace(p, std::move(memory));
+  return HostMemory(this, p, bytes);
+}
+
+void CudaBackend::release(void* device_ptr) noexcept {
+  order_.untrack(device_ptr);
+  device_allocations_.erase(device_ptr);
+}
+
+void CudaBackend::release_host(void* host_ptr) noexcept {
+  host_allocations_.erase(host_ptr);
+}
+
+// ---- transfers -----------------------------------------------------------
+
+void CudaBackend::upload(const void* host, void* device, std::size_t bytes) {
+  transfer(device, host, device, bytes, cudaMemcpyHostToDevice, "upload");
+}
+
+void CudaBackend::download(const void* device, void* host, std::size_t bytes) {
+  transfer(host, device, device, bytes, cudaMemcpyDeviceToHost, "download");
+}
+
+void CudaBackend::transfer(void* to, const void* from, const void* device, std::size_t bytes,
+                           cudaMemcpyKind kind, const char* op) {
+  if (bytes == 0) return;
+  const DeviceScope scope(device_);
+  if (const auto a = order_.allocation_of(device))
+    check_range(a->base, a->bytes, device, bytes, op);
+  order_.before_copy(device);
+  PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, order_.copy_stream()));
+  order_.after_copy(device);
+}
+
+// ---- fences --------------------------------------------------------------
+
+Backend::Fence CudaBackend::fence() { return order_.fence(); }
+bool CudaBackend::fence_done(Fence fence) { return order_.fence_done(fence); }
+void CudaBackend::wait(Fence fence) { order_.wait(fence); }
+
+void CudaBackend::fill(float* device, float value, std::size_t n) {
+  if (n == 0) return;
+  compute({device}, [&](cudaStream_t s) { kernels::fill(on(s), device, value, n); });
+}
+
+// ---- math ----------------------------------------------------------------
+
+// Row-major C[m x n] = op(A) op(B) (+ beta C) through column-major cuBLAS:
+// a row-major matrix is its transpose in column-major, so compute
+// C^T = op(B)^T op(A)^T with the operands swapped.
+void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+                       const float* b, float beta, float* c) {
+  const float alpha = 1.0f;
+  PSTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                                 trans_b ? k : n, a, trans_a ? m : k, &beta, c, n));
+}
+
+void CudaBackend::dense_forward(const float* x, const float* w, const float* b, float* y,
+                                int n, int in, int out) {
+  check_dims(n > 0 && in > 0 && out > 0, "dense_forward",
+             "n, in and out must be positive (got " + std::to_string(n) + ", " +
+                 std::to_string(in) + ", " + std::to_string(out) + ")");
+  compute({x, w, b, y}, [&](cudaStream_t s) {
+    kernels::broadcast_rows(on(s), b, y, n, out);
+    gemm(false, false, n, out, in, x, w, 1.0f, y);
+  });
+}
+
+void CudaBackend::dense_backward(const float* x, const float* w, const float* dy, float* dx,
+                                 float* dw, float* db, int n, int in, int out) {
+  check_dims(n > 0 && in > 0 && out > 0, "dense_backward",
+             "n, in and out must be positive (got " + std::to_string(n) + ", " +
+                 std::to_string(in) + ", " + std::to_string(out) + ")");
+  compute({x, w, dy, dx, dw, db}, [&](cudaStream_t s) {
+    gemm(true, false, in, out, n, x, dy, 0.0f, dw);
+    kernels::column_sums(on(s), dy, db, n, out);
+    if (dx) gemm(false, true, n, in, out, dy, w, 0.0f, dx);
+  });
+}
+
+void CudaBackend::relu_forward(const float* x, float* y, std::size_t n) {
+  if (n == 0) return;
+  compute({x, y}, [&](cudaStream_t s) { kernels::relu_forward(on(s), x, y, n); });
+}
+
+void CudaBackend::relu_backward(const float* y, const float* dy, float* dx, std::size_t n) {
+  if (n == 0) return;
+  compute({y, dy, dx}, [&](cudaStream_t s) { kernels::relu_backward(on(s), y, dy, dx, n); });
+}
+
+// Images per im2col chunk: as many as fit the workspace bound.
+int CudaBackend::conv_chunk(const ConvShape& s) const {
+  const std::size_t per_image = std::size_t(s.out_h()) * s.out_w() *
+                                (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
+  return int(std::clamp<std::size_t>(kConvWorkspaceFloats / per_image, 1, std::size_t(s.n)));
+}
+
+// Per chunk: the im2col matrix [c*k*k x chunk*pixels] and the GEMM's
+// filter-major output [filters x chunk*pixels].
+std::size_t CudaBackend::conv2d_workspace(const ConvShape& s) const {
+  check_conv(s, "conv2d_workspace");
+  return std::size_t(conv_chunk(s)) * s.out_h() * s.out_w() *
+         (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
+}
+
+void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
+                                 float* workspace, const ConvShape& s) {
+  check_conv(s, "conv2d_forward");
+  const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
+  const int ckk = s.c * s.kernel * s.kernel;
+  compute({x, w, b, y, workspace}, [&](cudaStream_t st) {
+    for (int first = 0; first < s.n; first += chunk) {
+      const int count = std::min(chunk, s.n - first);
+      const std::size_t columns = std::size_t(count) * pixels;
+      float* col = workspace;
+      float* tmp = workspace + columns * ckk;
+      const float* xi = x + std::size_t(first) * s.c * s.h * s.w;
+      kernels::im2col(on(st), xi, col, count, s.c, s.h, s.w, s.kernel);
+      gemm(false, false, s.filters, int(columns), ckk, w, col, 0.0f, tmp);
+      kernels::conv_output(on(st), tmp, b, y + std::size_t(first) * s.filters * pixels, count,
+                           s.filters, pixels);
+    }
+  });
+}
+
+void CudaBackend::conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
+                                  float* dw, float* db, float* workspace, const ConvShape& s) {
+  check_conv(s, "conv2d_backward");
+  const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
+  const int ckk = s.c * s.kernel * s.kernel;
+  compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t st) {
+    kernels::conv_bias_grad(on(st), dy, db, s.n, s.filters, pixels);
+    for (int first = 0; first < s.n; first += chunk) {
+      const int count = std::min(chunk, s.n - first);
+      const std::size_t columns = std::size_t(count) * pixels;
+      float* col = workspace;
+      float* tmp = workspace + columns * ckk;
+      const std::size_t image = std::size_t(s.c) * s.h * s.w;
+      kernels::conv_gather(on(st), dy + std::size_t(first) * s.filters * pixels, tmp, count,
+                           s.filters, pixels);
+      kernels::im2col(on(st), x + first * image, col, count, s.c, s.h, s.w, s.kernel);
+      // dw [filters x ckk] += tmp [filters x columns] * col^T.
+      gemm(false, true, s.filters, ckk, int(columns), tmp, col, first == 0 ? 0.0f : 1.0f, dw);
+      if (!dx) continue;
+      // The column gradients reuse col, which the GEMM above has consumed
+      // (same stream).
+      gemm(true, false, ckk, int(columns), s.filters, w, tmp, 0.0f, col);
+      kernels::col2im(on(st), col, dx + first * image, count, s.c, s.h, s.w, s.kernel);
+    }
+  });
+}
+
+void CudaBackend::maxpool_forward(const float* x, float* y, std::int32_t* argmax,
+                                  const PoolShape& s) {
+  check_pool(s, "maxpool_forward");
+  check_dims(std::size_t(s.n) * s.c * s.h * s.w <= std::size_t(INT32_MAX), "maxpool_forward",
+             "input too large for 32-bit argmax indices");
+  compute({x, y, argmax}, [&](cudaStream_t st) {
+    kernels::maxpool_forward(on(st), x, y, argmax, s.n, s.c, s.h, s.w, s.k);
+  });
+}
+
+void CudaBackend::maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
+                                   const PoolShape& s) {
+  check_pool(s, "maxpool_backward");
+  const std::size_t total = std::size_t(s.n) * s.c * s.out_h() * s.out_w();
+  compute({dy, argmax, dx}, [&](cudaStream_t st) {
+    PSTRAIN_CUDA_CHECK(cudaMemsetAsync(dx, 0, std::size_t(s.n) * s.c * s.h * s.w * sizeof(float), st));
+    kernels::scatter_add(on(st), dy, argmax, dx, total);
+  });
+}
+
+void CudaBackend::softmax_xent(const float* logits, const std::int32_t* labels, float* dlogits,
+                               float* loss, float* correct, int n, int classes) {
+  check_dims(n > 0 && classes > 0, "softmax_xent",
+             "n and classes must be positive (got " + std::to_string(n) + ", " +
+                 std::to_string(classes) + ")");
+  compute({logits, labels, dlogits, loss, correct}, [&](cudaStream_t st) {
+    kernels::softmax_xent(on(st), logits, labels, dlogits, loss, correct, n, classes);
+  });
+}
+
+void CudaBackend::scale(float* x, float a, std::size_t n) {
+  if (n == 0) return;
+  compute({x}, [&](cudaStream_t st) { kernels::scale(on(st), x, a, n); });
+}
+
+void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const float* g,
+                                  float* state, std::size_t n, std::uint64_t step,
+                                  float lr_scale) {
+  if (n == 0) return;
+  // Adam's bias corrections once per call, in double, exactly as Optimizer.
+  const auto t = static_cast<double>(step == 0 ? 1 : step);
+  const kernels::OptimizerArgs args{c.kind,
+                                    c.lr * lr_scale,
+                                    c.momentum,
+                                    c.beta1,
+                                    c.beta2,
+                                    c.eps,
+                                    c.weight_decay,
+                                    static_cast<float>(1.0 - std::pow(double(c.beta1), t)),
+                                    static_cast<float>(1.0 - std::pow(double(c.beta2), t)),
+                                    c.nesterov};
+  compute({w, g, state}, [&](cudaStream_t st) {
+    kernels::optimizer(on(st), args, w, g, state, n);
+  });
+}
+
+}  // namespace pstrain::cuda

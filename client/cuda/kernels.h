@@ -1,0 +1,70 @@
+#pragma once
+// The CUDA backend's kernels, one launch function each: the function picks
+// the grid, enqueues the kernel on the given stream and throws CudaError for
+// a bad launch. Nothing here orders streams or checks shapes; CudaBackend
+// does both before it calls in. Kept apart from the backend so that only
+// kernels.cu needs nvcc's device compilation.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shared/optimizer.h"
+
+namespace pstrain::cuda::kernels {
+
+// Where a kernel runs, and the device's SM count, which bounds the grids of
+// grid-stride kernels.
+struct Launch {
+  cudaStream_t stream;
+  int sm_count;
+};
+
+void fill(const Launch& l, float* x, float value, std::size_t n);
+void scale(const Launch& l, float* x, float a, std::size_t n);
+void relu_forward(const Launch& l, const float* x, float* y, std::size_t n);
+void relu_backward(const Launch& l, const float* y, const float* dy, float* dx, std::size_t n);
+
+// y[row, col] = b[col]: a dense layer's GEMM then accumulates x*w onto it.
+void broadcast_rows(const Launch& l, const float* b, float* y, int rows, int cols);
+// out[col] = sum over rows of x[row, col].
+void column_sums(const Launch& l, const float* x, float* out, int rows, int cols);
+
+// Convolution as im2col + GEMM, in chunks of `count` images (cuda_backend.cc).
+// db[f] = sum over images and pixels of dy[i, f, p].
+void conv_bias_grad(const Launch& l, const float* dy, float* db, int n, int filters, int pixels);
+// col[(ch*k + u)*k + v, i*pixels + oy*ow + ox] = x[i, ch, oy+u, ox+v].
+void im2col(const Launch& l, const float* x, float* col, int count, int c, int h, int w, int k);
+// The adjoint of im2col: dx[i, ch, y, x] sums the column entries that read it.
+void col2im(const Launch& l, const float* col, float* dx, int count, int c, int h, int w, int k);
+// y[i, f, p] = tmp[f, i*pixels + p] + b[f]: the GEMM's filter-major output
+// back to NCHW, plus the bias.
+void conv_output(const Launch& l, const float* tmp, const float* b, float* y, int count,
+                 int filters, int pixels);
+// tmp[f, i*pixels + p] = dy[i, f, p]: NCHW gradients to the GEMM's layout.
+void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters,
+                 int pixels);
+
+// k x k max pooling; argmax holds the flat input index of each maximum.
+void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* argmax, int n,
+                     int c, int h, int w, int k);
+// dx[index[i]] += dy[i]; dx must be zeroed first.
+void scatter_add(const Launch& l, const float* dy, const std::int32_t* index, float* dx,
+                 std::size_t n);
+
+// Per row: loss, 1/n-scaled gradient, and whether the first maximum is the
+// label. A label outside [0, classes) makes its row NaN.
+void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels,
+                  float* dlogits, float* loss, float* correct, int n, int classes);
+
+// One optimizer step per element (shared/optimizer_math.h); bias1 and bias2
+// are Adam's bias corrections for this step.
+struct OptimizerArgs {
+  OptimizerKind kind;
+  float lr, momentum, beta1, beta2, eps, weight_decay, bias1, bias2;
+  bool nesterov;
+};
+void optimizer(const Launch& l, const OptimizerArgs& args, float* w, const float* g,
+               float* state, std::size_t n);
+
+}  // namespace pstrain::cuda::kernels
