@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <barrier>
 #include <thread>
 #include <vector>
 
@@ -68,18 +69,23 @@ TEST_CASE("metrics registry: concurrent updates sum exactly") {
   auto& counters = registry.counter("pstrain_events_total", "Events.", {"kind"});
   auto& gauge = registry.gauge("pstrain_level", "Level.").with();
   auto& histogram = registry.histogram("pstrain_sizes", "Sizes.", {1, 10}).with();
-  constexpr int kThreads = 8, kUpdates = 20000;
+  constexpr int kThreads = 8, kUpdates = 500000;
   constexpr std::uint64_t kTotal = kThreads * kUpdates;
+  std::barrier together(kThreads);
   {
     std::vector<std::jthread> threads;
     for (int t = 0; t < kThreads; ++t)
       threads.emplace_back([&] {
-        for (int i = 0; i < kUpdates; ++i) {
-          // Looked up each time, so series creation races too.
-          counters.with({"shared"}).add();
-          gauge.add(2);
-          histogram.observe(i % 2 ? 1 : 5);
-        }
+        // Every loop starts in all threads at once, so the updates overlap
+        // rather than run one thread after another; every thread looks the
+        // series up, so its creation races too.
+        together.arrive_and_wait();
+        auto& counter = counters.with({"shared"});
+        for (int i = 0; i < kUpdates; ++i) counter.add();
+        together.arrive_and_wait();
+        for (int i = 0; i < kUpdates; ++i) gauge.add(2);
+        together.arrive_and_wait();
+        for (int i = 0; i < kUpdates; ++i) histogram.observe(i % 2 ? 1 : 5);
       });
   }
   CHECK(counters.with({"shared"}).value() == kTotal);
