@@ -161,10 +161,10 @@ void ProgressReporter::report() {
   const std::uint64_t global = context_.ps.heartbeat(window_samples);
   global_samples_.set(static_cast<double>(global));
   last_heartbeat_ = Clock::now();
-  const auto history =
+  const auto window =
       std::chrono::duration<double>(std::max(5.0, 5 * context_.config.net.heartbeat));
   global_history_.emplace_back(last_heartbeat_, global);
-  while (global_history_.size() > 2 && last_heartbeat_ - global_history_[1].first >= history)
+  while (global_history_.size() > 2 && last_heartbeat_ - global_history_[1].first >= window)
     global_history_.pop_front();
   const double epoch = samples / static_cast<double>(context_.shard.size());
   const double local_rate = static_cast<double>(window_samples) /

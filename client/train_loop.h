@@ -156,7 +156,7 @@ class ProgressReporter {
   const TrainContext& context_;
   double heartbeat_s_;
   bool straggler_;
-  std::vector<Figure> figures_;
+  std::vector<Figure> figures_;  // declared before compute_, which mean_ms() adds to it
   Counter& steps_;
   Counter& samples_;
   Gauge& global_samples_;  // as ps 0 last counted them
