@@ -14,14 +14,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 }  // namespace
 
 TrainSummary train_async(const TrainContext& context) {
-  auto& [config, index, backend, model, ps, shard, metrics, hook] = context;
+  auto& [config, index, backend, model, ps, shard, metrics, registry, hook] = context;
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
   const HostViews host(backend, model, true);
@@ -34,7 +34,18 @@ TrainSummary train_async(const TrainContext& context) {
   for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
   ps.wait_all();
 
-  ProgressReporter reporter(config, index, ps, shard, metrics, hook);
+  ProgressReporter reporter(context);
+  auto& push_pull = reporter.mean_ms(
+      "push_pull_ms", "pstrain_worker_push_pull_seconds",
+      "Time from a step's first gradient sent to its last new weights received.");
+  auto& wait = reporter.mean_ms("wait_ms", "pstrain_worker_wait_seconds",
+                                "Time per step waiting for the ps's replies after the compute.");
+  auto& staleness = reporter.mean(
+      "staleness", "pstrain_worker_staleness",
+      "Updates other workers applied between a pull and its push, mean over the variables.",
+      {0, 1, 2, 4, 8, 16, 32, 64, 128});
+  auto& max_staleness = reporter.max("max_staleness", "pstrain_worker_staleness_window_max",
+                                     "Largest staleness since the last metrics line.");
   struct Pending {
     std::size_t variable;
     Backend::Fence fence;
@@ -74,16 +85,16 @@ TrainSummary train_async(const TrainContext& context) {
     const auto t_wait = Clock::now();
     ps.wait_all();
 
-    double staleness = 0;
-    for (const auto& v : vars) staleness += ps.last_staleness(v.name);
-    staleness /= static_cast<double>(nv);
+    double stale = 0;
+    for (const auto& v : vars) stale += ps.last_staleness(v.name);
+    stale /= static_cast<double>(nv);
 
     reporter.step(b.size, feeder.mean_loss(),
-                  std::chrono::duration<double, std::milli>(t_wait - t_compute).count());
-    reporter.add_mean("push_pull_ms", ms_since(t_first_send));
-    reporter.add_mean("wait_ms", ms_since(t_wait));
-    reporter.add_mean("staleness", staleness);
-    reporter.add_max("max_staleness", staleness);
+                  std::chrono::duration<double>(t_wait - t_compute).count());
+    push_pull.observe(seconds_since(t_first_send));
+    wait.observe(seconds_since(t_wait));
+    staleness.observe(stale);
+    max_staleness.raise(stale);
     reporter.end_step(step + 1 == steps);
   }
   return reporter.finish();

@@ -87,98 +87,116 @@ double BatchFeeder::mean_loss() const {
   return loss / static_cast<double>(last_);
 }
 
-ProgressReporter::ProgressReporter(const ClusterConfig& config, std::uint32_t index,
-                                   PsClient& ps, const WorkerShard& shard,
-                                   MetricsFile& metrics, const ProgressHook& hook)
-    : config_(config),
-      index_(index),
-      ps_(ps),
-      shard_(shard),
-      metrics_(metrics),
-      hook_(hook),
+namespace {
+
+// Step phases take from a tenth of a millisecond (a small model on a GPU) to
+// seconds (a straggler, a slow network).
+const std::vector<double> kStepSeconds = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
+                                          0.05, 0.1,    0.25,   0.5,  1,    2.5,    5,    10};
+
+}  // namespace
+
+ProgressReporter::ProgressReporter(const TrainContext& context)
+    : context_(context),
       // Worker 0's heartbeats also pace evaluations and progress, so it
       // reports more often than liveness alone needs.
-      heartbeat_s_(index == 0 ? std::min(config.net.heartbeat, 0.25) : config.net.heartbeat),
-      straggler_(config.train.straggler_worker == static_cast<int>(index) &&
-                 config.train.straggler_delay_ms > 0) {}
+      heartbeat_s_(context.index == 0 ? std::min(context.config.net.heartbeat, 0.25)
+                                      : context.config.net.heartbeat),
+      straggler_(context.config.train.straggler_worker == static_cast<int>(context.index) &&
+                 context.config.train.straggler_delay_ms > 0),
+      steps_(context.registry.counter("pstrain_worker_steps_total",
+                                      "Training steps this worker has taken.")
+                 .with()),
+      samples_(context.registry.counter("pstrain_worker_samples_total",
+                                        "Samples this worker has trained on.")
+                   .with()),
+      global_samples_(context.registry.gauge("pstrain_worker_global_samples",
+                                             "Samples all workers have trained on, as ps 0 "
+                                             "counted them at this worker's last heartbeat.")
+                          .with()),
+      loss_(context.registry.histogram("pstrain_worker_loss", "Mean training loss of each step.",
+                                       {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5})
+                .with()),
+      compute_(mean_ms("compute_ms", "pstrain_worker_compute_seconds",
+                       "Forward and backward time per step.")),
+      loss_mean_(loss_) {}
 
-void ProgressReporter::step(std::size_t samples, double loss, double compute_ms) {
-  loss_ += loss;
-  compute_ms_ += compute_ms;
-  steps_ += 1;
-  samples_ += samples;
-  summary_.local_samples += samples;
-  summary_.steps += 1;
-  unreported_ += samples;
+void ProgressReporter::step(std::size_t samples, double loss, double compute_s) {
+  steps_.add();
+  samples_.add(static_cast<double>(samples));
+  loss_.observe(loss);
+  compute_.observe(compute_s);
 }
 
-ProgressReporter::Figure& ProgressReporter::figure(const std::string& name, bool max) {
-  auto it = std::ranges::find(figures_, name, &Figure::name);
-  if (it != figures_.end()) return *it;
-  return figures_.emplace_back(Figure{name, 0, max});
+Histogram& ProgressReporter::mean(std::string field, std::string name, std::string help,
+                                  std::vector<double> bounds, double scale) {
+  auto& h = context_.registry.histogram(std::move(name), std::move(help), std::move(bounds)).with();
+  figures_.push_back({std::move(field), [window = WindowedMean(h), scale]() mutable {
+                        return window.take() * scale;
+                      }});
+  return h;
 }
 
-void ProgressReporter::add_mean(const std::string& name, double value) {
-  figure(name, false).value += value;
+Histogram& ProgressReporter::mean_ms(std::string field, std::string name, std::string help) {
+  return mean(std::move(field), std::move(name), std::move(help), kStepSeconds, 1e3);
 }
 
-void ProgressReporter::add_max(const std::string& name, double value) {
-  auto& f = figure(name, true);
-  f.value = std::max(f.value, value);
+Gauge& ProgressReporter::max(std::string field, std::string name, std::string help) {
+  auto& g = context_.registry.gauge(std::move(name), std::move(help)).with();
+  figures_.push_back({std::move(field), [&g] { return g.reset(); }});
+  return g;
 }
 
 void ProgressReporter::end_step(bool last) {
   if (straggler_)
     std::this_thread::sleep_for(
-        std::chrono::duration<double, std::milli>(config_.train.straggler_delay_ms));
+        std::chrono::duration<double, std::milli>(context_.config.train.straggler_delay_ms));
   if (last || std::chrono::duration<double>(Clock::now() - last_heartbeat_).count() >= heartbeat_s_)
     report();
 }
 
 void ProgressReporter::report() {
-  summary_.global_samples = ps_.heartbeat(unreported_);
-  unreported_ = 0;
+  const double samples = samples_.value();
+  const auto window_samples = static_cast<std::uint64_t>(samples - window_samples_);
+  const std::uint64_t global = context_.ps.heartbeat(window_samples);
+  global_samples_.set(static_cast<double>(global));
   last_heartbeat_ = Clock::now();
-  const auto window = std::chrono::duration<double>(std::max(5.0, 5 * config_.net.heartbeat));
-  global_history_.emplace_back(last_heartbeat_, summary_.global_samples);
+  const auto window =
+      std::chrono::duration<double>(std::max(5.0, 5 * context_.config.net.heartbeat));
+  global_history_.emplace_back(last_heartbeat_, global);
   while (global_history_.size() > 2 && last_heartbeat_ - global_history_[1].first >= window)
     global_history_.pop_front();
-  const double steps = static_cast<double>(steps_);
-  const double epoch =
-      static_cast<double>(summary_.local_samples) / static_cast<double>(shard_.size());
-  const double local_rate = static_cast<double>(samples_) /
+  const double epoch = samples / static_cast<double>(context_.shard.size());
+  const double local_rate = static_cast<double>(window_samples) /
                             std::chrono::duration<double>(Clock::now() - window_start_).count();
   const auto& [oldest_time, oldest_samples] = global_history_.front();
   const double span = std::chrono::duration<double>(last_heartbeat_ - oldest_time).count();
-  const double global_rate =
-      global_history_.size() < 2 || span <= 0
-          ? local_rate
-          : static_cast<double>(summary_.global_samples - oldest_samples) / span;
+  const double global_rate = global_history_.size() < 2 || span <= 0
+                                 ? local_rate
+                                 : static_cast<double>(global - oldest_samples) / span;
+  const double loss = loss_mean_.take();
   JsonObject line;
   line.add("role", "worker")
-      .add("index", static_cast<int>(index_))
-      .add("step", summary_.steps)
+      .add("index", static_cast<int>(context_.index))
+      .add("step", static_cast<std::uint64_t>(steps_.value()))
       .add("epoch", epoch)
-      .add("local_samples", summary_.local_samples)
-      .add("global_samples", summary_.global_samples)
-      .add("loss", loss_ / steps)
+      .add("local_samples", static_cast<std::uint64_t>(samples))
+      .add("global_samples", global)
+      .add("loss", loss)
       .add("samples_per_s", local_rate)
-      .add("global_samples_per_s", global_rate)
-      .add("compute_ms", compute_ms_ / steps);
-  for (auto& f : figures_) {
-    line.add(f.name, f.max ? f.value : f.value / steps);
-    f.value = 0;
-  }
-  metrics_.write(line);
-  if (hook_) hook_(summary_.global_samples, epoch, loss_ / steps, global_rate);
+      .add("global_samples_per_s", global_rate);
+  for (auto& f : figures_) line.add(f.field, f.take());
+  context_.metrics.write(line);
+  if (context_.hook) context_.hook(global, epoch, loss, global_rate);
   window_start_ = Clock::now();
-  loss_ = compute_ms_ = 0;
-  steps_ = samples_ = 0;
+  window_samples_ = samples;
 }
 
 TrainSummary ProgressReporter::finish() {
-  summary_.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-  return summary_;
+  return {static_cast<std::uint64_t>(samples_.value()),
+          static_cast<std::uint64_t>(global_samples_.value()),
+          static_cast<std::uint64_t>(steps_.value()),
+          std::chrono::duration<double>(Clock::now() - start_).count()};
 }
 
 }  // namespace pstrain

@@ -16,6 +16,7 @@
 #include "client/dataset.h"
 #include "shared/config.h"
 #include "shared/metrics.h"
+#include "shared/metrics_registry.h"
 
 namespace pstrain {
 
@@ -36,7 +37,8 @@ using ProgressHook = std::function<void(std::uint64_t global_samples,
                                         double samples_per_s)>;
 
 // What a training loop works with: one worker's model on its backend, its
-// part of the data, its ps client and metrics file, and the progress hook.
+// part of the data, its ps client, metrics file and metrics registry, and
+// the progress hook.
 struct TrainContext {
   const ClusterConfig& config;
   std::uint32_t index;
@@ -45,6 +47,7 @@ struct TrainContext {
   PsClient& ps;
   WorkerShard& shard;
   MetricsFile& metrics;
+  MetricsRegistry& registry;
   ProgressHook hook;
 };
 
@@ -108,62 +111,67 @@ class BatchFeeder {
   std::size_t last_ = 0;
 };
 
-// Counts steps into a window and, every net.heartbeat seconds (worker 0:
-// every 0.25 s at most, as it also paces evaluations) and after the last
-// step, sends the window's samples to the ps as a heartbeat, writes a metrics
-// line (role, index, step, epoch, local_samples, global_samples, loss,
-// samples_per_s, global_samples_per_s, compute_ms, then the trainer's own
-// figures) and calls the hook.
+// Records steps into the worker's metrics registry and, every net.heartbeat
+// seconds (worker 0: every 0.25 s at most, as it also paces evaluations) and
+// after the last step, sends the samples since the last heartbeat to the ps,
+// writes a metrics line rendered from the registry and calls the hook. The
+// line (README.md, "Metrics") holds role, index, step, epoch, local_samples,
+// global_samples, loss, samples_per_s, global_samples_per_s, compute_ms,
+// then the trainer's figures in the order they were added; means and maxima
+// are over the window since the line before.
 class ProgressReporter {
  public:
-  ProgressReporter(const ClusterConfig& config, std::uint32_t index, PsClient& ps,
-                   const WorkerShard& shard, MetricsFile& metrics, const ProgressHook& hook);
+  // Registers the worker's series (pstrain_worker_*) in context.registry.
+  explicit ProgressReporter(const TrainContext& context);
 
   // A finished step; `loss` is the batch's mean loss.
-  void step(std::size_t samples, double loss, double compute_ms);
-  // A trainer figure for this step, written as its mean over the window.
-  void add_mean(const std::string& name, double value);
-  // A trainer figure written as its maximum over the window.
-  void add_max(const std::string& name, double value);
+  void step(std::size_t samples, double loss, double compute_s);
+  // A trainer figure: histogram `name` in the registry, written into the
+  // line as `field`, the mean of its observations over the window times
+  // `scale`.
+  Histogram& mean(std::string field, std::string name, std::string help,
+                  std::vector<double> bounds, double scale = 1);
+  // A step's duration: histogram `name` of seconds (the registry's base
+  // unit), written as `field` in milliseconds (the line's).
+  Histogram& mean_ms(std::string field, std::string name, std::string help);
+  // A trainer figure written as its maximum over the window: gauge `name`,
+  // which the trainer raise()s and each line resets to 0.
+  Gauge& max(std::string field, std::string name, std::string help);
   // Ends the step: sleeps when this worker is the configured straggler, and
   // reports if a heartbeat is due or `last`.
   void end_step(bool last);
 
-  const TrainSummary& summary() const { return summary_; }
-  // Seconds since construction, into summary().seconds.
+  // The totals so far, with the seconds since construction.
   TrainSummary finish();
 
  private:
   using Clock = std::chrono::steady_clock;
+  // A field of the line and how to take its value for the window ending now.
   struct Figure {
-    std::string name;
-    double value = 0;
-    bool max = false;
+    std::string field;
+    std::function<double()> take;
   };
   void report();
-  Figure& figure(const std::string& name, bool max);
 
-  const ClusterConfig& config_;
-  std::uint32_t index_;
-  PsClient& ps_;
-  const WorkerShard& shard_;
-  MetricsFile& metrics_;
-  const ProgressHook& hook_;
+  const TrainContext& context_;
   double heartbeat_s_;
   bool straggler_;
-  TrainSummary summary_;
-  std::uint64_t unreported_ = 0;
+  std::vector<Figure> figures_;  // declared before compute_, which mean_ms() adds to it
+  Counter& steps_;
+  Counter& samples_;
+  Gauge& global_samples_;  // as ps 0 last counted them
+  Histogram& loss_;
+  Histogram& compute_;
+  WindowedMean loss_mean_;
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_heartbeat_ = start_;
   // (time, global samples) of the heartbeats of the last few seconds: the
   // other workers report at their own pace, so the global rate is taken over
   // a window several of their heartbeats long rather than since our last.
   std::deque<std::pair<Clock::time_point, std::uint64_t>> global_history_;
-  // The window since the last report.
+  // The window since the last report, which is also the last heartbeat.
   Clock::time_point window_start_ = start_;
-  double loss_ = 0, compute_ms_ = 0;
-  std::uint64_t steps_ = 0, samples_ = 0;
-  std::vector<Figure> figures_;
+  double window_samples_ = 0;  // samples_ at its start
 };
 
 }  // namespace pstrain

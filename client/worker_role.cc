@@ -67,6 +67,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   ps.init(config.train.seed);
 
   MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
+  MetricsRegistry registry;
   std::unique_ptr<Evaluator> evaluator;
   std::unique_ptr<ProgressDisplay> progress;
   if (index == 0) {
@@ -94,7 +95,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     };
   }
 
-  const TrainContext context{config, index, *backend, model, ps, shard, metrics, hook};
+  const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
   const TrainSummary summary = config.mode == Mode::sync
                                    ? train_sync(context, *make_communicator(config, index, *backend, ps))
                                    : train_async(context);

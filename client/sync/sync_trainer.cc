@@ -164,7 +164,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
 }
 
 TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
-  auto& [config, index, backend, model, ps, shard, metrics, hook] = context;
+  auto& [config, index, backend, model, ps, shard, metrics, registry, hook] = context;
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
   // Host views of the weights, for pulling and assigning.
@@ -196,7 +196,20 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
   log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
       replica.buckets(), " buckets, ", steps, " steps");
 
-  ProgressReporter reporter(config, index, ps, shard, metrics, hook);
+  ProgressReporter reporter(context);
+  auto& allreduce = reporter.mean_ms("allreduce_ms", "pstrain_worker_allreduce_seconds",
+                                     "Time per step in all-reduce calls.");
+  auto& wait = reporter.mean_ms("wait_ms", "pstrain_worker_wait_seconds",
+                                "Time per step waiting for the last buckets' all-reduce.");
+  auto& optimizer = reporter.mean_ms(
+      "optimizer_ms", "pstrain_worker_optimizer_seconds",
+      "Time per step averaging the gradients and applying the optimizer.");
+  auto& overlap = reporter.mean("overlap", "pstrain_worker_allreduce_overlap_ratio",
+                                "Fraction of the all-reduce hidden behind backward.",
+                                {0, 0.25, 0.5, 0.75, 0.9, 1});
+  // Only the mean matters (sum and count): no buckets.
+  auto& scale = reporter.mean("lr_scale", "pstrain_worker_lr_scale",
+                              "Learning-rate factor of linear scaling and warm-up.", {});
   for (std::uint64_t step = 1; step <= steps; ++step) {
     const Batch b = feeder.load();
     const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
@@ -206,12 +219,13 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
     if (!direct) backend.synchronize();
     if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps();
 
-    reporter.step(b.size, feeder.mean_loss(), t.compute_ms);
-    reporter.add_mean("allreduce_ms", t.allreduce_ms);
-    reporter.add_mean("wait_ms", t.wait_ms);
-    reporter.add_mean("optimizer_ms", t.optimizer_ms);
-    reporter.add_mean("overlap", t.allreduce_ms > 0 ? 1 - t.wait_ms / t.allreduce_ms : 0);
-    reporter.add_mean("lr_scale", lr_scale);
+    // The registry keeps seconds.
+    reporter.step(b.size, feeder.mean_loss(), t.compute_ms / 1e3);
+    allreduce.observe(t.allreduce_ms / 1e3);
+    wait.observe(t.wait_ms / 1e3);
+    optimizer.observe(t.optimizer_ms / 1e3);
+    overlap.observe(t.allreduce_ms > 0 ? 1 - t.wait_ms / t.allreduce_ms : 0);
+    scale.observe(lr_scale);
     reporter.end_step(step == steps);
   }
   return reporter.finish();

@@ -31,8 +31,9 @@ std::vector<std::vector<float>> train_and_pull(Backend& backend) {
   ps.hello();
   ps.init(config.train.seed);
   MetricsFile metrics(cluster.dir() / "worker0.metrics.jsonl");
+  MetricsRegistry registry;
   const TrainSummary summary =
-      train_async(TrainContext{config, 0, backend, model, ps, shard, metrics, {}});
+      train_async(TrainContext{config, 0, backend, model, ps, shard, metrics, registry, {}});
   CHECK(summary.local_samples == data.size());
 
   std::vector<std::vector<float>> weights;
