@@ -60,49 +60,49 @@ const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
     choice("name", &OptimizerConfig::kind,
            {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam,
             OptimizerKind::adagrad}),
-    real("lr", &OptimizerConfig::lr, kPositive),
-    real("momentum", &OptimizerConfig::momentum, kUnitOpen),
+    bounded("lr", &OptimizerConfig::lr, kPositive),
+    bounded("momentum", &OptimizerConfig::momentum, kUnitOpen),
     flag("nesterov", &OptimizerConfig::nesterov),
-    real("beta1", &OptimizerConfig::beta1, kUnitOpen),
-    real("beta2", &OptimizerConfig::beta2, kUnitOpen),
-    real("eps", &OptimizerConfig::eps, kPositive),
-    real("initial_accumulator", &OptimizerConfig::initial_accumulator, kNonNegative),
-    real("weight_decay", &OptimizerConfig::weight_decay, kNonNegative),
+    bounded("beta1", &OptimizerConfig::beta1, kUnitOpen),
+    bounded("beta2", &OptimizerConfig::beta2, kUnitOpen),
+    bounded("eps", &OptimizerConfig::eps, kPositive),
+    bounded("initial_accumulator", &OptimizerConfig::initial_accumulator, kNonNegative),
+    bounded("weight_decay", &OptimizerConfig::weight_decay, kNonNegative),
 };
 
 const std::vector<Field<DataConfig>> kDataFields = {
     choice("name", &DataConfig::name, {"fashion-mnist", "synthetic"}),
     text("dir", &DataConfig::dir),
-    integer("synthetic_train", &DataConfig::synthetic_train, at_least(1)),
-    integer("synthetic_test", &DataConfig::synthetic_test, at_least(1)),
+    bounded("synthetic_train", &DataConfig::synthetic_train, at_least(1)),
+    bounded("synthetic_test", &DataConfig::synthetic_test, at_least(1)),
 };
 
 const std::vector<Field<TrainConfig>> kTrainFields = {
-    integer("batch_size", &TrainConfig::batch_size, at_least(1)),
-    real("epochs", &TrainConfig::epochs, kPositive),
-    integer("seed", &TrainConfig::seed, at_least(0)),
-    integer("eval_every", &TrainConfig::eval_every, at_least(0)),
-    integer("threads", &TrainConfig::threads, at_least(1)),
-    integer("sync_every", &TrainConfig::sync_every, at_least(1)),
+    bounded("batch_size", &TrainConfig::batch_size, at_least(1)),
+    bounded("epochs", &TrainConfig::epochs, kPositive),
+    bounded("seed", &TrainConfig::seed, at_least(0)),
+    bounded("eval_every", &TrainConfig::eval_every, at_least(0)),
+    bounded("threads", &TrainConfig::threads, at_least(1)),
+    bounded("sync_every", &TrainConfig::sync_every, at_least(1)),
     flag("lr_scaling", &TrainConfig::lr_scaling),
-    integer("warmup_steps", &TrainConfig::warmup_steps, at_least(0)),
+    bounded("warmup_steps", &TrainConfig::warmup_steps, at_least(0)),
     // Whether it names a worker is checked across sections (check_across).
-    integer("straggler_worker", &TrainConfig::straggler_worker, at_least(-1)),
-    real("straggler_delay_ms", &TrainConfig::straggler_delay_ms, kNonNegative),
-    integer("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
+    bounded("straggler_worker", &TrainConfig::straggler_worker, at_least(-1)),
+    bounded("straggler_delay_ms", &TrainConfig::straggler_delay_ms, kNonNegative),
+    bounded("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
 };
 
 const std::vector<Field<NetConfig>> kNetFields = {
-    integer("chunk_bytes", &NetConfig::chunk_bytes, between(4, ShardMap::kMaxChunkBytes)),
-    real("request_timeout", &NetConfig::request_timeout, kPositive),
-    real("worker_timeout", &NetConfig::worker_timeout, kPositive),
+    bounded("chunk_bytes", &NetConfig::chunk_bytes, between(4, ShardMap::kMaxChunkBytes)),
+    bounded("request_timeout", &NetConfig::request_timeout, kPositive),
+    bounded("worker_timeout", &NetConfig::worker_timeout, kPositive),
     // Shorter than worker_timeout: checked across sections.
-    real("heartbeat", &NetConfig::heartbeat, kPositive),
+    bounded("heartbeat", &NetConfig::heartbeat, kPositive),
 };
 
 const std::vector<Field<PsEndpoint>> kPsFields = {
     required(text("host", &PsEndpoint::host), "the address others dial"),
-    required(integer("port", &PsEndpoint::port, between(1, 65535)), ""),
+    required(bounded("port", &PsEndpoint::port, between(1, 65535)), ""),
     // Written as the address actually bound, so the canonical form says
     // where the server listens.
     written_as(text("bind", &PsEndpoint::bind),
@@ -139,7 +139,7 @@ struct WorkerGroup {
 std::vector<Field<WorkerGroup>> worker_group_fields() {
   // Bounded by the port space: in sync mode every worker listens on its own port.
   std::vector<Field<WorkerGroup>> fields = {
-      required(integer("count", &WorkerGroup::count, between(1, 65535)), "how many workers")};
+      required(bounded("count", &WorkerGroup::count, between(1, 65535)), "how many workers")};
   for (const auto& f : kWorkerFields)
     if (f.key != "gpu") fields.push_back(inside(&WorkerGroup::spec, f));
   return fields;
@@ -159,7 +159,7 @@ LayerKind layer_kind(const std::string& type,
   LayerKind kind{type, {text("type", &ModelLayer::type)}};
   for (const auto& [key, member] : sizes) {
     kind.fields.push_back(
-        required(integer(key, member, at_least(1)), "required for a " + type + " layer"));
+        required(bounded(key, member, at_least(1)), "required for a " + type + " layer"));
   }
   return kind;
 }

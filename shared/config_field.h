@@ -41,28 +41,24 @@ template <class S, class T, class Parse, class Show>
 Field<S> scalar(std::string key, T S::*member, Parse parse, Show show) {
   std::vector<std::string> keys = {key};
   return {.key = std::move(key),
-          .read = [member, parse](const Reader& r, const YAML::Node& node,
-                                  const std::string& path, S& s) { s.*member = parse(r, node, path); },
+          .read =
+              [member, parse](const Reader& r, const YAML::Node& node, const std::string& path,
+                              S& s) { s.*member = parse(r, node, path); },
           .write = [member, show](YAML::Emitter& out, const S& s) { out << show(s.*member); },
           .keys = std::move(keys)};
 }
 
+// A number within `range`: an integer or a real one, as the member is.
 template <class S, class T>
-Field<S> integer(std::string key, T S::*member, Range range) {
+Field<S> bounded(std::string key, T S::*member, Range range) {
   return scalar(
       std::move(key), member,
       [range](const Reader& r, const YAML::Node& node, const std::string& path) {
-        return r.integer<T>(node, path, range);
-      },
-      [](T value) { return number(value); });
-}
-
-template <class S, class T>
-Field<S> real(std::string key, T S::*member, Range range) {
-  return scalar(
-      std::move(key), member,
-      [range](const Reader& r, const YAML::Node& node, const std::string& path) {
-        return r.real<T>(node, path, range);
+        if constexpr (std::is_integral_v<T>) {
+          return r.integer<T>(node, path, range);
+        } else {
+          return r.real<T>(node, path, range);
+        }
       },
       [](T value) { return number(value); });
 }
