@@ -153,7 +153,7 @@ struct Target {
   Target(const Setup& setup, std::vector<VariableSpec> variables)
       : servers(static_cast<std::uint32_t>(setup.config.ps.size())),
         vars(variables),
-        map(std::move(variables), servers, setup.config.net.chunk_bytes),
+        map(shard_map_for(setup.config, std::move(variables))),
         ps(setup.config, 0, map),
         raw(setup.raw_ports) {
     ps.hello();

@@ -55,7 +55,7 @@ Row measure(const ClusterConfig& config, const Dataset& data, int steps, int bat
   Model model(config.model, *backend, InputShape{data.channels, data.height, data.width},
               data.classes, batch);
   WorkerShard shard(data, 0, 1, 1);
-  PsClient ps(config, 0, ShardMap(model.variables(), 1, config.net.chunk_bytes));
+  PsClient ps(config, 0, shard_map_for(config, model.variables()));
   ps.hello();
   ps.init(1);
   const auto& vars = model.variables();

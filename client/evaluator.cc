@@ -37,10 +37,7 @@ Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset 
   model_ = std::make_unique<Model>(
       config.model, *backend_, InputShape{test_.channels, test_.height, test_.width},
       test_.classes, kEvalBatch);
-  ps_ = std::make_unique<PsClient>(
-      config, sender,
-      ShardMap(model_->variables(), static_cast<std::uint32_t>(config.ps.size()),
-               config.net.chunk_bytes));
+  ps_ = std::make_unique<PsClient>(config, sender, shard_map_for(config, model_->variables()));
   ps_->hello();
   thread_ = std::thread([this] { loop(); });
 }

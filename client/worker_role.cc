@@ -60,9 +60,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
       model.parameter_count(), " parameters), ", shard.size(), " training samples of ",
       train.size(), ", batch ", config.train.batch_size);
 
-  PsClient ps(config, index,
-              ShardMap(model.variables(), static_cast<std::uint32_t>(config.ps.size()),
-                       config.net.chunk_bytes));
+  PsClient ps(config, index, shard_map_for(config, model.variables()));
   ps.hello();
   ps.init(config.train.seed);
 

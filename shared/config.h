@@ -1,7 +1,7 @@
 #pragma once
 // The cluster configuration: cluster.yaml plus --set overrides, validated.
 //
-// One schema for every role (documented in README.md, "cluster.yaml"). Every
+// One schema for every role (documented in docs/config.md). Every
 // wrong, missing or unknown key raises ConfigError naming the key's dotted
 // path and what was expected. `auto` values (workers: auto, device: auto) are
 // left for the launcher to resolve; a process given an unresolved `auto` that
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shared/optimizer.h"
+#include "shared/shard_map.h"
 
 namespace pstrain {
 
@@ -76,7 +77,7 @@ struct TrainConfig {
 };
 
 struct NetConfig {
-  std::uint64_t chunk_bytes = 256 * 1024;
+  std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes;
   double request_timeout = 30;   // s: a ps that does not answer is an error
   double worker_timeout = 60;    // s: a ps exits when no worker was heard for this long
   double heartbeat = 1;          // s between worker heartbeats
@@ -118,6 +119,11 @@ ClusterConfig parse_config(const std::string& yaml_text,
 // two processes of a run disagree.
 std::string config_differences(const std::string& a_yaml, const std::string& b_yaml,
                                std::size_t limit = 5);
+
+// Every dotted key the schema accepts, list entries as N ("ps.N.port",
+// "workers.count", "train.seed"), in the order to_yaml writes them; the
+// documentation test checks that docs/config.md describes each.
+std::vector<std::string> config_keys();
 
 std::string_view to_string(Mode mode);
 std::string_view to_string(Device device);

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "shared/config.h"
+
 namespace pstrain {
 
 ShardMap::ShardMap(std::vector<VariableSpec> variables, std::uint32_t servers,
@@ -82,6 +84,11 @@ std::span<const ChunkRef> ShardMap::chunks(std::uint32_t variable) const {
     throw std::out_of_range("shard map: no variable #" + std::to_string(variable));
   return {chunks_.data() + first_chunk_[variable],
           first_chunk_[variable + 1] - first_chunk_[variable]};
+}
+
+ShardMap shard_map_for(const ClusterConfig& config, std::vector<VariableSpec> variables) {
+  return ShardMap(std::move(variables), static_cast<std::uint32_t>(config.ps.size()),
+                  config.net.chunk_bytes);
 }
 
 }  // namespace pstrain

@@ -20,6 +20,8 @@
 
 namespace pstrain {
 
+struct ClusterConfig;
+
 struct VariableSpec {
   std::string name;
   std::uint64_t size = 0;  // float32 elements
@@ -63,5 +65,10 @@ class ShardMap {
   std::vector<std::size_t> first_chunk_;  // per variable, plus one past the end
   std::vector<std::uint64_t> bytes_on_;
 };
+
+// The map of a run: `variables` over the config's parameter servers in
+// chunks of its net.chunk_bytes. Every process that talks to the servers
+// builds it this way, so they all agree.
+ShardMap shard_map_for(const ClusterConfig& config, std::vector<VariableSpec> variables);
 
 }  // namespace pstrain

@@ -1,57 +1,51 @@
-"""cluster.yaml as the tools see it: load, apply --set overrides, resolve `auto`.
+"""The cluster file as the tools see it: pstrain resolves it, the tools only `auto`.
 
-The full validation is pstrain's own (`pstrain --check`); this module only
-reads what the launcher needs: the job name, the ps list and the workers.
+`pstrain --check` applies the --set overrides and validates the file with the
+code every process runs, and prints the resolved configuration. This module
+reads that output and makes `workers: auto`, `device: auto` and `gpu: auto`
+explicit, which needs this host's GPUs. The answer goes back to pstrain as
+one more override, so the file the processes read is pstrain's own output:
+the tools never apply an override or spell a value themselves.
 """
 
-import copy
+import json
 import os
 import shutil
 import subprocess
+import sys
 
 import yaml
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 class ConfigError(Exception):
-    pass
+    """pstrain rejected the file or the overrides; `code` is its exit code."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
 
 
-def load(path, overrides=()):
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    for o in overrides:
-        apply_override(doc, o)
-    return doc
+def pstrain_binary(tool):
+    """$PSTRAIN, else build/pstrain; `tool` exits naming itself if there is none."""
+    path = os.environ.get("PSTRAIN") or os.path.join(ROOT, "build", "pstrain")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        sys.exit(f"{tool}: no pstrain binary at {path}; build it (tools/build) or set $PSTRAIN")
+    return os.path.abspath(path)
 
 
-def apply_override(doc, override):
-    """Sets a dotted key ("optimizer.lr=0.05", "workers.1.device=cpu")."""
-    if "=" not in override:
-        raise ConfigError(f"--set {override}: expected key=value")
-    key, value = override.split("=", 1)
-    parts = key.split(".")
-    node = doc
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"--set {key}: '{part}' is not an index of the list")
-            part = int(part)
-        elif not isinstance(node, dict):
-            raise ConfigError(f"--set {key}: '{parts[i - 1]}' is not a mapping")
-        if last:
-            node[part] = yaml.safe_load(value) if value else ""
-        else:
-            if isinstance(node, dict) and part not in node:
-                node[part] = {}
-            node = node[part]
+def check(binary, cluster, overrides=()):
+    """(text, doc): the resolved configuration as pstrain prints it, and
+    parsed. Every value in `doc` is a string, exactly as pstrain wrote it:
+    YAML 1.1's guesses would turn a job named `yes` into a boolean."""
+    r = subprocess.run([binary, "--check", "--cluster", cluster]
+                       + [a for o in overrides for a in ("--set", o)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ConfigError(r.stderr.strip() or f"pstrain --check {cluster} exited with code "
+                          f"{r.returncode}", r.returncode)
+    return r.stdout, yaml.load(r.stdout, Loader=yaml.BaseLoader)
 
 
 def gpu_count():
@@ -70,48 +64,44 @@ def gpu_count():
     return len(lines)
 
 
-def resolve(doc, cpu_workers=2):
-    """A copy of `doc` with an explicit workers list and no `auto` left."""
-    cfg = copy.deepcopy(doc)
-    for key in ("ps", "workers"):
-        if key not in cfg:
-            raise ConfigError(f"{key}: missing (expected a list)")
-    if not isinstance(cfg["ps"], list) or not cfg["ps"]:
-        raise ConfigError("ps: expected a non-empty list of {host, port}")
-    cfg.setdefault("job", "pstrain")
-
-    workers = cfg["workers"]
+def auto_overrides(doc, cpu_workers=2):
+    """The --set overrides that make the `auto` values of a checked `doc`
+    explicit; [] when it has none. `workers: auto` is one CUDA worker per GPU
+    of this host, else `cpu_workers` CPU workers; `device: auto` is cuda when
+    this host has a GPU; the CUDA workers with `gpu: auto` get GPUs 0, 1, ...
+    of their host in turn."""
     gpus = None
-    if workers == "auto":
-        gpus = gpu_count()
-        workers = ([{"host": "127.0.0.1", "device": "cuda", "gpu": i} for i in range(gpus)]
-                   or [{"host": "127.0.0.1", "device": "cpu"} for _ in range(cpu_workers)])
-    elif isinstance(workers, dict):
-        count = workers.get("count")
-        if not isinstance(count, int) or count < 1:
-            raise ConfigError("workers.count: expected an integer >= 1")
-        entry = {k: v for k, v in workers.items() if k != "count"}
-        workers = [dict(entry) for _ in range(count)]
-    elif not isinstance(workers, list) or not workers:
-        raise ConfigError("workers: expected a list, {count: N, host: H} or auto")
 
+    def host_gpus():
+        nonlocal gpus
+        if gpus is None:
+            gpus = gpu_count()
+        return gpus
+
+    workers = doc["workers"]
+    changed = workers == "auto"
+    if changed:
+        workers = ([{"host": "127.0.0.1", "device": "cuda", "gpu": str(i)}
+                    for i in range(host_gpus())]
+                   or [{"host": "127.0.0.1", "device": "cpu", "gpu": "auto"}
+                       for _ in range(cpu_workers)])
     next_gpu = {}
     for w in workers:
-        w.setdefault("host", "127.0.0.1")
-        if w.get("device", "cpu") == "auto":
-            if gpus is None:
-                gpus = gpu_count()
-            w["device"] = "cuda" if gpus else "cpu"
-        if w.get("device") == "cuda" and w.get("gpu", "auto") in ("auto", -1):
-            w["gpu"] = next_gpu.get(w["host"], 0)
-            next_gpu[w["host"]] = w["gpu"] + 1
-    cfg["workers"] = workers
-    return cfg
+        if w["device"] == "auto":
+            w["device"] = "cuda" if host_gpus() else "cpu"
+            changed = True
+        if w["device"] == "cuda" and w["gpu"] == "auto":
+            w["gpu"] = str(next_gpu.get(w["host"], 0))
+            next_gpu[w["host"]] = int(w["gpu"]) + 1
+            changed = True
+    # JSON is YAML: every value quoted, so pstrain reads back what we meant.
+    return [f"workers={json.dumps(workers)}"] if changed else []
 
 
-def write(cfg, path):
+def write(text, path):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write("# Resolved by tools/launch: overrides applied, `auto` values made explicit.\n")
-        yaml.safe_dump(cfg, f, sort_keys=False)
+        f.write("# Resolved by pstrain --check for tools/launch: overrides applied, "
+                "`auto` values made explicit.\n")
+        f.write(text)
     os.replace(tmp, path)

@@ -16,7 +16,7 @@ using namespace std::chrono_literals;
 namespace {
 
 ShardMap small_map(const ClusterConfig& c) {
-  return ShardMap({{"w", 8, {}}}, static_cast<std::uint32_t>(c.ps.size()));
+  return shard_map_for(c, {{"w", 8, {}}});
 }
 
 }  // namespace

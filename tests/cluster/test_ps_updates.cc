@@ -24,7 +24,7 @@ std::vector<VariableSpec> variables() {
 }
 
 ShardMap shard_map(const ClusterConfig& c) {
-  return ShardMap(variables(), static_cast<std::uint32_t>(c.ps.size()), c.net.chunk_bytes);
+  return shard_map_for(c, variables());
 }
 
 // Gradient of client k at step s for element i: an integer in [-1, 3], so

@@ -27,7 +27,7 @@ std::vector<std::vector<float>> train_and_pull(Backend& backend) {
   const Dataset data = load_dataset(config.data, true);
   WorkerShard shard(data, 0, 1, config.train.seed);
   Model model(config.model, backend, {1, 28, 28}, 10, static_cast<int>(config.train.batch_size));
-  PsClient ps(config, 0, ShardMap(model.variables(), 2, config.net.chunk_bytes));
+  PsClient ps(config, 0, shard_map_for(config, model.variables()));
   ps.hello();
   ps.init(config.train.seed);
   MetricsFile metrics(cluster.dir() / "worker0.metrics.jsonl");

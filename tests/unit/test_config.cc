@@ -2,7 +2,10 @@
 // the error messages users see for bad files.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -381,6 +384,32 @@ TEST_CASE("config: load_config names the file it cannot read") {
   const auto good = dir.path() / "good.yaml";
   std::ofstream(good) << kMinimal;
   CHECK(load_config(good, {"train.seed=5"}).train.seed == 5);
+}
+
+TEST_CASE("config: config_keys lists every key of the tables once") {
+  const auto keys = config_keys();
+  CHECK(std::set<std::string>(keys.begin(), keys.end()).size() == keys.size());
+  for (const char* key : {"job", "run_dir", "mode", "ps", "ps.N.host", "ps.N.port", "ps.N.bind",
+                          "workers", "workers.N.gpu", "workers.count", "workers.device",
+                          "optimizer.name", "optimizer.weight_decay", "model", "model.N.type",
+                          "model.N.kernel", "data.dir", "train.seed", "train.bucket_bytes",
+                          "net.chunk_bytes", "net.heartbeat"}) {
+    INFO(key);
+    CHECK(std::find(keys.begin(), keys.end(), key) != keys.end());
+  }
+  // Sections and lists appear by their keys, not as keys of their own.
+  CHECK(std::find(keys.begin(), keys.end(), "train") == keys.end());
+}
+
+TEST_CASE("config: docs/config.md documents every key") {
+  const auto path = std::filesystem::path(PSTRAIN_SOURCE_DIR) / "docs" / "config.md";
+  std::ifstream in(path);
+  REQUIRE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& key : config_keys()) {
+    INFO("docs/config.md does not mention `" << key << "`");
+    CHECK(doc.find("`" + key + "`") != std::string::npos);
+  }
 }
 
 }  // namespace pstrain

@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "shared/config.h"
 #include "shared/shard_map.h"
 
 using namespace pstrain;
@@ -95,4 +96,15 @@ TEST_CASE("shard map: the 16 MiB chunk limit and bad input") {
   CHECK_THROWS_AS(ShardMap({{"w", 1, {}}, {"w", 2, {}}}, 1), std::invalid_argument);
   CHECK(map.find("w") == 0u);
   CHECK(!map.find("x"));
+}
+
+TEST_CASE("shard map: a run's map has the config's servers and chunk size") {
+  ClusterConfig config;
+  CHECK(config.net.chunk_bytes == ShardMap::kDefaultChunkBytes);
+  config.ps.resize(3);
+  config.net.chunk_bytes = 1024;
+  const ShardMap map = shard_map_for(config, {{"w", 1000, {}}});
+  CHECK(map.servers() == 3);
+  CHECK(map.chunk_bytes() == 1024);
+  CHECK(map.chunks(0).size() == 6);  // 4000 bytes: 4 chunks of 1 KiB, rounded up to a multiple of 3 servers
 }
