@@ -4,7 +4,6 @@
 #include "client/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -290,20 +289,9 @@ void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const floa
                                   float* state, std::size_t n, std::uint64_t step,
                                   float lr_scale) {
   if (n == 0) return;
-  // Adam's bias corrections once per call, in double, exactly as Optimizer.
-  const auto t = static_cast<double>(step == 0 ? 1 : step);
-  const kernels::OptimizerArgs args{c.kind,
-                                    c.lr * lr_scale,
-                                    c.momentum,
-                                    c.beta1,
-                                    c.beta2,
-                                    c.eps,
-                                    c.weight_decay,
-                                    static_cast<float>(1.0 - std::pow(double(c.beta1), t)),
-                                    static_cast<float>(1.0 - std::pow(double(c.beta2), t)),
-                                    c.nesterov};
+  const auto s = opt::OptimizerStep::make(c, n, step, lr_scale);
   compute({w, g, state}, [&](cudaStream_t st) {
-    kernels::optimizer(on(st), args, w, g, state, n);
+    kernels::optimizer(on(st), s, w, g, state);
   });
 }
 

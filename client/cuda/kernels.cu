@@ -233,27 +233,11 @@ __global__ void softmax_xent_kernel(const float* logits, const std::int32_t* lab
   }
 }
 
-__global__ void optimizer_kernel(OptimizerArgs a, float* w, const float* g, float* state,
-                                 std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x) {
-    switch (a.kind) {
-      case OptimizerKind::sgd:
-        opt::sgd_step(w[i], g[i], a.lr, a.weight_decay);
-        break;
-      case OptimizerKind::momentum:
-        opt::momentum_step(w[i], state[i], g[i], a.lr, a.momentum, a.weight_decay,
-                           a.nesterov);
-        break;
-      case OptimizerKind::adam:
-        opt::adam_step(w[i], state[i], state[n + i], g[i], a.lr, a.beta1, a.beta2, a.eps,
-                       a.bias1, a.bias2, a.weight_decay);
-        break;
-      case OptimizerKind::adagrad:
-        opt::adagrad_step(w[i], state[i], g[i], a.lr, a.eps, a.weight_decay);
-        break;
-    }
-  }
+// The same per-element dispatch as the CPU's Optimizer (shared/optimizer_math.h).
+__global__ void optimizer_kernel(opt::OptimizerStep s, float* w, const float* g, float* state) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < s.n;
+       i += std::size_t{gridDim.x} * blockDim.x)
+    s.apply(i, w[i], g[i], state);
 }
 
 // Grid-stride kernels need no more blocks than keep every SM busy.
@@ -352,9 +336,9 @@ void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labe
   check_launch("softmax_xent_kernel");
 }
 
-void optimizer(const Launch& l, const OptimizerArgs& args, float* w, const float* g,
-               float* state, std::size_t n) {
-  optimizer_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(args, w, g, state, n);
+void optimizer(const Launch& l, const opt::OptimizerStep& step, float* w, const float* g,
+               float* state) {
+  optimizer_kernel<<<grid_for(step.n, l.sm_count), kThreads, 0, l.stream>>>(step, w, g, state);
   check_launch("optimizer_kernel");
 }
 

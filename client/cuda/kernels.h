@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "shared/optimizer.h"
+#include "shared/optimizer_math.h"
 
 namespace pstrain::cuda::kernels {
 
@@ -57,14 +57,9 @@ void scatter_add(const Launch& l, const float* dy, const std::int32_t* index, fl
 void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels,
                   float* dlogits, float* loss, float* correct, int n, int classes);
 
-// One optimizer step per element (shared/optimizer_math.h); bias1 and bias2
-// are Adam's bias corrections for this step.
-struct OptimizerArgs {
-  OptimizerKind kind;
-  float lr, momentum, beta1, beta2, eps, weight_decay, bias1, bias2;
-  bool nesterov;
-};
-void optimizer(const Launch& l, const OptimizerArgs& args, float* w, const float* g,
-               float* state, std::size_t n);
+// One optimizer step over step.n elements, through the dispatch the CPU's
+// Optimizer uses (shared/optimizer_math.h).
+void optimizer(const Launch& l, const opt::OptimizerStep& step, float* w, const float* g,
+               float* state);
 
 }  // namespace pstrain::cuda::kernels
