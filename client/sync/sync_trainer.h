@@ -3,7 +3,8 @@
 // own batch, the workers sum them with an all-reduce (Communicator), and each
 // applies the same averaged gradient with the same optimizer to its own
 // replica of the weights, so the replicas stay bit-identical without ever
-// exchanging weights. The parameter servers only hold a copy for evaluation,
+// exchanging weights (CPU workers of one build, whatever their SIMD level;
+// not CPU against GPU: docs/sync.md, "Bit-identical replicas"). The parameter servers only hold a copy for evaluation,
 // snapshots and the saved model: worker 0 writes it every train.sync_every
 // steps and at the end.
 //
