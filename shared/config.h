@@ -1,7 +1,7 @@
 #pragma once
 // The cluster configuration: cluster.yaml plus --set overrides, validated.
 //
-// One schema for every role (documented in README.md, "cluster.yaml"). Every
+// One schema for every role (documented in docs/config.md). Every
 // wrong, missing or unknown key raises ConfigError naming the key's dotted
 // path and what was expected. `auto` values (workers: auto, device: auto) are
 // left for the launcher to resolve; a process given an unresolved `auto` that
