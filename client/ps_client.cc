@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
@@ -10,7 +11,7 @@
 #include <zmq_addon.hpp>
 
 #include "shared/init.h"
-#include "shared/protocol.h"
+#include "shared/messages.h"
 
 namespace pstrain {
 
@@ -130,7 +131,7 @@ struct PsClient::Impl {
     const bool has_payload = !floats.empty() || h.dtype == wire::DType::bytes;
     if (has_payload) {
       h.payload_frames = 1;
-      h.count = floats.empty() ? bytes.size() : floats.size();
+      h.elements = floats.empty() ? bytes.size() : floats.size();
     }
     const auto header = wire::encode_header(h);
     auto& socket = sockets[r.server];
@@ -162,8 +163,7 @@ struct PsClient::Impl {
     for (const auto& c : map.chunks(v)) {
       Header h;
       h.op = op;
-      h.variable = map.variables()[v].name;
-      h.chunk = c.index;
+      wire::ChunkRequest{map.variables()[v].name, c.index}.write(h);
       const auto payload = grad.empty() ? grad : grad.subspan(c.offset, c.count);
       send(id, t, {0, c.server, &c, out.empty() ? nullptr : out.data()}, std::move(h), payload);
     }
@@ -178,7 +178,7 @@ struct PsClient::Impl {
         throw std::invalid_argument("ps client: no ps " + std::to_string(s) + " (the cluster has " +
                                     std::to_string(addresses.size()) + ")");
     h.op = op;
-    auto [id, t] = start(op, h.variable, timeout_s);
+    auto [id, t] = start(op, h.name, timeout_s);
     for (auto s : servers) send(id, t, {0, s, nullptr, nullptr}, h, {}, bytes);
     auto replies = finish(id, t);
     std::ranges::sort(replies, {}, &Reply::server);
@@ -296,7 +296,7 @@ struct PsClient::Impl {
     auto& t = *tickets.at(r.ticket);
     --t.replies_left;
     try {
-      if (h.status == wire::Status::error) throw PsError(h.text);
+      if (h.status == wire::Status::error) throw PsError(wire::ErrorReply::read(h).text);
       if (h.op != t.op)
         throw PsError("reply is for " + std::string(wire::to_string(h.op)));
       if (frames.size() != 1 + h.payload_frames)
@@ -324,17 +324,18 @@ struct PsClient::Impl {
                         std::vector<zmq::message_t>& frames) {
     const auto& c = *r.chunk;
     const auto g = static_cast<std::size_t>(&c - map.all_chunks().data());
+    const auto version = wire::ChunkReply::read(h).version;
     if (t.op == Op::push || t.op == Op::push_pull) {
-      const auto before = h.version == 0 ? 0 : h.version - 1;
+      const auto before = version == 0 ? 0 : version - 1;
       t.staleness_sum += static_cast<double>(before - std::min(before, pulled_version[g]));
       ++t.staleness_chunks;
     }
     if (t.op == Op::pull || t.op == Op::push_pull) {
-      if (h.payload_frames != 1 || h.dtype != wire::DType::f32 || h.count != c.count)
+      if (h.payload_frames != 1 || h.dtype != wire::DType::f32 || h.elements != c.count)
         throw PsError("chunk " + std::to_string(c.index) + " reply carries " +
-                      std::to_string(h.count) + " values, expected " + std::to_string(c.count));
+                      std::to_string(h.elements) + " values, expected " + std::to_string(c.count));
       std::memcpy(r.out + c.offset, frames[1].data(), frames[1].size());
-      pulled_version[g] = h.version;
+      pulled_version[g] = version;
     }
   }
 };
@@ -361,7 +362,7 @@ const ShardMap& PsClient::map() const { return impl_->map; }
 
 void PsClient::hello() {
   Header h;
-  h.text = impl_->options.config_yaml;
+  wire::Hello{impl_->options.config_yaml}.write(h);
   impl_->control(Op::hello, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
 }
 
@@ -376,8 +377,7 @@ void PsClient::init(std::uint64_t seed) {
     init_fill(v, seed, var.name, c.offset, var.init);
     Header h;
     h.op = Op::init;
-    h.variable = var.name;
-    h.chunk = c.index;
+    wire::ChunkRequest{var.name, c.index}.write(h);
     impl_->send(id, t, {0, c.server, nullptr, nullptr}, std::move(h), v);
   }
   impl_->finish(id, t);
@@ -418,8 +418,7 @@ void PsClient::barrier(const std::string& name, std::uint32_t count,
                        const std::function<void(std::uint64_t)>& while_waiting) {
   Header h;
   h.op = Op::barrier;
-  h.variable = name;
-  h.count = count;
+  wire::Barrier{name, count}.write(h);
   auto& impl = *impl_;
   // A barrier may wait far longer than any request timeout (the slowest
   // worker decides), so it has none of its own: while it waits, heartbeats
@@ -439,41 +438,46 @@ void PsClient::barrier(const std::string& name, std::uint32_t count,
 
 std::uint64_t PsClient::heartbeat(std::uint64_t samples_since_last) {
   Header h;
-  h.count = samples_since_last;
-  return impl_->control(Op::heartbeat, impl_->all_servers(), std::move(h),
-                        impl_->options.timeout_s)
-      .front()
-      .header.version;
+  wire::Heartbeat{samples_since_last}.write(h);
+  const auto replies =
+      impl_->control(Op::heartbeat, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
+  return wire::GlobalSamples::read(replies.front().header).global_samples;
 }
 
 void PsClient::done(std::uint64_t total_samples) {
   Header h;
-  h.count = total_samples;
+  wire::Done{total_samples}.write(h);
   impl_->control(Op::done, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
 }
 
 void PsClient::kv_set(const std::string& key, std::span<const std::uint8_t> value) {
   Header h;
-  h.variable = key;
+  wire::KvSet{key}.write(h);
   h.dtype = wire::DType::bytes;
   impl_->control(Op::kv_set, {0}, std::move(h), impl_->options.timeout_s, value);
 }
 
 std::vector<std::uint8_t> PsClient::kv_get(const std::string& key, double timeout_s) {
+  if (!(timeout_s >= 0))
+    throw std::invalid_argument("ps client: kv_get of '" + key + "': timeout of " +
+                                std::to_string(timeout_s) + " s");
+  // Whole milliseconds on the wire; a wait too long to count is the ps's to refuse.
+  const double ms = std::round(timeout_s * 1000);
   Header h;
-  h.variable = key;
-  h.text = std::to_string(timeout_s);
+  wire::KvGet{key, ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}.write(h);
   auto replies = impl_->control(Op::kv_get, {0}, std::move(h),
                                 timeout_s + impl_->options.timeout_s);
   return std::move(replies.front().bytes);
 }
 
 std::string PsClient::snapshot(std::uint32_t server) {
-  return impl_->control(Op::snapshot, {server}, {}, impl_->options.timeout_s).front().header.text;
+  const auto replies = impl_->control(Op::snapshot, {server}, {}, impl_->options.timeout_s);
+  return wire::SnapshotReply::read(replies.front().header).path;
 }
 
 std::string PsClient::stats(std::uint32_t server) {
-  return impl_->control(Op::stats, {server}, {}, impl_->options.timeout_s).front().header.text;
+  const auto replies = impl_->control(Op::stats, {server}, {}, impl_->options.timeout_s);
+  return wire::StatsReply::read(replies.front().header).json;
 }
 
 void PsClient::shutdown(std::uint32_t server) {

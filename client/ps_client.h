@@ -87,6 +87,8 @@ class PsClient {
   std::uint64_t heartbeat(std::uint64_t samples_since_last);
   void done(std::uint64_t total_samples);  // tells every ps this worker finished
   void kv_set(const std::string& key, std::span<const std::uint8_t> value);
+  // Waits up to `timeout_s` (>= 0, at most a day; whole milliseconds on the
+  // wire) on ps 0 for `key`; throws PsError when it is not set by then.
   std::vector<std::uint8_t> kv_get(const std::string& key, double timeout_s);
   std::string snapshot(std::uint32_t server);  // returns the snapshot's path
   std::string stats(std::uint32_t server);     // JSON

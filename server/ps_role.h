@@ -9,9 +9,11 @@
 // be bound; 1 on a network error while serving.
 //
 // Log lines go to stderr and run_dir/ps<index>.log (the CLI opens the log). The
-// stats op answers JSON: requests per op, errors, malformed, bytes_in,
-// bytes_out, optimizer_seconds, updates, copies_on_write, chunks, elements,
-// version_sum, version_max, global_samples, uptime_seconds.
+// stats op answers JSON (keys in server/ps_stats.h).
+//
+// The ps is built of: server/request_loop.h (socket, decoding, dispatch,
+// replies), server/coordinator.h (barriers, kv store, liveness, exit policy),
+// server/data_handlers.h (chunk ops, snapshot, restore), server/ps_stats.h.
 #include <cstdint>
 #include <filesystem>
 #include <optional>

@@ -114,10 +114,10 @@ void Header::serialize(Archive& ar) {
   ar(protocol);
   detail::enum_field(ar, op);
   ar(request_id, sender, run_id);
-  detail::string_field(ar, variable, kMaxNameBytes, "variable");
-  ar(chunk, version);
+  detail::string_field(ar, name, kMaxNameBytes, "name");
+  ar(chunk, version, arg);
   detail::enum_field(ar, dtype);
-  ar(count, payload_frames);
+  ar(elements, payload_frames);
   detail::enum_field(ar, status);
   detail::string_field(ar, text, kMaxTextBytes, "text");
 }
@@ -155,7 +155,7 @@ std::size_t element_bytes(DType type) {
 
 std::vector<std::uint8_t> encode_header(const Header& header) {
   std::vector<std::uint8_t> out;
-  out.reserve(64 + header.variable.size() + header.text.size());
+  out.reserve(72 + header.name.size() + header.text.size());
   detail::VectorOutputArchive ar(out);
   // serialize() is non-const because loading shares it; saving only reads.
   ar(const_cast<Header&>(header));
@@ -182,10 +182,11 @@ Header decode_header(std::span<const std::uint8_t> frame) {
   if (h.payload_frames > kMaxPayloadFrames)
     throw ProtocolError("payload_frames is " + std::to_string(h.payload_frames) +
                         ", more than the limit of " + std::to_string(kMaxPayloadFrames));
-  // Without payload frames `count` is an op's argument (samples, barrier size)
-  // and may be large; with them it sizes the frames.
-  if (h.payload_frames > 0 && h.count > kMaxPayloadBytes / element_bytes(h.dtype))
-    throw ProtocolError("payload of " + std::to_string(h.count) + " elements of " +
+  if (h.payload_frames == 0 && h.elements != 0)
+    throw ProtocolError("elements is " + std::to_string(h.elements) +
+                        " but the header declares no payload frames");
+  if (h.elements > kMaxPayloadBytes / element_bytes(h.dtype))
+    throw ProtocolError("payload of " + std::to_string(h.elements) + " elements of " +
                         std::to_string(element_bytes(h.dtype)) +
                         " B exceeds the limit of " + std::to_string(kMaxPayloadBytes) + " B");
   return h;
@@ -195,11 +196,11 @@ void check_payload(const Header& header, std::size_t index, std::size_t frame_by
   if (index >= header.payload_frames)
     throw ProtocolError("payload frame " + std::to_string(index) + " is beyond the " +
                         std::to_string(header.payload_frames) + " the header declares");
-  const std::size_t expected = header.count * element_bytes(header.dtype);
+  const std::size_t expected = header.elements * element_bytes(header.dtype);
   if (frame_bytes != expected)
     throw ProtocolError("payload frame " + std::to_string(index) + " is " +
                         std::to_string(frame_bytes) + " bytes, but the header declares " +
-                        std::to_string(header.count) + " elements (" +
+                        std::to_string(header.elements) + " elements (" +
                         std::to_string(expected) + " bytes)");
 }
 
@@ -207,7 +208,7 @@ Header reply_to(const Header& request) {
   Header h;
   h.op = request.op;
   h.request_id = request.request_id;
-  h.variable = request.variable;
+  h.name = request.name;
   h.chunk = request.chunk;
   return h;
 }

@@ -1,11 +1,14 @@
 #pragma once
 // The wire protocol between workers and parameter servers.
 //
-// A message is a multipart ZeroMQ message: one header frame, serialized with
-// Cereal's portable binary archive, followed by `payload_frames` raw frames
-// that hold float32 data exactly as it sits in memory (little-endian hosts
-// only). Payloads never pass through Cereal: the sender hands its buffer to
-// ZeroMQ and the receiver reads the frame in place.
+// A message is a multipart ZeroMQ message: one header frame followed by
+// `payload_frames` raw frames. The header frame is written by Cereal through
+// two small archives of our own (protocol.cc): fixed-width integers as they
+// sit in memory and strings as a u32 length and their bytes, with no stream
+// and no portable-binary endianness handling (little-endian hosts only, which
+// protocol.cc asserts). Payload frames hold float32 data or raw bytes exactly
+// as they sit in memory and never pass through Cereal: the sender hands its
+// buffer to ZeroMQ and the receiver reads the frame in place.
 //
 // Decoding trusts nothing. Every length the header declares is checked
 // against the frame it came in and against the limits below before anything
@@ -14,7 +17,11 @@
 // field.
 //
 // Every request gets exactly one reply with the same request id and the same
-// op; a failed request gets status=error and `error` naming the problem.
+// op; a failed request gets status=error and its `text` naming the problem.
+//
+// The Header is the frame's fixed set of slots; which slot holds what depends
+// on the op. Code does not read the slots directly: shared/messages.h gives
+// every op's request and reply a typed view.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -25,13 +32,16 @@
 
 namespace pstrain::wire {
 
-inline constexpr std::uint32_t kProtocolVersion = 1;
+// 2: kv_get's timeout is a number (`arg`, milliseconds), op arguments moved
+// from `count` to `arg`, and `count` became `elements` (payload only).
+inline constexpr std::uint32_t kProtocolVersion = 2;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
-inline constexpr std::size_t kMaxNameBytes = 1024;     // variable names, keys
-inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // error text, kv values
-inline constexpr std::size_t kMaxPayloadBytes = 16 * 1024 * 1024;
+inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
+inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
+inline constexpr std::size_t kMaxPayloadBytes = 16 * 1024 * 1024;  // per payload frame (kv values too)
 inline constexpr std::size_t kMaxPayloadFrames = 2;
 
+// Each op's request and reply are described by its view in shared/messages.h.
 enum class Op : std::uint8_t {
   hello = 1,     // protocol version, run id and config hash; refused on mismatch
   init,          // create a chunk if absent (payload: initial values)
@@ -39,14 +49,14 @@ enum class Op : std::uint8_t {
   push,          // payload: gradient, applied with the ps's optimizer
   push_pull,     // push, then reply with the updated values
   assign,        // payload: values that overwrite the chunk (sync mode, restore)
-  barrier,       // reply once `count` distinct senders have entered barrier `text`
-  snapshot,      // write every chunk to run_dir atomically; reply text: path
-  stats,         // reply text: JSON counters of the ps
+  barrier,       // reply once `count` distinct senders have entered the barrier
+  snapshot,      // write every chunk to run_dir atomically; reply: the path
+  stats,         // reply: JSON counters of the ps
   shutdown,      // stop serving after replying
-  kv_set,        // rendezvous store: key `variable`, value = payload bytes
-  kv_get,        // reply when key `variable` exists (or time out), payload: value
-  heartbeat,     // liveness; `count` carries samples trained since the last one
-  done,          // a worker finished; `count` carries its total samples
+  kv_set,        // rendezvous store: set a key; the value is the payload frame
+  kv_get,        // reply when the key exists (or time out), payload: value
+  heartbeat,     // liveness, with the samples trained since the last one
+  done,          // a worker finished, with its total samples
 };
 inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::done);
 
@@ -62,14 +72,15 @@ struct Header {
   std::uint64_t request_id = 0;
   std::uint32_t sender = 0;     // worker index (or a client id for tools)
   std::uint64_t run_id = 0;     // config hash of the run; 0 only in hello replies
-  std::string variable;         // variable name, barrier name or kv key
+  std::string name;             // what the op names: a variable, a barrier or a key
   std::uint32_t chunk = 0;
   std::uint64_t version = 0;    // updates applied to the chunk so far
-  DType dtype = DType::f32;
-  std::uint64_t count = 0;      // elements in the payload, or an op's count
+  std::uint64_t arg = 0;        // the op's number (a count, samples, milliseconds)
+  DType dtype = DType::f32;     // of the payload frames
+  std::uint64_t elements = 0;   // per payload frame; 0 without payload
   std::uint32_t payload_frames = 0;
   Status status = Status::ok;
-  std::string text;             // error text, or an op's text argument/result
+  std::string text;             // error text, or the op's text (config, path, JSON)
 
   template <class Archive>
   void serialize(Archive& ar);  // defined in protocol.cc (bounded strings)
@@ -82,15 +93,16 @@ struct ProtocolError : std::runtime_error {
 std::vector<std::uint8_t> encode_header(const Header& header);
 
 // Decodes and validates a header frame: size limits, known op, dtype and
-// status, string lengths, payload_frames <= kMaxPayloadFrames, and
-// count * element size <= kMaxPayloadBytes. Throws ProtocolError.
+// status, string lengths, payload_frames <= kMaxPayloadFrames, no elements
+// without payload frames, and elements * element size <= kMaxPayloadBytes.
+// Throws ProtocolError.
 Header decode_header(std::span<const std::uint8_t> frame);
 
 // Checks that payload frame `index` of `header` has the declared size
-// (count elements of dtype). Throws ProtocolError naming both sizes.
+// (elements of dtype). Throws ProtocolError naming both sizes.
 void check_payload(const Header& header, std::size_t index, std::size_t frame_bytes);
 
-// A reply header for `request`: same op, request id, variable and chunk.
+// A reply header for `request`: same op, request id, name and chunk.
 Header reply_to(const Header& request);
 Header error_reply(const Header& request, std::string text);
 

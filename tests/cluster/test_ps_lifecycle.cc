@@ -19,6 +19,25 @@ ShardMap small_map(const ClusterConfig& c) {
   return shard_map_for(c, {{"w", 8, {}}});
 }
 
+// Polls ps 0's stats until `key` (parked_barrier, parked_kv_get) equals
+// `value`: the requests a test started on other threads have arrived and
+// are parked. Asks as a tool (not a worker), so liveness is not touched.
+// False after 10 s; the test goes on, so its threads can still be joined.
+bool parked(const ClusterConfig& config, const std::string& key, int value) {
+  PsClient tool(config, 1000, small_map(config));
+  const std::string want = "\"" + key + "\":" + std::to_string(value) + ",";
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::string stats;
+  while ((stats = tool.stats(0)).find(want) == std::string::npos) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      MESSAGE("never " << want << " in " << stats);
+      return false;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("ps: exits 0 once every worker sent done, after replying") {
@@ -29,7 +48,8 @@ TEST_CASE("ps: exits 0 once every worker sent done, after replying") {
   w0.hello();
   w1.hello();
   w0.done(100);
-  CHECK_FALSE(cluster.ps(0).wait_for(300ms).has_value());  // worker 1 still running
+  // Worker 1 is still running, so both ps's still serve.
+  for (std::uint32_t s = 0; s < 2; ++s) CHECK(w0.stats(s).find("\"done\":1}") != std::string::npos);
   w1.done(200);
   for (std::uint32_t s = 0; s < 2; ++s) {
     CHECK(cluster.ps(s).wait_for(10s) == 0);
@@ -98,7 +118,7 @@ TEST_CASE("ps: barrier releases everyone once count distinct senders entered") {
       c.barrier("start", 3);
       ++released;
     });
-  std::this_thread::sleep_for(300ms);
+  CHECK(parked(config, "parked_barrier", 2));
   CHECK(released == 0);  // two of three are waiting
   PsClient last(config, 2, small_map(config));
   last.barrier("start", 3);
@@ -109,7 +129,7 @@ TEST_CASE("ps: barrier releases everyone once count distinct senders entered") {
     PsClient c(config, 1, small_map(config));
     c.barrier("start", 2);
   });
-  std::this_thread::sleep_for(200ms);
+  CHECK(parked(config, "parked_barrier", 1));
   PsClient other(config, 0, small_map(config));
   CHECK_THROWS_WITH_AS(other.barrier("start", 1), doctest::Contains("count 2"), PsError);
   last.barrier("start", 2);
@@ -125,7 +145,7 @@ TEST_CASE("ps: kv_get waits for kv_set without blocking other requests, or times
     PsClient c(config, 1, small_map(config));
     got = c.kv_get("gloo/rank0", 10);
   });
-  std::this_thread::sleep_for(200ms);
+  CHECK(parked(config, "parked_kv_get", 1));
   PsClient setter(config, 0, small_map(config));
   setter.init(1);  // served while the kv_get is parked
   const std::vector<std::uint8_t> value{1, 2, 3, 0, 255};

@@ -6,12 +6,11 @@
 
 #include <cstring>
 #include <random>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "client/ps_client.h"
-#include "shared/protocol.h"
+#include "shared/messages.h"
 #include "tests/support/ps_cluster.h"
+#include "tests/support/raw_peer.h"
 
 using namespace pstrain;
 using namespace pstrain::testing;
@@ -19,30 +18,6 @@ using wire::Header;
 using wire::Op;
 
 namespace {
-
-class RawPeer {
- public:
-  explicit RawPeer(const std::string& address) : socket_(context_, zmq::socket_type::dealer) {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.set(zmq::sockopt::rcvtimeo, 5000);
-    socket_.connect(address);
-  }
-
-  // Sends the frames and returns the decoded reply header, or nullopt when
-  // none came within the receive timeout.
-  std::optional<Header> exchange(const std::vector<std::vector<std::uint8_t>>& frames) {
-    for (std::size_t i = 0; i < frames.size(); ++i)
-      socket_.send(zmq::buffer(frames[i]),
-                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    std::vector<zmq::message_t> reply;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) return std::nullopt;
-    return wire::decode_header({reply[0].data<std::uint8_t>(), reply[0].size()});
-  }
-
- private:
-  zmq::context_t context_;
-  zmq::socket_t socket_;
-};
 
 std::vector<std::uint8_t> floats(std::size_t n, float value) {
   std::vector<std::uint8_t> b(n * sizeof(float));
@@ -68,8 +43,8 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
   push.op = Op::push;
   push.request_id = 4242;
   push.run_id = config.hash();
-  push.variable = "w";
-  push.count = 16;
+  wire::ChunkRequest{"w", 0}.write(push);
+  push.elements = 16;
   push.payload_frames = 1;
   const auto grad = floats(16, 1.0f);
 
@@ -100,23 +75,23 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
   cases.push_back({"extra payload frame", {good, grad, grad}, "payload frames"});
   {
     Header h = push;
-    h.variable = "nope";
+    wire::ChunkRequest{"nope", 0}.write(h);
     cases.push_back({"unknown variable", {wire::encode_header(h), grad}, "unknown chunk"});
   }
   {
     Header h = push;
-    h.chunk = 5;
+    wire::ChunkRequest{"w", 5}.write(h);
     cases.push_back({"unknown chunk", {wire::encode_header(h), grad}, "unknown chunk"});
   }
   {
     Header h = push;
-    h.count = 8;
+    h.elements = 8;
     cases.push_back({"wrong chunk size", {wire::encode_header(h), floats(8, 1.0f)}, "16"});
   }
   {
     Header h = push;
     h.op = Op::init;
-    h.count = 17;
+    h.elements = 17;
     cases.push_back({"init with another size", {wire::encode_header(h), floats(17, 0.0f)},
                      "17 elements"});
   }
@@ -135,7 +110,7 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
   {
     Header h = push;
     h.dtype = wire::DType::bytes;
-    h.count = 64;
+    h.elements = 64;
     cases.push_back({"push of bytes", {wire::encode_header(h), grad}, "f32"});
   }
   {
@@ -143,26 +118,25 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     h.op = Op::kv_get;
     h.request_id = 4242;
     h.run_id = config.hash();
-    h.variable = "k";
-    h.text = "soon";
-    cases.push_back({"kv_get with a bad timeout", {wire::encode_header(h)}, "timeout"});
+    wire::KvGet{"k", ~0ULL}.write(h);
+    cases.push_back({"kv_get waiting for ages", {wire::encode_header(h)}, "timeout"});
   }
 
   for (const auto& c : cases) {
     CAPTURE(c.name);
     const auto reply = raw.exchange(c.frames);
     REQUIRE(reply.has_value());
-    CHECK(reply->status == wire::Status::error);
-    CHECK(reply->text.find(c.expect) != std::string::npos);
-    if (reply->request_id != 0) CHECK(reply->request_id == 4242);
+    CHECK(reply->header.status == wire::Status::error);
+    CHECK(wire::ErrorReply::read(reply->header).text.find(c.expect) != std::string::npos);
+    if (reply->header.request_id != 0) CHECK(reply->header.request_id == 4242);
     CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
   }
 
   // The same well-formed push through the raw socket still works.
   const auto ok = raw.exchange({good, grad});
   REQUIRE(ok.has_value());
-  CHECK(ok->status == wire::Status::ok);
-  CHECK(ok->version == 1);
+  CHECK(ok->header.status == wire::Status::ok);
+  CHECK(wire::ChunkReply::read(ok->header).version == 1);
 
   std::vector<float> after(16);
   client.wait(client.pull("w", after));

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "shared/child_process.h"
+#include "tests/support/raw_peer.h"
 
 using namespace pstrain;
 using namespace std::chrono_literals;
@@ -35,16 +36,22 @@ struct Run {
     return {PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index), "--cluster",
             cluster.string()};
   }
-  void start(const std::vector<std::string>& ps_extra = {}) {
+  void start_ps(const std::vector<std::string>& ps_extra = {}) {
     for (int i = 0; i < n_ps; ++i) {
       auto args = argv("ps", i);
       args.insert(args.end(), ps_extra.begin(), ps_extra.end());
       ps.push_back(
           std::make_unique<ChildProcess>(args, dir.path() / ("ps" + std::to_string(i) + ".out")));
     }
+  }
+  void start_workers() {
     for (int i = 0; i < n_workers; ++i)
       workers.push_back(std::make_unique<ChildProcess>(
           argv("worker", i), dir.path() / ("worker" + std::to_string(i) + ".out")));
+  }
+  void start(const std::vector<std::string>& ps_extra = {}) {
+    start_ps(ps_extra);
+    start_workers();
   }
   // Waits for every process; returns false (with the logs) on a timeout.
   bool finish(std::chrono::seconds timeout, std::string& logs) {
@@ -60,6 +67,10 @@ struct Run {
   // succeeds; returns every process's output.
   std::string train(std::chrono::seconds timeout, const std::vector<std::string>& ps_extra = {}) {
     start(ps_extra);
+    return require_success(timeout);
+  }
+  // Requires that the started processes all end and worker 0 succeeds.
+  std::string require_success(std::chrono::seconds timeout) {
     std::string logs;
     REQUIRE_MESSAGE(finish(timeout, logs), logs);
     REQUIRE_MESSAGE(workers[0]->wait_for(0s) == 0, logs);
@@ -171,8 +182,12 @@ TEST_CASE("async: a run continues from the snapshot the previous run left") {
   REQUIRE(std::filesystem::exists(snapshot / "ps1.bin"));
 
   Run second(2, 1, setup);
-  const std::string logs2 = second.train(60s, {"--restore", snapshot.string()});
-  CHECK_MESSAGE(second.ps[0]->log_text().find("restored") != std::string::npos, logs2);
+  second.start_ps({"--restore", snapshot.string()});
+  // Before any worker comes: the restored ps's hold the snapshot's weights.
+  const auto mismatches = testing::restored_mismatches(pstrain::load_config(second.cluster), snapshot);
+  CHECK_MESSAGE(mismatches.empty(), mismatches);
+  second.start_workers();
+  second.require_success(60s);
   // The global sample count goes on from the first run's 2,000.
   std::smatch m;
   const std::string out = second.workers[0]->log_text();

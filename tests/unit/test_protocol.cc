@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "shared/messages.h"
 #include "shared/protocol.h"
 
 using namespace pstrain::wire;
@@ -18,11 +19,12 @@ Header full_header() {
   h.request_id = 0x1122334455667788ULL;
   h.sender = 0xa1b2c3d4;
   h.run_id = 0xfedcba9876543210ULL;
-  h.variable = "dense0/w";
+  h.name = "dense0/w";
   h.chunk = 77;
   h.version = 0x0102030405060708ULL;
+  h.arg = 0x8877665544332211ULL;
   h.dtype = DType::bytes;
-  h.count = 12345;
+  h.elements = 12345;
   h.payload_frames = 2;
   h.status = Status::error;
   h.text = std::string("text with \0 inside", 18);
@@ -35,11 +37,12 @@ void check_equal(const Header& a, const Header& b) {
   CHECK(a.request_id == b.request_id);
   CHECK(a.sender == b.sender);
   CHECK(a.run_id == b.run_id);
-  CHECK(a.variable == b.variable);
+  CHECK(a.name == b.name);
   CHECK(a.chunk == b.chunk);
   CHECK(a.version == b.version);
+  CHECK(a.arg == b.arg);
   CHECK(a.dtype == b.dtype);
-  CHECK(a.count == b.count);
+  CHECK(a.elements == b.elements);
   CHECK(a.payload_frames == b.payload_frames);
   CHECK(a.status == b.status);
   CHECK(a.text == b.text);
@@ -75,11 +78,14 @@ TEST_CASE("protocol: every op round-trips and has a name") {
 
 TEST_CASE("protocol: strings at their limits are accepted, beyond them refused") {
   Header h;
-  h.variable.assign(kMaxNameBytes, 'v');
+  h.name.assign(kMaxNameBytes, 'v');
   h.text.assign(kMaxTextBytes, 't');
   check_equal(decode(encode_header(h)), h);
-  h.variable.push_back('v');
-  CHECK_THROWS_AS(encode_header(h), ProtocolError);
+  h.name.push_back('v');
+  CHECK_THROWS_WITH_AS(encode_header(h), doctest::Contains("name"), ProtocolError);
+  h.name.pop_back();
+  h.text.push_back('t');
+  CHECK_THROWS_WITH_AS(encode_header(h), doctest::Contains("text"), ProtocolError);
 }
 
 TEST_CASE("protocol: every truncation of a valid header is a ProtocolError") {
@@ -102,7 +108,7 @@ TEST_CASE("protocol: string lengths are checked against limits and remaining byt
   auto bytes = encode_header(Header{});
   SUBCASE("name longer than the limit") {
     put_u32(bytes, kNameLengthOffset, kMaxNameBytes + 1);
-    CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("limit"), ProtocolError);
+    CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("name declares"), ProtocolError);
   }
   SUBCASE("name longer than the frame") {
     put_u32(bytes, kNameLengthOffset, 1000);
@@ -110,7 +116,7 @@ TEST_CASE("protocol: string lengths are checked against limits and remaining byt
   }
   SUBCASE("text length of 4 GiB") {
     put_u32(bytes, bytes.size() - 4, 0xffffffffu);
-    CHECK_THROWS_AS(decode(bytes), ProtocolError);
+    CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("text declares"), ProtocolError);
   }
 }
 
@@ -141,25 +147,31 @@ TEST_CASE("protocol: enums, frame counts and payload sizes are range-checked") {
   SUBCASE("payload larger than the limit, including overflowing counts") {
     Header h;
     h.payload_frames = 1;
-    h.count = kMaxPayloadBytes / 4;
+    h.elements = kMaxPayloadBytes / 4;
     CHECK_NOTHROW(decode(encode_header(h)));
-    h.count += 1;
+    h.elements += 1;
     CHECK_THROWS_AS(decode(encode_header(h)), ProtocolError);
-    h.count = ~0ULL / 2 + 1;  // count * 4 wraps around to 0
+    h.elements = ~0ULL / 2 + 1;  // elements * 4 wraps around to 0
     CHECK_THROWS_AS(decode(encode_header(h)), ProtocolError);
   }
-  SUBCASE("a large count without payload is an op argument") {
+  SUBCASE("elements without payload frames") {
+    Header h;
+    h.elements = 1;
+    CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("no payload frames"),
+                         ProtocolError);
+  }
+  SUBCASE("an op's number is not a payload size") {
     Header h;
     h.op = Op::heartbeat;
-    h.count = ~0ULL;
-    CHECK(decode(encode_header(h)).count == ~0ULL);
+    h.arg = ~0ULL;
+    CHECK(decode(encode_header(h)).arg == ~0ULL);
   }
 }
 
 TEST_CASE("protocol: check_payload compares frame size with count * element size") {
   Header h;
   h.payload_frames = 1;
-  h.count = 10;
+  h.elements = 10;
   CHECK_NOTHROW(check_payload(h, 0, 40));
   CHECK_THROWS_WITH_AS(check_payload(h, 0, 39), doctest::Contains("39 bytes"), ProtocolError);
   CHECK_THROWS_AS(check_payload(h, 1, 40), ProtocolError);
@@ -185,7 +197,7 @@ TEST_CASE("protocol: random and mutated bytes never crash the decoder") {
     try {
       const Header h = decode(bytes);
       // Whatever is accepted must be within every documented limit.
-      CHECK(h.variable.size() <= kMaxNameBytes);
+      CHECK(h.name.size() <= kMaxNameBytes);
       CHECK(h.text.size() <= kMaxTextBytes);
       CHECK(h.payload_frames <= kMaxPayloadFrames);
       ++accepted;
@@ -201,7 +213,7 @@ TEST_CASE("protocol: replies copy the request's identity") {
   const Header ok = reply_to(req);
   CHECK(ok.op == req.op);
   CHECK(ok.request_id == req.request_id);
-  CHECK(ok.variable == req.variable);
+  CHECK(ok.name == req.name);
   CHECK(ok.chunk == req.chunk);
   CHECK(ok.status == Status::ok);
   CHECK(ok.protocol == kProtocolVersion);
@@ -210,4 +222,42 @@ TEST_CASE("protocol: replies copy the request's identity") {
   CHECK(err.text == "no such chunk");
   CHECK(err.request_id == req.request_id);
   CHECK(error_reply(req, std::string(kMaxTextBytes + 10, 'x')).text.size() == kMaxTextBytes);
+}
+
+namespace {
+
+// A view written into a header, sent through the codec and read back.
+template <class View>
+View through_wire(const View& view) {
+  Header h;
+  view.write(h);
+  return View::read(decode(encode_header(h)));
+}
+
+}  // namespace
+
+TEST_CASE("messages: every op's typed view survives the wire") {
+  CHECK(through_wire(ChunkRequest{"dense0/w", 9}).variable == "dense0/w");
+  CHECK(through_wire(ChunkRequest{"dense0/w", 9}).chunk == 9);
+  CHECK(through_wire(ChunkReply{41}).version == 41);
+  CHECK(through_wire(Hello{"job: x\n"}).config_yaml == "job: x\n");
+  CHECK(through_wire(HelloReply{3}).workers == 3);
+  CHECK(through_wire(Barrier{"start", 4}).name == "start");
+  CHECK(through_wire(Barrier{"start", 4}).count == 4);
+  CHECK(through_wire(BarrierReply{4}).released == 4);
+  CHECK(through_wire(KvSet{"gloo/0"}).key == "gloo/0");
+  CHECK(through_wire(KvGet{"gloo/0", 2500}).key == "gloo/0");
+  CHECK(through_wire(KvGet{"gloo/0", 2500}).timeout_ms == 2500);
+  CHECK(through_wire(Heartbeat{~0ULL}).samples == ~0ULL);
+  CHECK(through_wire(Done{1234}).total_samples == 1234);
+  CHECK(through_wire(GlobalSamples{99}).global_samples == 99);
+  CHECK(through_wire(SnapshotReply{"run/snapshot/ps0.bin"}).path == "run/snapshot/ps0.bin");
+  CHECK(through_wire(StatsReply{"{}"}).json == "{}");
+}
+
+TEST_CASE("messages: a kv_get's timeout is a number in the header, not text") {
+  Header h;
+  KvGet{"k", 300}.write(h);
+  CHECK(h.arg == 300);
+  CHECK(h.text.empty());
 }

@@ -1,0 +1,108 @@
+#pragma once
+// The ps's coordination of its workers: barriers, the rendezvous key-value
+// store, requests parked until something happens (each kv_get with its
+// deadline), worker liveness and the global sample count, and when the ps
+// should exit.
+//
+// No ZeroMQ and no clock of its own: requests come in as ps::Request (their
+// `received` time is "now" for them), replies leave through the ReplySink,
+// and tick() is given the time. Unit tests drive it with a recording sink
+// and made-up times (tests/unit/test_coordinator.cc).
+//
+// Exit policy (exit_code()): 0 once every worker sent done or after a
+// shutdown request; 3 once a worker that has not sent done was not heard from
+// for worker_timeout, counted from the first message of any worker. Then every
+// parked request is answered with an error naming the silent workers, so
+// nobody waits for a ps that is about to go.
+//
+// Thread rules: single-threaded, like the whole ps (server/request.h).
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "server/request.h"
+
+namespace pstrain::ps {
+
+struct CoordinatorOptions {
+  std::string name;            // "ps 0": starts the text of the errors it sends
+  std::uint32_t workers = 0;   // senders 0 .. workers-1 are workers; others are tools
+  std::chrono::duration<double> worker_timeout{60};  // net.worker_timeout
+};
+
+class Coordinator {
+ public:
+  // The longest a kv_get may wait.
+  static constexpr std::uint64_t kMaxKvGetTimeoutMs = 86'400'000;
+
+  Coordinator(CoordinatorOptions options, ReplySink& sink);
+
+  // Registers hello, barrier, kv_set, kv_get, heartbeat, done and shutdown.
+  void add_handlers(Handlers& handlers);
+
+  // The handlers (requests read through shared/messages.h). Each throws
+  // std::invalid_argument for a request it refuses, before changing anything.
+  void hello(const Request& request);      // replies with the number of workers
+  void barrier(const Request& request);    // parks until `count` senders entered
+  void kv_set(const Request& request);     // replies, then answers parked kv_gets
+  void kv_get(const Request& request);     // replies, or parks until set or deadline
+  void heartbeat(const Request& request);  // workers only; adds to global samples
+  void done(const Request& request);       // workers only
+  void shutdown(const Request& request);
+
+  // Notes that `sender` was heard from at `at`; the request loop calls it
+  // for every well-formed request, whatever its op.
+  void heard(std::uint32_t sender, Clock::time_point at);
+  // Answers the kv_gets whose deadline is past `now`, then applies the
+  // worker timeout.
+  void tick(Clock::time_point now);
+  // The earliest deadline of a parked kv_get, if any.
+  std::optional<Clock::time_point> next_deadline() const;
+  std::optional<int> exit_code() const { return exit_code_; }
+
+  // What the stats op reports of the coordinator.
+  struct Figures {
+    std::uint64_t global_samples = 0;
+    std::size_t parked_barrier = 0;  // requests waiting in barriers
+    std::size_t parked_kv_get = 0;   // kv_gets waiting for their key
+  };
+  Figures figures() const;
+  std::uint64_t global_samples() const { return global_samples_; }
+  void restore_global_samples(std::uint64_t samples) { global_samples_ = samples; }
+
+ private:
+  // A request waiting for its answer.
+  struct Parked {
+    Peer from;
+    wire::Header request;
+    Clock::time_point deadline{};  // kv_get only
+  };
+  struct Barrier {
+    std::uint64_t count = 0;
+    std::set<std::uint32_t> senders;
+    std::vector<Parked> waiting;
+  };
+
+  void send_value(const Peer& to, const wire::Header& request, const std::string& key);
+  void fail(const Parked& parked, const std::string& why);
+  void check_worker(std::uint32_t sender, const char* op) const;
+  void expire_kv_gets(Clock::time_point now);
+  void check_worker_timeout(Clock::time_point now);
+
+  CoordinatorOptions options_;
+  ReplySink& sink_;
+  std::map<std::string, Barrier, std::less<>> barriers_;
+  std::map<std::string, std::vector<std::uint8_t>, std::less<>> kv_;
+  std::vector<Parked> kv_waiting_;
+  std::vector<std::optional<Clock::time_point>> heard_;  // per worker
+  std::vector<bool> done_;                               // per worker
+  std::optional<Clock::time_point> first_heard_;
+  std::uint64_t global_samples_ = 0;
+  std::optional<int> exit_code_;
+};
+
+}  // namespace pstrain::ps

@@ -1,0 +1,135 @@
+#include "server/data_handlers.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "shared/log.h"
+#include "shared/messages.h"
+#include "shared/snapshot.h"
+
+namespace pstrain::ps {
+namespace {
+
+using wire::Op;
+
+std::filesystem::path snapshot_file(const std::filesystem::path& dir, std::uint32_t ps_index) {
+  return dir / ("ps" + std::to_string(ps_index) + ".bin");
+}
+
+// The float payload of a request, read in place when the frame is suitably
+// aligned (ZeroMQ's buffers are, for every frame but the tiny inline ones).
+class FloatPayload {
+ public:
+  explicit FloatPayload(const Request& request) {
+    const auto bytes = request.payload_of(wire::DType::f32);
+    const auto n = bytes.size() / sizeof(float);
+    if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0) {
+      view_ = {reinterpret_cast<const float*>(bytes.data()), n};
+    } else {
+      copy_.resize(n);
+      std::memcpy(copy_.data(), bytes.data(), n * sizeof(float));
+      view_ = copy_;
+    }
+  }
+  std::span<const float> get() const { return view_; }
+
+ private:
+  std::vector<float> copy_;
+  std::span<const float> view_;
+};
+
+}  // namespace
+
+DataHandlers::DataHandlers(ChunkStore& store, const Coordinator& coordinator, ReplySink& sink,
+                           std::filesystem::path run_dir, std::uint32_t ps_index)
+    : store_(store),
+      coordinator_(coordinator),
+      sink_(sink),
+      run_dir_(std::move(run_dir)),
+      ps_index_(ps_index) {}
+
+void DataHandlers::add_handlers(Handlers& handlers) {
+  handlers.on(Op::init, [this](const Request& r) { init(r); });
+  handlers.on(Op::pull, [this](const Request& r) { pull(r); });
+  handlers.on(Op::push, [this](const Request& r) { push(r); });
+  handlers.on(Op::push_pull, [this](const Request& r) { push(r); });
+  handlers.on(Op::assign, [this](const Request& r) { assign(r); });
+  handlers.on(Op::snapshot, [this](const Request& r) { snapshot(r); });
+}
+
+void DataHandlers::reply_version(const Request& request, const Chunk& chunk) {
+  Reply reply{wire::reply_to(request.header), {}};
+  wire::ChunkReply{chunk.version}.write(reply.header);
+  sink_.send(request.from, std::move(reply));
+}
+
+void DataHandlers::reply_values(const Request& request, const Chunk& chunk) {
+  Reply reply{wire::reply_to(request.header), chunk.values};
+  wire::ChunkReply{chunk.version}.write(reply.header);
+  sink_.send(request.from, std::move(reply));
+}
+
+void DataHandlers::init(const Request& request) {
+  const auto id = wire::ChunkRequest::read(request.header);
+  const FloatPayload values(request);
+  store_.init(id.variable, id.chunk, values.get());
+  reply_version(request, *store_.find(id.variable, id.chunk));
+}
+
+void DataHandlers::pull(const Request& request) {
+  const auto id = wire::ChunkRequest::read(request.header);
+  const Chunk* c = store_.find(id.variable, id.chunk);
+  if (!c) throw std::invalid_argument("unknown chunk (not initialized on this ps)");
+  reply_values(request, *c);
+}
+
+void DataHandlers::push(const Request& request) {
+  const auto id = wire::ChunkRequest::read(request.header);
+  const FloatPayload grad(request);
+  const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
+  if (request.header.op == Op::push_pull) return reply_values(request, c);
+  reply_version(request, c);
+}
+
+void DataHandlers::assign(const Request& request) {
+  const auto id = wire::ChunkRequest::read(request.header);
+  const FloatPayload values(request);
+  reply_version(request, store_.assign(id.variable, id.chunk, values.get()));
+}
+
+void DataHandlers::snapshot(const Request& request) {
+  const auto path = snapshot_file(run_dir_ / "snapshot", ps_index_);
+  write_snapshot(path, {coordinator_.global_samples(), store_.records()});
+  log("snapshot of ", store_.size(), " chunks written to ", path.string());
+  Reply reply{wire::reply_to(request.header), {}};
+  wire::SnapshotReply{path.string()}.write(reply.header);
+  sink_.send(request.from, std::move(reply));
+}
+
+std::uint64_t restore_snapshot(ChunkStore& store, const std::filesystem::path& dir,
+                               std::uint32_t ps_index, std::size_t servers) {
+  // The shard map depends on the number of servers: a snapshot of another
+  // layout would restore some chunks and leave others to be created fresh.
+  std::size_t files = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.starts_with("ps") && name.ends_with(".bin")) ++files;
+  }
+  if (!ec && files != servers)
+    throw SnapshotError("snapshot " + dir.string() + " holds " + std::to_string(files) +
+                        " ps files, this cluster has " + std::to_string(servers) +
+                        " parameter servers; restore with the same ps list");
+  const auto file = snapshot_file(dir, ps_index);
+  auto snap = read_snapshot(file);
+  try {
+    store.restore(std::move(snap.records));
+  } catch (const std::invalid_argument& e) {
+    throw SnapshotError("snapshot " + file.string() + ": " + e.what());
+  }
+  log("restored ", store.size(), " chunks (", store.elements(), " values) and ",
+      snap.global_samples, " global samples from ", file.string());
+  return snap.global_samples;
+}
+
+}  // namespace pstrain::ps

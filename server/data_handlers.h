@@ -1,0 +1,57 @@
+#pragma once
+// The ps's ops on parameters, over its ChunkStore: init, pull, push,
+// push_pull and assign of one chunk each, and snapshot, which writes every
+// chunk (with the coordinator's global sample count) to
+// run_dir/snapshot/ps<index>.bin. restore_snapshot() reads such a file back
+// when the ps starts.
+//
+// Pulled values go out without a copy (ReplyPayload holds the chunk's
+// buffer); incoming values and gradients are read in place from the frame.
+//
+// Thread rules: single-threaded, like the whole ps (server/request.h).
+#include <cstdint>
+#include <filesystem>
+
+#include "server/chunk_store.h"
+#include "server/coordinator.h"
+#include "server/request.h"
+
+namespace pstrain::ps {
+
+class DataHandlers {
+ public:
+  // `run_dir` and `ps_index` place the snapshot file.
+  DataHandlers(ChunkStore& store, const Coordinator& coordinator, ReplySink& sink,
+               std::filesystem::path run_dir, std::uint32_t ps_index);
+
+  // Registers init, pull, push, push_pull, assign and snapshot.
+  void add_handlers(Handlers& handlers);
+
+  // Each throws std::invalid_argument naming the chunk when it is unknown
+  // (init: exists with another size) or the payload has the wrong size.
+  void init(const Request& request);
+  void pull(const Request& request);
+  void push(const Request& request);  // push and push_pull
+  void assign(const Request& request);
+  void snapshot(const Request& request);
+
+ private:
+  void reply_version(const Request& request, const Chunk& chunk);
+  void reply_values(const Request& request, const Chunk& chunk);
+
+  ChunkStore& store_;
+  const Coordinator& coordinator_;
+  ReplySink& sink_;
+  std::filesystem::path run_dir_;
+  std::uint32_t ps_index_;
+};
+
+// Loads ps `ps_index`'s file from the snapshot folder `dir` into `store` and
+// returns the global sample count it holds. Throws SnapshotError when the
+// file is missing or damaged, does not fit the store's optimizer, or the
+// folder holds the files of another number of servers than `servers` (the
+// shard map depends on it).
+std::uint64_t restore_snapshot(ChunkStore& store, const std::filesystem::path& dir,
+                               std::uint32_t ps_index, std::size_t servers);
+
+}  // namespace pstrain::ps

@@ -1,0 +1,258 @@
+#include "server/request_loop.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "shared/config.h"
+#include "shared/log.h"
+#include "shared/messages.h"
+
+namespace pstrain::ps {
+namespace {
+
+using wire::Header;
+using wire::Op;
+
+// Set from the signal handler; the loop wakes at least every kPollInterval
+// to look at it (and at the worker timeout).
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+constexpr auto kPollInterval = std::chrono::milliseconds(100);
+// Requests handled per wake-up at most, so that signals, kv_get deadlines
+// and the worker timeout are looked at under steady traffic too.
+constexpr int kBatch = 256;
+
+// Installs the stop handlers for the lifetime of the loop and puts the
+// previous ones back afterwards (a forked test or bench child may go on).
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_int_ {};
+};
+
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// A frame over a chunk's value buffer: ZeroMQ sends straight from it and
+// drops the reference once the bytes are on the wire, which is what lets the
+// store see whether a pull still holds the buffer (copy-on-write).
+zmq::message_t zero_copy(const ValueBuffer& values) {
+  auto ref = std::make_unique<ValueBuffer>(values);
+  zmq::message_t msg(
+      values->data(), values->size() * sizeof(float),
+      [](void*, void* hint) { std::unique_ptr<ValueBuffer> owned(static_cast<ValueBuffer*>(hint)); },
+      ref.get());
+  ref.release();  // owned by the message's free function from here on
+  return msg;
+}
+
+// "pull of 'w' chunk 3", "barrier 'start'": what an error reply is about.
+std::string describe(const Header& request) {
+  std::string s(wire::to_string(request.op));
+  switch (request.op) {
+    case Op::init:
+    case Op::pull:
+    case Op::push:
+    case Op::push_pull:
+    case Op::assign: {
+      const auto id = wire::ChunkRequest::read(request);
+      return s + " of '" + id.variable + "' chunk " + std::to_string(id.chunk);
+    }
+    default:
+      return request.name.empty() ? s : s + " '" + request.name + "'";
+  }
+}
+
+Header bad_header_reply(std::string text) {
+  Header h;
+  h.status = wire::Status::error;
+  h.text = std::move(text);
+  return h;
+}
+
+}  // namespace
+
+struct RequestLoop::Impl {
+  RequestLoopOptions options;
+  PsStats& stats;
+  StopSignals signals;
+  Handlers handlers;
+  zmq::context_t context;
+  zmq::socket_t socket{context, zmq::socket_type::router};
+
+  Impl(RequestLoopOptions opts, PsStats& s) : options(std::move(opts)), stats(s) {
+    socket.set(zmq::sockopt::sndhwm, 0);
+    socket.set(zmq::sockopt::rcvhwm, 0);
+    // Replies to `done` and `shutdown` are the last messages; let them leave.
+    socket.set(zmq::sockopt::linger, 2000);
+  }
+
+  std::string prefix() const { return "ps " + std::to_string(options.ps_index) + ": "; }
+
+  std::chrono::milliseconds poll_timeout(const Coordinator& coordinator) const {
+    std::chrono::milliseconds timeout = kPollInterval;
+    if (const auto deadline = coordinator.next_deadline()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+      timeout = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), timeout);
+    }
+    return timeout;
+  }
+
+  // Handles the requests that have arrived, without blocking, at most a batch.
+  void drain(Coordinator& coordinator) {
+    std::vector<zmq::message_t> frames;
+    for (int n = 0; n < kBatch && !coordinator.exit_code(); ++n) {
+      frames.clear();
+      if (!zmq::recv_multipart(socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
+        return;
+      for (const auto& f : frames) stats.received(f.size());
+      handle(coordinator, frames);
+    }
+  }
+
+  void handle(Coordinator& coordinator, std::vector<zmq::message_t>& frames) {
+    Request request;
+    request.from = frames[0].to_string();
+    request.received = Clock::now();
+    if (frames.size() < 2) {
+      stats.malformed();
+      return send(request.from, {bad_header_reply("message has no header frame"), {}});
+    }
+    try {
+      request.header = wire::decode_header({frames[1].data<std::uint8_t>(), frames[1].size()});
+    } catch (const wire::ProtocolError& e) {
+      stats.malformed();
+      return send(request.from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
+    }
+    stats.request(request.header.op);
+    try {
+      check(request.header, frames);
+      if (request.header.payload_frames == 1)
+        request.payload = {frames[2].data<std::uint8_t>(), frames[2].size()};
+      coordinator.heard(request.header.sender, request.received);
+      const Handler* handler = handlers.find(request.header.op);
+      if (!handler) throw wire::ProtocolError("this ps does not serve the op");
+      (*handler)(request);
+    } catch (const std::exception& e) {
+      stats.error();
+      send(request.from,
+           {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
+            {}});
+    }
+  }
+
+  // What every request must satisfy before its handler sees it.
+  void check(const Header& request, const std::vector<zmq::message_t>& frames) const {
+    if (request.protocol != wire::kProtocolVersion)
+      throw wire::ProtocolError("protocol version differs: ps speaks " +
+                                std::to_string(wire::kProtocolVersion) + ", sender " +
+                                std::to_string(request.sender) + " speaks " +
+                                std::to_string(request.protocol));
+    if (request.run_id != options.run_id) {
+      std::string which;
+      if (request.op == Op::hello) {
+        const auto hello = wire::Hello::read(request);
+        if (!hello.config_yaml.empty())
+          which = " (ps vs sender: " + config_differences(options.config_yaml, hello.config_yaml) + ")";
+      }
+      throw wire::ProtocolError("config hash differs: ps has " + hex(options.run_id) + ", sender " +
+                                std::to_string(request.sender) + " sent " + hex(request.run_id) +
+                                which +
+                                " — all processes must use the same cluster.yaml and --set "
+                                "overrides");
+    }
+    if (frames.size() != 2 + request.payload_frames)
+      throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
+                                " payload frames, the message has " +
+                                std::to_string(frames.size() - 2));
+    for (std::size_t i = 0; i < request.payload_frames; ++i)
+      wire::check_payload(request, i, frames[2 + i].size());
+  }
+
+  void send(const Peer& to, Reply reply) {
+    Header& h = reply.header;
+    // Replies carry the run id, except hello's (protocol.h) and errors.
+    if (h.status == wire::Status::ok && h.op != Op::hello) h.run_id = options.run_id;
+    std::optional<zmq::message_t> payload;
+    if (const auto* values = std::get_if<ValueBuffer>(&reply.payload)) {
+      h.dtype = wire::DType::f32;
+      h.elements = (*values)->size();
+      payload = zero_copy(*values);
+    } else if (const auto* bytes = std::get_if<std::vector<std::uint8_t>>(&reply.payload)) {
+      h.dtype = wire::DType::bytes;
+      h.elements = bytes->size();
+      payload.emplace(bytes->data(), bytes->size());
+    }
+    h.payload_frames = payload ? 1 : 0;
+    const auto header = wire::encode_header(h);
+    zmq::message_t id(to.data(), to.size());
+    socket.send(id, zmq::send_flags::sndmore);
+    socket.send(zmq::buffer(header), payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    stats.sent(header.size());
+    if (payload) {
+      stats.sent(payload->size());
+      socket.send(*payload, zmq::send_flags::none);
+    }
+  }
+};
+
+RequestLoop::RequestLoop(RequestLoopOptions options, PsStats& stats)
+    : impl_(std::make_unique<Impl>(std::move(options), stats)) {}
+
+RequestLoop::~RequestLoop() = default;
+
+Handlers& RequestLoop::handlers() { return impl_->handlers; }
+
+void RequestLoop::bind() {
+  try {
+    impl_->socket.bind(impl_->options.bind_address);
+  } catch (const zmq::error_t& e) {
+    throw NetworkError("cannot serve on " + impl_->options.bind_address + ": " + e.what());
+  }
+}
+
+int RequestLoop::run(Coordinator& coordinator) {
+  try {
+    while (!coordinator.exit_code()) {
+      if (g_stop_signal) {
+        log("stopping on signal ", static_cast<int>(g_stop_signal));
+        return 0;
+      }
+      zmq::pollitem_t item{impl_->socket.handle(), 0, ZMQ_POLLIN, 0};
+      const auto rc = zmq_poll(&item, 1, static_cast<long>(impl_->poll_timeout(coordinator).count()));
+      if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+      if (rc > 0) impl_->drain(coordinator);
+      coordinator.tick(Clock::now());
+    }
+    return *coordinator.exit_code();
+  } catch (const zmq::error_t& e) {
+    throw NetworkError("network error while serving on " + impl_->options.bind_address + ": " +
+                       e.what());
+  }
+}
+
+void RequestLoop::send(const Peer& to, Reply reply) { impl_->send(to, std::move(reply)); }
+
+}  // namespace pstrain::ps

@@ -1,0 +1,65 @@
+#pragma once
+// The ps's request loop: its ZeroMQ ROUTER socket and everything that touches
+// it. Each message is decoded and checked (header, protocol version, config
+// hash, payload frames against the header), handed to the handler its op has
+// in handlers(), and answered through this loop, the ReplySink of every
+// handler. Chunk values leave without a copy. A message that cannot be
+// decoded or a handler that throws gets an error reply; the loop goes on.
+//
+//   RequestLoop loop({.ps_index = 0, .run_id = config.hash(), ...}, stats);
+//   coordinator.add_handlers(loop.handlers());   // and the other modules
+//   loop.bind();
+//   return loop.run(coordinator);
+//
+// Thread rules: the ps is single-threaded and this is where that holds: run()
+// reads, dispatches and sends on its caller's thread, one request at a time,
+// so handlers need no locks. The only other thread is ZeroMQ's I/O thread,
+// which merely drops its reference to a sent chunk buffer (an atomic
+// shared_ptr count) once the bytes are on the wire.
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "server/coordinator.h"
+#include "server/ps_stats.h"
+#include "server/request.h"
+
+namespace pstrain::ps {
+
+// The socket cannot be bound, or failed while serving; the message says why.
+struct NetworkError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct RequestLoopOptions {
+  std::uint32_t ps_index = 0;
+  std::uint64_t run_id = 0;     // the config hash every request must carry
+  std::string config_yaml;      // ours, to name the keys a hello's config differs in
+  std::string bind_address;     // "tcp://host:port"
+};
+
+class RequestLoop final : public ReplySink {
+ public:
+  // Installs SIGTERM and SIGINT handlers that make run() return 0; the
+  // previous handlers come back when the loop is destroyed.
+  RequestLoop(RequestLoopOptions options, PsStats& stats);
+  ~RequestLoop() override;
+  RequestLoop(const RequestLoop&) = delete;
+  RequestLoop& operator=(const RequestLoop&) = delete;
+
+  Handlers& handlers();
+  void bind();  // throws NetworkError
+  // Serves until coordinator.exit_code() is set (returns it) or a stop
+  // signal arrives (returns 0). Throws NetworkError.
+  int run(Coordinator& coordinator);
+
+  // Fills the reply's payload description and run id, and sends it.
+  void send(const Peer& to, Reply reply) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pstrain::ps

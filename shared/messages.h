@@ -1,0 +1,120 @@
+#pragma once
+// Typed views of the wire header (shared/protocol.h), one per request and
+// reply: which Header slot carries what for each op is written down here and
+// nowhere else. A sender fills a view and writes it into the header it sends;
+// a receiver reads the view from the header it decoded.
+//
+//   wire::Header h;
+//   h.op = wire::Op::kv_get;
+//   wire::KvGet{"gloo/rank0", 2000}.write(h);        // client
+//   const auto get = wire::KvGet::read(request);       // ps: get.key, get.timeout_ms
+//
+// Payload frames (values, gradients, kv values) are not part of any view:
+// they travel as their own frames, described by Header::dtype and elements.
+#include <cstdint>
+#include <string>
+
+#include "shared/protocol.h"
+
+namespace pstrain::wire {
+
+// init, pull, push, push_pull, assign: one chunk of a variable. init, push,
+// push_pull and assign carry one f32 payload frame (values or gradient).
+struct ChunkRequest {
+  std::string variable;
+  std::uint32_t chunk = 0;
+  void write(Header& h) const { h.name = variable; h.chunk = chunk; }
+  static ChunkRequest read(const Header& h) { return {h.name, h.chunk}; }
+};
+
+// Their replies: the chunk's version after the op; pull and push_pull also
+// carry the chunk's values as one f32 payload frame.
+struct ChunkReply {
+  std::uint64_t version = 0;
+  void write(Header& h) const { h.version = version; }
+  static ChunkReply read(const Header& h) { return {h.version}; }
+};
+
+// hello: the sender's resolved config, so a ps whose config hash differs can
+// name the keys that differ.
+struct Hello {
+  std::string config_yaml;
+  void write(Header& h) const { h.text = config_yaml; }
+  static Hello read(const Header& h) { return {h.text}; }
+};
+struct HelloReply {
+  std::uint64_t workers = 0;  // workers in the ps's cluster
+  void write(Header& h) const { h.arg = workers; }
+  static HelloReply read(const Header& h) { return {h.arg}; }
+};
+
+// barrier: released once `count` distinct senders have entered `name`.
+struct Barrier {
+  std::string name;
+  std::uint64_t count = 0;
+  void write(Header& h) const { h.name = name; h.arg = count; }
+  static Barrier read(const Header& h) { return {h.name, h.arg}; }
+};
+struct BarrierReply {
+  std::uint64_t released = 0;  // requests the barrier released at once
+  void write(Header& h) const { h.arg = released; }
+  static BarrierReply read(const Header& h) { return {h.arg}; }
+};
+
+// kv_set: the value is the request's one bytes payload frame.
+struct KvSet {
+  std::string key;
+  void write(Header& h) const { h.name = key; }
+  static KvSet read(const Header& h) { return {h.name}; }
+};
+
+// kv_get: waits up to `timeout_ms` for the key; the reply's one bytes
+// payload frame is the value.
+struct KvGet {
+  std::string key;
+  std::uint64_t timeout_ms = 0;
+  void write(Header& h) const { h.name = key; h.arg = timeout_ms; }
+  static KvGet read(const Header& h) { return {h.name, h.arg}; }
+};
+
+struct Heartbeat {
+  std::uint64_t samples = 0;  // trained since the sender's last heartbeat
+  void write(Header& h) const { h.arg = samples; }
+  static Heartbeat read(const Header& h) { return {h.arg}; }
+};
+
+struct Done {
+  std::uint64_t total_samples = 0;  // the worker's total
+  void write(Header& h) const { h.arg = total_samples; }
+  static Done read(const Header& h) { return {h.arg}; }
+};
+
+// The reply to heartbeat and done: samples all workers trained, as this ps
+// counted them.
+struct GlobalSamples {
+  std::uint64_t global_samples = 0;
+  void write(Header& h) const { h.arg = global_samples; }
+  static GlobalSamples read(const Header& h) { return {h.arg}; }
+};
+
+// snapshot's reply: the file the ps wrote.
+struct SnapshotReply {
+  std::string path;
+  void write(Header& h) const { h.text = path; }
+  static SnapshotReply read(const Header& h) { return {h.text}; }
+};
+
+// stats' reply: the ps's counters as one JSON object (server/ps_stats.h).
+struct StatsReply {
+  std::string json;
+  void write(Header& h) const { h.text = json; }
+  static StatsReply read(const Header& h) { return {h.text}; }
+};
+
+// Any reply with status=error (wire::error_reply makes them).
+struct ErrorReply {
+  std::string text;
+  static ErrorReply read(const Header& h) { return {h.text}; }
+};
+
+}  // namespace pstrain::wire

@@ -1,0 +1,87 @@
+#pragma once
+// A raw ZeroMQ DEALER to a running ps, for tests that speak the wire protocol
+// themselves: malformed messages (test_ps_robustness) and pulls of single
+// chunks by name and index (restored_mismatches below).
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "shared/config.h"
+#include "shared/messages.h"
+#include "shared/snapshot.h"
+
+namespace pstrain::testing {
+
+struct RawReply {
+  wire::Header header;
+  std::vector<std::vector<std::uint8_t>> payload;  // the payload frames
+};
+
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) : socket_(context_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 5000);
+    socket_.connect(address);
+  }
+
+  // Sends the frames and returns the decoded reply, or nullopt when none
+  // came within the receive timeout.
+  std::optional<RawReply> exchange(const std::vector<std::vector<std::uint8_t>>& frames) {
+    for (std::size_t i = 0; i < frames.size(); ++i)
+      socket_.send(zmq::buffer(frames[i]),
+                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    std::vector<zmq::message_t> reply;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) return std::nullopt;
+    RawReply out{wire::decode_header({reply[0].data<std::uint8_t>(), reply[0].size()}), {}};
+    for (std::size_t i = 1; i < reply.size(); ++i) {
+      const auto* p = reply[i].data<std::uint8_t>();
+      out.payload.emplace_back(p, p + reply[i].size());
+    }
+    return out;
+  }
+
+ private:
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+};
+
+// Pulls from every ps of `config` each chunk its file in the snapshot folder
+// `dir` holds, and compares values (bit for bit) and version with the file.
+// Returns what differs; empty when the ps's hold exactly the snapshot.
+inline std::string restored_mismatches(const ClusterConfig& config,
+                                       const std::filesystem::path& dir) {
+  std::string out;
+  for (std::uint32_t s = 0; s < config.ps.size(); ++s) {
+    const auto snap = read_snapshot(dir / ("ps" + std::to_string(s) + ".bin"));
+    if (snap.records.empty()) out += "ps" + std::to_string(s) + ".bin holds no chunks; ";
+    RawPeer peer(config.ps[s].connect_address());
+    for (const auto& r : snap.records) {
+      const std::string what =
+          "ps " + std::to_string(s) + " '" + r.name + "' chunk " + std::to_string(r.chunk);
+      wire::Header h;
+      h.op = wire::Op::pull;
+      h.request_id = 1;
+      h.run_id = config.hash();
+      wire::ChunkRequest{r.name, r.chunk}.write(h);
+      const auto reply = peer.exchange({wire::encode_header(h)});
+      if (!reply || reply->header.status != wire::Status::ok || reply->payload.size() != 1) {
+        out += what + ": no values; ";
+        continue;
+      }
+      const auto& bytes = reply->payload[0];
+      if (bytes.size() != r.values.size() * sizeof(float) ||
+          std::memcmp(bytes.data(), r.values.data(), bytes.size()) != 0)
+        out += what + ": values differ; ";
+      if (wire::ChunkReply::read(reply->header).version != r.version)
+        out += what + ": version differs; ";
+    }
+  }
+  return out;
+}
+
+}  // namespace pstrain::testing

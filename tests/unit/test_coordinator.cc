@@ -1,0 +1,222 @@
+// The ps's coordinator without ZeroMQ: requests made up in the test, replies
+// caught by a recording sink, and time given explicitly.
+#include <doctest/doctest.h>
+
+#include "server/coordinator.h"
+#include "shared/messages.h"
+
+using namespace pstrain;
+using namespace pstrain::ps;
+using namespace std::chrono_literals;
+using wire::Op;
+
+namespace {
+
+struct Sent {
+  Peer to;
+  wire::Header header;
+  ReplyPayload payload;
+};
+
+class RecordingSink : public ReplySink {
+ public:
+  void send(const Peer& to, Reply reply) override {
+    sent.push_back({to, std::move(reply.header), std::move(reply.payload)});
+  }
+  std::vector<Sent> sent;
+};
+
+const Clock::time_point t0{};
+
+// A request of `op` from sender `sender` (peer "w<sender>") at `at`.
+Request request(Op op, std::uint32_t sender, Clock::time_point at) {
+  Request r;
+  r.from = "w" + std::to_string(sender);
+  r.header.op = op;
+  r.header.sender = sender;
+  r.header.request_id = 100 + sender;
+  r.received = at;
+  return r;
+}
+
+// The same, its header filled by the op's view.
+template <class View>
+Request request(Op op, std::uint32_t sender, Clock::time_point at, const View& view) {
+  Request r = request(op, sender, at);
+  view.write(r.header);
+  return r;
+}
+
+Request kv_set(std::uint32_t sender, Clock::time_point at, const std::string& key,
+               const std::vector<std::uint8_t>& value) {
+  Request r = request(Op::kv_set, sender, at, wire::KvSet{key});
+  r.header.dtype = wire::DType::bytes;
+  r.header.elements = value.size();
+  r.header.payload_frames = 1;
+  r.payload = value;
+  return r;
+}
+
+struct Fixture {
+  explicit Fixture(std::uint32_t workers, std::chrono::duration<double> timeout = 60s)
+      : coordinator({"ps 0", workers, timeout}, sink) {}
+  RecordingSink sink;
+  Coordinator coordinator;
+};
+
+std::string error_text(const Sent& s) {
+  CHECK(s.header.status == wire::Status::error);
+  return wire::ErrorReply::read(s.header).text;
+}
+
+}  // namespace
+
+TEST_CASE("coordinator: a barrier releases everyone once count distinct senders entered") {
+  Fixture f(3);
+  f.coordinator.barrier(request(Op::barrier, 0, t0, wire::Barrier{"start", 3}));
+  f.coordinator.barrier(request(Op::barrier, 1, t0, wire::Barrier{"start", 3}));
+  // The same sender again is not a third one.
+  f.coordinator.barrier(request(Op::barrier, 1, t0, wire::Barrier{"start", 3}));
+  CHECK(f.sink.sent.empty());
+  CHECK(f.coordinator.figures().parked_barrier == 3);
+
+  f.coordinator.barrier(request(Op::barrier, 2, t0, wire::Barrier{"start", 3}));
+  REQUIRE(f.sink.sent.size() == 4);
+  std::vector<Peer> to;
+  for (const auto& s : f.sink.sent) {
+    to.push_back(s.to);
+    CHECK(s.header.status == wire::Status::ok);
+    CHECK(s.header.op == Op::barrier);
+    CHECK(wire::BarrierReply::read(s.header).released == 4);
+  }
+  CHECK(to == std::vector<Peer>{"w0", "w1", "w1", "w2"});
+  CHECK(f.sink.sent[0].header.request_id == 100);
+  CHECK(f.coordinator.figures().parked_barrier == 0);
+}
+
+TEST_CASE("coordinator: a barrier entered with another count is refused, the first waits on") {
+  Fixture f(3);
+  f.coordinator.barrier(request(Op::barrier, 0, t0, wire::Barrier{"b", 2}));
+  CHECK_THROWS_WITH_AS(f.coordinator.barrier(request(Op::barrier, 1, t0, wire::Barrier{"b", 3})),
+                       doctest::Contains("entered with count 2, this request says 3"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(f.coordinator.barrier(request(Op::barrier, 1, t0, wire::Barrier{"c", 0})),
+                       doctest::Contains("at least 1"), std::invalid_argument);
+  CHECK(f.sink.sent.empty());
+  CHECK(f.coordinator.figures().parked_barrier == 1);
+  // The refused senders did not count: the barrier still needs a second one.
+  f.coordinator.barrier(request(Op::barrier, 2, t0, wire::Barrier{"b", 2}));
+  CHECK(f.sink.sent.size() == 2);
+}
+
+TEST_CASE("coordinator: a kv_get is parked until the key is set") {
+  Fixture f(2);
+  f.coordinator.kv_get(request(Op::kv_get, 1, t0, wire::KvGet{"gloo/rank0", 10'000}));
+  CHECK(f.sink.sent.empty());
+  CHECK(f.coordinator.figures().parked_kv_get == 1);
+  CHECK(f.coordinator.next_deadline() == t0 + 10s);
+  f.coordinator.tick(t0 + 5s);
+  CHECK(f.sink.sent.empty());
+
+  const std::vector<std::uint8_t> value{1, 2, 3, 0, 255};
+  f.coordinator.kv_set(kv_set(0, t0 + 5s, "gloo/rank0", value));
+  REQUIRE(f.sink.sent.size() == 2);
+  CHECK(f.sink.sent[0].to == "w0");  // the setter's reply
+  CHECK(f.sink.sent[0].header.op == Op::kv_set);
+  CHECK(f.sink.sent[1].to == "w1");  // the parked getter's value
+  CHECK(f.sink.sent[1].header.op == Op::kv_get);
+  CHECK(std::get<std::vector<std::uint8_t>>(f.sink.sent[1].payload) == value);
+  CHECK(f.coordinator.figures().parked_kv_get == 0);
+  CHECK_FALSE(f.coordinator.next_deadline().has_value());
+
+  // Once set, a kv_get is answered at once, even with no time to wait.
+  f.coordinator.kv_get(request(Op::kv_get, 1, t0 + 6s, wire::KvGet{"gloo/rank0", 0}));
+  REQUIRE(f.sink.sent.size() == 3);
+  CHECK(std::get<std::vector<std::uint8_t>>(f.sink.sent[2].payload) == value);
+}
+
+TEST_CASE("coordinator: a parked kv_get expires at its deadline, naming the key and the wait") {
+  Fixture f(1);
+  f.coordinator.kv_get(request(Op::kv_get, 0, t0, wire::KvGet{"missing", 300}));
+  f.coordinator.tick(t0 + 299ms);
+  CHECK(f.sink.sent.empty());
+  f.coordinator.tick(t0 + 300ms);
+  REQUIRE(f.sink.sent.size() == 1);
+  CHECK(f.sink.sent[0].to == "w0");
+  CHECK(error_text(f.sink.sent[0]) == "ps 0: kv_get 'missing': not set within 0.3 s");
+  CHECK(f.coordinator.figures().parked_kv_get == 0);
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  CHECK_THROWS_WITH_AS(f.coordinator.kv_get(request(Op::kv_get, 0, t0, wire::KvGet{"k", ~0ULL})),
+                       doctest::Contains("timeout"), std::invalid_argument);
+}
+
+TEST_CASE("coordinator: a silent worker ends the ps with 3, answering parked requests why") {
+  Fixture f(3, 10s);
+  f.coordinator.heard(0, t0);
+  f.coordinator.heard(2, t0);
+  f.coordinator.barrier(request(Op::barrier, 0, t0, wire::Barrier{"epoch", 3}));
+  f.coordinator.kv_get(request(Op::kv_get, 2, t0, wire::KvGet{"k", 86'400'000}));
+  f.coordinator.heard(0, t0 + 9s);  // worker 0 keeps talking; 1 never came, 2 stopped
+  f.coordinator.tick(t0 + 9s);
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  CHECK(f.sink.sent.empty());
+
+  f.coordinator.tick(t0 + 10s);
+  CHECK(f.coordinator.exit_code() == 3);
+  REQUIRE(f.sink.sent.size() == 2);
+  const std::string reason =
+      "ps 0: no message from worker(s) 1, 2 for 10.0 s (net.worker_timeout)";
+  CHECK(f.sink.sent[0].to == "w0");
+  CHECK(f.sink.sent[0].header.op == Op::barrier);
+  CHECK(error_text(f.sink.sent[0]) == reason);
+  CHECK(f.sink.sent[1].to == "w2");
+  CHECK(f.sink.sent[1].header.op == Op::kv_get);
+  CHECK(error_text(f.sink.sent[1]) == reason);
+  CHECK(f.coordinator.figures().parked_barrier == 0);
+  CHECK(f.coordinator.figures().parked_kv_get == 0);
+}
+
+TEST_CASE("coordinator: no worker timeout before the first worker is heard, nor for done ones") {
+  Fixture f(2, 1s);
+  f.coordinator.heard(7, t0);  // a tool, not a worker
+  f.coordinator.tick(t0 + 1h);
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  f.coordinator.heard(0, t0 + 1h);
+  f.coordinator.done(request(Op::done, 1, t0 + 1h, wire::Done{5}));
+  f.coordinator.heard(0, t0 + 1h + 900ms);
+  f.coordinator.tick(t0 + 1h + 1500ms);  // worker 1 is done, worker 0 was heard lately
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+}
+
+TEST_CASE("coordinator: done of every worker exits 0; heartbeats count global samples") {
+  Fixture f(2);
+  f.coordinator.heartbeat(request(Op::heartbeat, 0, t0, wire::Heartbeat{64}));
+  f.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{32}));
+  CHECK(wire::GlobalSamples::read(f.sink.sent.back().header).global_samples == 96);
+  CHECK_THROWS_WITH_AS(f.coordinator.heartbeat(request(Op::heartbeat, 2, t0, wire::Heartbeat{1})),
+                       doctest::Contains("not a worker"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      f.coordinator.heartbeat(request(Op::heartbeat, 0, t0, wire::Heartbeat{~0ULL})),
+      doctest::Contains("overflows"), std::invalid_argument);
+
+  f.coordinator.done(request(Op::done, 0, t0, wire::Done{64}));
+  f.coordinator.done(request(Op::done, 0, t0, wire::Done{64}));  // twice is once
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  CHECK_THROWS_AS(f.coordinator.done(request(Op::done, 5, t0, wire::Done{1})),
+                  std::invalid_argument);
+  f.coordinator.done(request(Op::done, 1, t0, wire::Done{32}));
+  CHECK(f.coordinator.exit_code() == 0);
+  // Every done was answered, with the global count.
+  CHECK(f.sink.sent.back().to == "w1");
+  CHECK(wire::GlobalSamples::read(f.sink.sent.back().header).global_samples == 96);
+}
+
+TEST_CASE("coordinator: shutdown exits 0 after replying; hello tells the number of workers") {
+  Fixture f(4);
+  f.coordinator.hello(request(Op::hello, 9, t0, wire::Hello{}));
+  CHECK(wire::HelloReply::read(f.sink.sent.back().header).workers == 4);
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  f.coordinator.shutdown(request(Op::shutdown, 9, t0));
+  CHECK(f.sink.sent.back().header.op == Op::shutdown);
+  CHECK(f.coordinator.exit_code() == 0);
+}
