@@ -17,7 +17,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     return 2;
   }
   const auto address = config.ps[index].bind_address();
-  ps::PsStats stats(index, ps::Clock::now());
+  MetricsRegistry metrics;
+  ps::PsStats stats(metrics, index);
   ps::RequestLoop loop({index, config.hash(), config.to_yaml(), address}, stats);
   ChunkStore store(config.optimizer);
   ps::Coordinator coordinator({"ps " + std::to_string(index),

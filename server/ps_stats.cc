@@ -3,38 +3,101 @@
 #include <sstream>
 
 #include "shared/messages.h"
+#include "shared/metrics.h"
 
 namespace pstrain::ps {
+namespace {
 
-PsStats::PsStats(std::uint32_t ps_index, Clock::time_point started)
-    : ps_index_(ps_index), started_(started) {}
+// Counters mirror monotonic figures kept elsewhere (the chunk store's) by
+// adding what has accrued since the last refresh.
+void catch_up(Counter& counter, double total) {
+  if (total > counter.value()) counter.add(total - counter.value());
+}
 
-std::string PsStats::json(const ChunkStore& store, const Coordinator::Figures& coordinator,
-                          Clock::time_point now) const {
+std::uint64_t whole(double v) { return static_cast<std::uint64_t>(v); }
+
+}  // namespace
+
+PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
+    : ps_index_(ps_index),
+      errors_(r.counter("pstrain_ps_errors_total", "Requests answered with an error.").with()),
+      malformed_(r.counter("pstrain_ps_malformed_requests_total",
+                           "Messages that were not a decodable request.")
+                     .with()),
+      bytes_in_(r.counter("pstrain_ps_received_bytes_total", "Bytes of every frame received.")
+                    .with()),
+      bytes_out_(r.counter("pstrain_ps_sent_bytes_total", "Bytes of every frame sent.").with()),
+      updates_(r.counter("pstrain_ps_updates_total", "Pushes and assigns applied to chunks.")
+                   .with()),
+      copies_on_write_(r.counter("pstrain_ps_copies_on_write_total",
+                                 "Updates that copied a chunk a pull still held.")
+                           .with()),
+      optimizer_seconds_(r.counter("pstrain_ps_optimizer_seconds_total",
+                                   "Time spent applying the optimizer.")
+                             .with()),
+      chunks_(r.gauge("pstrain_ps_chunks", "Chunks this ps holds.").with()),
+      elements_(r.gauge("pstrain_ps_elements", "Values in this ps's chunks.").with()),
+      version_sum_(r.gauge("pstrain_ps_version_sum", "Sum of the chunks' versions.").with()),
+      version_max_(r.gauge("pstrain_ps_version_max", "Highest chunk version.").with()),
+      global_samples_(r.gauge("pstrain_ps_global_samples",
+                              "Samples all workers have trained on, as counted by this ps.")
+                          .with()),
+      parked_(r.gauge("pstrain_ps_parked_requests", "Requests waiting right now, by what for.",
+                      {"wait"})),
+      parked_barrier_(parked_.with({"barrier"})),
+      parked_kv_get_(parked_.with({"kv_get"})),
+      start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.")
+                      .with()) {
+  auto& requests = r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"});
+  // Every op's series exists from the start, so a scrape shows zeros
+  // rather than missing series.
+  for (std::uint8_t op = 1; op <= wire::kMaxOp; ++op)
+    requests_[op] = &requests.with({std::string(wire::to_string(static_cast<wire::Op>(op)))});
+  start_time_.set(unix_time());
+}
+
+void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coordinator) {
+  const auto& s = store.stats();
+  catch_up(updates_, double(s.updates));
+  catch_up(copies_on_write_, double(s.copies_on_write));
+  catch_up(optimizer_seconds_, s.optimizer_seconds);
+  chunks_.set(double(store.size()));
+  elements_.set(double(store.elements()));
+  version_sum_.set(double(store.version_sum()));
+  version_max_.set(double(store.version_max()));
+  global_samples_.set(double(coordinator.global_samples));
+  parked_barrier_.set(double(coordinator.parked_barrier));
+  parked_kv_get_.set(double(coordinator.parked_kv_get));
+}
+
+std::string PsStats::json(double now_unix) const {
   std::ostringstream j;
   j << "{\"ps\":" << ps_index_ << ",\"requests\":{";
   for (std::uint8_t op = 1; op <= wire::kMaxOp; ++op)
     j << (op > 1 ? "," : "") << '"' << wire::to_string(static_cast<wire::Op>(op))
-      << "\":" << requests_[op];
-  const auto& s = store.stats();
-  j << "},\"errors\":" << errors_ << ",\"malformed\":" << malformed_
-    << ",\"bytes_in\":" << bytes_in_ << ",\"bytes_out\":" << bytes_out_
-    << ",\"optimizer_seconds\":" << s.optimizer_seconds << ",\"updates\":" << s.updates
-    << ",\"copies_on_write\":" << s.copies_on_write << ",\"chunks\":" << store.size()
-    << ",\"elements\":" << store.elements() << ",\"version_sum\":" << store.version_sum()
-    << ",\"version_max\":" << store.version_max()
-    << ",\"global_samples\":" << coordinator.global_samples
-    << ",\"parked_barrier\":" << coordinator.parked_barrier
-    << ",\"parked_kv_get\":" << coordinator.parked_kv_get
-    << ",\"uptime_seconds\":" << std::chrono::duration<double>(now - started_).count() << "}";
+      << "\":" << whole(requests_[op]->value());
+  j << "},\"errors\":" << whole(errors_.value()) << ",\"malformed\":" << whole(malformed_.value())
+    << ",\"bytes_in\":" << whole(bytes_in_.value())
+    << ",\"bytes_out\":" << whole(bytes_out_.value())
+    << ",\"optimizer_seconds\":" << optimizer_seconds_.value()
+    << ",\"updates\":" << whole(updates_.value())
+    << ",\"copies_on_write\":" << whole(copies_on_write_.value())
+    << ",\"chunks\":" << whole(chunks_.value()) << ",\"elements\":" << whole(elements_.value())
+    << ",\"version_sum\":" << whole(version_sum_.value())
+    << ",\"version_max\":" << whole(version_max_.value())
+    << ",\"global_samples\":" << whole(global_samples_.value())
+    << ",\"parked_barrier\":" << whole(parked_barrier_.value())
+    << ",\"parked_kv_get\":" << whole(parked_kv_get_.value())
+    << ",\"uptime_seconds\":" << now_unix - start_time_.value() << "}";
   return j.str();
 }
 
 void PsStats::add_handler(Handlers& handlers, ReplySink& sink, const ChunkStore& store,
-                          const Coordinator& coordinator) const {
+                          const Coordinator& coordinator) {
   handlers.on(wire::Op::stats, [this, &sink, &store, &coordinator](const Request& request) {
+    refresh(store, coordinator.figures());
     Reply reply{wire::reply_to(request.header), {}};
-    wire::StatsReply{json(store, coordinator.figures(), request.received)}.write(reply.header);
+    wire::StatsReply{json(unix_time())}.write(reply.header);
     sink.send(request.from, std::move(reply));
   });
 }

@@ -1,7 +1,8 @@
 #pragma once
-// The ps's statistics: the counters the request loop keeps and the JSON the
-// stats op answers. Every figure the stats op reports is gathered here, so
-// moving them onto another metrics system is a change to this module only.
+// The ps's statistics: the counters the request loop keeps, the chunk
+// store's and coordinator's figures, and the JSON the stats op answers.
+// Every figure lives in the role's MetricsRegistry (shared/metrics_registry.h),
+// so the stats op and a Prometheus scrape read the same series.
 //
 // The JSON object's keys (tests and tools read them by name):
 //   ps, requests (an object: count per op name), errors, malformed,
@@ -11,7 +12,20 @@
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
 //
-// Thread rules: single-threaded, like the whole ps (server/request.h).
+// The series (Prometheus names):
+//   pstrain_ps_requests_total{op}, pstrain_ps_errors_total,
+//   pstrain_ps_malformed_requests_total, pstrain_ps_received_bytes_total,
+//   pstrain_ps_sent_bytes_total, pstrain_ps_updates_total,
+//   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
+//   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
+//   pstrain_ps_version_sum, pstrain_ps_version_max, pstrain_ps_global_samples,
+//   pstrain_ps_parked_requests{wait}, pstrain_ps_start_time_seconds.
+// The request loop's counters move with every request; the store's and the
+// coordinator's figures are copied in by refresh(), because some of them
+// (elements, version sums) are loops over every chunk, too dear per request.
+//
+// Thread rules: the counting calls and refresh() run on the ps thread, like
+// the whole ps (server/request.h); the registry may be read from any thread.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -19,34 +33,50 @@
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/request.h"
+#include "shared/metrics_registry.h"
 
 namespace pstrain::ps {
 
 class PsStats {
  public:
-  PsStats(std::uint32_t ps_index, Clock::time_point started);
+  // Registers this ps's series in `registry`, which must outlive the stats.
+  PsStats(MetricsRegistry& registry, std::uint32_t ps_index);
 
-  void received(std::size_t bytes) { bytes_in_ += bytes; }  // every frame that came in
-  void sent(std::size_t bytes) { bytes_out_ += bytes; }     // every frame that went out
-  void malformed() { ++malformed_; }  // a message that is not a decodable request
-  void request(wire::Op op) { ++requests_[static_cast<std::size_t>(op)]; }  // decoded
-  void error() { ++errors_; }         // a request answered with an error
+  void received(std::size_t bytes) { bytes_in_.add(double(bytes)); }  // every frame in
+  void sent(std::size_t bytes) { bytes_out_.add(double(bytes)); }     // every frame out
+  void malformed() { malformed_.add(); }  // a message that is not a decodable request
+  void request(wire::Op op) { requests_[static_cast<std::size_t>(op)]->add(); }  // decoded
+  void error() { errors_.add(); }         // a request answered with an error
 
-  std::string json(const ChunkStore& store, const Coordinator::Figures& coordinator,
-                   Clock::time_point now) const;
+  // Copies the store's and the coordinator's figures into their series.
+  void refresh(const ChunkStore& store, const Coordinator::Figures& coordinator);
 
-  // Registers the stats op, answering json() of this ps's store and coordinator.
+  // The stats op's JSON, from the series as the last refresh() left them.
+  std::string json(double now_unix) const;
+
+  // Registers the stats op: refresh(), then answer json().
   void add_handler(Handlers& handlers, ReplySink& sink, const ChunkStore& store,
-                   const Coordinator& coordinator) const;
+                   const Coordinator& coordinator);
 
  private:
   std::uint32_t ps_index_;
-  Clock::time_point started_;
-  std::array<std::uint64_t, wire::kMaxOp + 1> requests_{};
-  std::uint64_t errors_ = 0;
-  std::uint64_t malformed_ = 0;
-  std::uint64_t bytes_in_ = 0;
-  std::uint64_t bytes_out_ = 0;
+  std::array<Counter*, wire::kMaxOp + 1> requests_{};  // by op; [0] unused
+  Counter& errors_;
+  Counter& malformed_;
+  Counter& bytes_in_;
+  Counter& bytes_out_;
+  Counter& updates_;
+  Counter& copies_on_write_;
+  Counter& optimizer_seconds_;
+  Gauge& chunks_;
+  Gauge& elements_;
+  Gauge& version_sum_;
+  Gauge& version_max_;
+  Gauge& global_samples_;
+  MetricFamily<Gauge>& parked_;  // by what the requests wait in
+  Gauge& parked_barrier_;
+  Gauge& parked_kv_get_;
+  Gauge& start_time_;
 };
 
 }  // namespace pstrain::ps
