@@ -471,6 +471,19 @@ class RestartPolicyTest(unittest.TestCase):
         self.assertEqual(sorted(run["name"] for run in self.fake_runs()),
                          ["ps0", "ps1", "worker0", "worker1", "worker1"])
 
+    def test_losing_every_worker_fails_the_run_even_under_continue(self):
+        r, record = self.launch({"worker0": ["exit 6 0.1"], "worker1": ["exit 6 0.6"],
+                                 "default": "exit 0 30"}, "--max-restarts", "1")
+        self.assertEqual(r.returncode, 6, r.stderr)
+        self.assertEqual(record["on_worker_loss"], "continue")
+        self.assertIn("launch: every worker is lost; stopping the run.", r.stderr)
+        self.assertIn("launch: worker1 exited with code 6; stopped the other processes "
+                      "(its 1 restarts are spent).", r.stderr)
+        self.assertEqual((record["failed"], record["lost"]), ("worker1", ["worker0", "worker1"]))
+        entries = self.entries(record)
+        for name in ("ps0", "ps1"):
+            self.assertEqual(entries[name]["exit"], -signal.SIGTERM, name)
+
     def test_an_exhausted_worker_under_fail_stops_the_run(self):
         for overrides in (["--mode", "sync"], ["--set", "train.on_worker_loss=fail"]):
             with self.subTest(overrides=overrides):
