@@ -25,7 +25,8 @@ Coordinator::Coordinator(CoordinatorOptions options, ReplySink& sink)
     : options_(std::move(options)),
       sink_(sink),
       heard_(options_.workers),
-      done_(options_.workers, false) {}
+      done_(options_.workers, false),
+      worker_samples_(options_.workers, 0) {}
 
 void Coordinator::add_handlers(Handlers& handlers) {
   handlers.on(Op::hello, [this](const Request& r) { hello(r); });
@@ -109,6 +110,7 @@ void Coordinator::heartbeat(const Request& request) {
     throw std::invalid_argument("heartbeat count " + std::to_string(beat.samples) +
                                 " overflows the global sample count");
   global_samples_ += beat.samples;
+  worker_samples_[request.header.sender] += beat.samples;
   Reply reply{wire::reply_to(request.header), {}};
   wire::GlobalSamples{global_samples_}.write(reply.header);
   sink_.send(request.from, std::move(reply));
@@ -117,10 +119,10 @@ void Coordinator::heartbeat(const Request& request) {
 void Coordinator::done(const Request& request) {
   const auto sender = request.header.sender;
   check_worker(sender, "done");
-  if (!done_[sender])
-    log("worker ", sender, " done after ", wire::Done::read(request.header).total_samples,
-        " samples");
+  const auto total = wire::Done::read(request.header).total_samples;
+  if (!done_[sender]) log("worker ", sender, " done after ", total, " samples");
   done_[sender] = true;
+  worker_samples_[sender] = std::max(worker_samples_[sender], total);
   if (std::ranges::all_of(done_, [](bool d) { return d; })) {
     log("all ", done_.size(), " workers done; exiting");
     exit_code_ = 0;
@@ -187,6 +189,12 @@ void Coordinator::check_worker_timeout(Clock::time_point now) {
 std::optional<Clock::time_point> Coordinator::next_deadline() const {
   if (kv_waiting_.empty()) return std::nullopt;
   return std::ranges::min_element(kv_waiting_, {}, &Parked::deadline)->deadline;
+}
+
+void Coordinator::restore_samples(std::uint64_t global,
+                                  const std::vector<std::uint64_t>& per_worker) {
+  global_samples_ = global;
+  if (per_worker.size() == worker_samples_.size()) worker_samples_ = per_worker;
 }
 
 Coordinator::Figures Coordinator::figures() const {

@@ -25,6 +25,8 @@ struct ClusterSpec {
   double lr = 1;
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
+  double checkpoint_every_s = 60;
+  std::uint32_t checkpoint_keep = 3;
 };
 
 class PsCluster {
@@ -38,7 +40,9 @@ class PsCluster {
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
       << "data: {name: synthetic}\n"
       << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
-      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n";
+      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n"
+      << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
+      << "}\n";
     cluster_file_ = dir_.path() / "cluster.yaml";
     std::ofstream(cluster_file_) << y.str();
     config_ = load_config(cluster_file_);
