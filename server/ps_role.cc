@@ -1,5 +1,7 @@
 #include "server/ps_role.h"
 
+#include <random>
+
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/data_handlers.h"
@@ -9,6 +11,17 @@
 #include "shared/snapshot.h"
 
 namespace pstrain {
+namespace {
+
+// A new generation for every process start (wire::Header::generation), so
+// clients see a restart; never 0, which requests carry.
+std::uint64_t new_generation() {
+  std::random_device random;
+  const std::uint64_t g = std::uint64_t{random()} << 32 | random();
+  return g == 0 ? 1 : g;
+}
+
+}  // namespace
 
 int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                 const std::optional<std::filesystem::path>& restore_dir) {
@@ -19,7 +32,15 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   const auto address = config.ps[index].bind_address();
   MetricsRegistry metrics;
   ps::PsStats stats(metrics, index);
-  ps::RequestLoop loop({index, config.hash(), config.to_yaml(), address}, stats);
+  const auto generation = new_generation();
+  ps::RequestLoop loop({.ps_index = index,
+                        .run_id = config.hash(),
+                        .config_yaml = config.to_yaml(),
+                        .bind_address = address,
+                        .generation = generation,
+                        .fault = config.net.fault,
+                        .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1))},
+                       stats);
   ChunkStore store(config.optimizer);
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
@@ -42,7 +63,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     return 2;
   }
   log("serving on ", address, " (", config.workers.size(), " workers, optimizer ",
-      to_string(config.optimizer.kind), ")");
+      to_string(config.optimizer.kind), ", generation ", generation, ")");
   try {
     return loop.run(coordinator);
   } catch (const ps::NetworkError& e) {
