@@ -25,6 +25,9 @@ struct ClusterSpec {
   double lr = 1;
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
+  double request_timeout = 10;
+  double retry_interval = 1;
+  double fault_drop = 0;  // net.fault.drop, for every process of the cluster
 };
 
 class PsCluster {
@@ -38,7 +41,9 @@ class PsCluster {
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
       << "data: {name: synthetic}\n"
       << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
-      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n";
+      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
+      << ", request_timeout: " << spec.request_timeout << ", retry_interval: " << spec.retry_interval
+      << ", fault: {drop: " << spec.fault_drop << "}}\n";
     cluster_file_ = dir_.path() / "cluster.yaml";
     std::ofstream(cluster_file_) << y.str();
     config_ = load_config(cluster_file_);
