@@ -26,13 +26,15 @@
 //   lowest id first). An id at or below the highest evicted one that is not
 //   in the window cannot be told apart from a resend of an evicted request:
 //   it is refused (Verdict::too_old) rather than risk a second application.
-//   A client never has kWindow requests in flight to one ps, so a genuine
-//   resend always falls inside the window.
+//   A genuine resend falls inside the window unless its client applied more
+//   than kWindow later updates at this ps meanwhile, i.e. had that many in
+//   flight to one ps at once (a variable of over 256 MB per ps at the default
+//   chunk size): such a resend fails with an error instead.
 // - at most kClients incarnations; the least recently used is dropped when a
 //   new one would exceed that. A hello from a new incarnation of a sender
 //   drops the sender's other incarnations: that process has restarted, and
 //   its old requests will never be resent.
-// Memory: about kClients x kWindow x 40 B (10 MB) at most.
+// Memory: about kClients x kWindow x 64 B (a std::map node; 17 MB) at most.
 //
 // Requests with incarnation 0 (tools and tests speaking the wire protocol by
 // hand) are neither recorded nor looked up.
