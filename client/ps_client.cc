@@ -6,10 +6,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unistd.h>
 #include <unordered_map>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "shared/fault.h"
 #include "shared/init.h"
 #include "shared/messages.h"
 
@@ -18,6 +24,42 @@ namespace pstrain {
 using wire::Header;
 using wire::Op;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// New for every process (a forked child gets its own), never 0: the ps keeps
+// its record of applied requests per incarnation (server/dedup.h).
+std::uint64_t process_incarnation() {
+  static std::mutex mutex;
+  static pid_t pid = 0;
+  static std::uint64_t value = 0;
+  const std::lock_guard lock(mutex);
+  if (pid != ::getpid()) {
+    pid = ::getpid();
+    std::random_device random;
+    value = (std::uint64_t{random()} << 32 | random()) ^
+            static_cast<std::uint64_t>(std::time(nullptr)) ^ static_cast<std::uint64_t>(pid);
+    if (value == 0) value = 1;
+  }
+  return value;
+}
+
+// Request ids are sequence numbers of the process, shared by all its
+// clients (a worker's trainer and evaluator share its incarnation), so no
+// two requests of one incarnation carry the same id.
+std::uint64_t next_sequence() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The ops a client resends: the ps answers a resent update from its record,
+// and a pull changes nothing.
+bool resendable(Op op) {
+  return op == Op::init || op == Op::pull || op == Op::push || op == Op::push_pull ||
+         op == Op::assign;
+}
+
+}  // namespace
 
 struct PsClient::Impl {
   static constexpr std::uint32_t kNoVariable = ~0u;
@@ -46,23 +88,35 @@ struct PsClient::Impl {
     std::uint32_t server = 0;
     const ChunkRef* chunk = nullptr;  // data operations
     float* out = nullptr;             // where pulled values of the variable go
+    // What a resend needs (data operations only): the encoded header, the
+    // caller's payload (the library's until the ticket is waited for), and
+    // when it goes out again.
+    Op op = Op::hello;
+    bool payload_frame = false;
+    std::vector<std::uint8_t> header{};
+    std::span<const float> floats{};
+    Clock::duration interval{};
+    Clock::time_point resend_at = Clock::time_point::max();
   };
 
-  // Zero-copy frames ZeroMQ has not released yet, over all tickets:
-  // decremented from ZeroMQ's I/O thread, hence atomic. It belongs to the
+  std::vector<std::string> addresses;
+  // Zero-copy frames ZeroMQ has not released yet, per ps, over all tickets:
+  // decremented from ZeroMQ's I/O thread, hence atomic. They belong to the
   // client rather than a ticket, whose state may be gone by the time the I/O
   // thread notifies; declared before the context, which releases the last
   // frames when it terminates.
-  std::atomic<std::uint64_t> sends_in_flight{0};
+  std::vector<std::atomic<std::uint64_t>> frames_held;
   std::unordered_map<Ticket, std::unique_ptr<TicketState>> tickets;
   std::unordered_map<std::uint64_t, Request> requests;
-  std::vector<std::string> addresses;
   ShardMap map;
   std::uint64_t run_id;
   PsClientOptions options;
   std::vector<std::uint64_t> pulled_version;  // per chunk of map.all_chunks()
   std::vector<double> staleness;              // per variable
-  std::uint64_t next_request = 1;
+  std::vector<std::uint64_t> generations;     // per ps: the latest its replies carried
+  std::vector<bool> generation_changed;       // per ps: since take_generation_change
+  std::uint64_t incarnation = process_incarnation();
+  FaultInjector faults;
   Ticket next_ticket = 1;
   zmq::context_t context;
   std::vector<zmq::socket_t> sockets;
@@ -70,11 +124,15 @@ struct PsClient::Impl {
   Impl(std::vector<std::string> ps_addresses, ShardMap shard_map, std::uint64_t run,
        PsClientOptions opts)
       : addresses(std::move(ps_addresses)),
+        frames_held(addresses.size()),
         map(std::move(shard_map)),
         run_id(run),
         options(opts),
         pulled_version(map.all_chunks().size(), 0),
         staleness(map.variables().size(), 0.0),
+        generations(addresses.size(), 0),
+        generation_changed(addresses.size(), false),
+        faults(options.fault, options.fault_seed),
         context(1) {
     if (addresses.size() != map.servers())
       throw std::invalid_argument("ps client: " + std::to_string(addresses.size()) +
@@ -116,38 +174,91 @@ struct PsClient::Impl {
   }
 
   static void release_send(void*, void* hint) {
-    auto& in_flight = static_cast<Impl*>(hint)->sends_in_flight;
-    in_flight.fetch_sub(1);
-    in_flight.notify_all();
+    static_cast<std::atomic<std::uint64_t>*>(hint)->fetch_sub(1);
   }
 
   // Sends one request; `floats` go out zero-copy from the caller's buffer,
-  // `bytes` (small control payloads) are copied.
+  // `bytes` (small control payloads) are copied. Data requests are resent
+  // from `requests` until their reply comes (resend_due).
   void send(Ticket id, TicketState& t, Request r, Header h, std::span<const float> floats,
             std::span<const std::uint8_t> bytes = {}) {
-    h.request_id = next_request++;
+    h.request_id = next_sequence();
     h.sender = options.sender;
+    h.incarnation = incarnation;
     h.run_id = run_id;
     const bool has_payload = !floats.empty() || h.dtype == wire::DType::bytes;
     if (has_payload) {
       h.payload_frames = 1;
       h.elements = floats.empty() ? bytes.size() : floats.size();
     }
-    const auto header = wire::encode_header(h);
+    r.ticket = id;
+    r.op = h.op;
+    r.payload_frame = has_payload;
+    r.header = wire::encode_header(h);
+    r.floats = floats;
+    if (resendable(h.op)) {
+      r.interval = seconds(options.retry_interval_s);
+      r.resend_at = Clock::now() + r.interval;
+    }
+    transmit(r, bytes, /*zero_copy=*/true);
+    if (!resendable(h.op)) r.header = {};  // not needed again
+    requests.emplace(h.request_id, std::move(r));
+    ++t.replies_left;
+  }
+
+  // Puts `r` on its ps's socket (unless fault injection drops it). A resend
+  // copies the payload: the first send's zero-copy frame may still sit in a
+  // queue, and a copy is ZeroMQ's to free whenever it likes.
+  void transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy) {
+    if (faults.drop(r.op)) return;
+    const bool has_payload = r.payload_frame;
     auto& socket = sockets[r.server];
-    socket.send(zmq::buffer(header), has_payload ? zmq::send_flags::sndmore
-                                                 : zmq::send_flags::none);
-    if (!floats.empty()) {
-      sends_in_flight.fetch_add(1);
-      zmq::message_t payload(const_cast<float*>(floats.data()), floats.size_bytes(),
-                             &Impl::release_send, this);
-      socket.send(payload, zmq::send_flags::none);
+    socket.send(zmq::buffer(r.header), has_payload ? zmq::send_flags::sndmore
+                                                   : zmq::send_flags::none);
+    if (!r.floats.empty()) {
+      const auto data = const_cast<float*>(r.floats.data());
+      if (zero_copy) {
+        frames_held[r.server].fetch_add(1);
+        zmq::message_t payload(data, r.floats.size_bytes(), &Impl::release_send,
+                               &frames_held[r.server]);
+        socket.send(payload, zmq::send_flags::none);
+      } else {
+        zmq::message_t payload(data, r.floats.size_bytes());
+        socket.send(payload, zmq::send_flags::none);
+      }
     } else if (has_payload) {
       socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
     }
-    r.ticket = id;
-    requests.emplace(h.request_id, r);
-    ++t.replies_left;
+  }
+
+  // Resends every data request whose reply is overdue, each after twice as
+  // long as the time before. A ps whose socket still holds zero-copy frames
+  // is not reading them (stalled, or gone and reconnecting): its socket is
+  // replaced, which makes ZeroMQ drop and release those frames, and every
+  // data request to it is resent on the new one. Control requests on a
+  // replaced socket are not resent (a heartbeat must not count twice); they
+  // end at their deadline.
+  void resend_due() {
+    const auto now = Clock::now();
+    std::vector<bool> due(addresses.size(), false);
+    for (const auto& [rid, r] : requests) due[r.server] = due[r.server] || r.resend_at <= now;
+    for (std::uint32_t s = 0; s < due.size(); ++s) {
+      if (!due[s]) continue;
+      const bool replace = frames_held[s].load() > 0;
+      if (replace) sockets[s] = make_socket(s);
+      for (auto& [rid, r] : requests) {
+        if (r.server != s || r.header.empty() || (!replace && r.resend_at > now)) continue;
+        transmit(r, {}, /*zero_copy=*/false);
+        r.interval *= 2;
+        r.resend_at = now + r.interval;
+      }
+    }
+  }
+
+  Clock::time_point next_resend() const {
+    auto next = Clock::time_point::max();
+    for (const auto& [rid, r] : requests) next = std::min(next, r.resend_at);
+    return next;
   }
 
   Ticket data_op(Op op, std::string_view name, std::span<const float> grad,
@@ -205,7 +316,7 @@ struct PsClient::Impl {
     auto deadline = Clock::now() + seconds(t.timeout_s);
     while (t.replies_left > 0) {
       const auto before = t.replies_left;
-      poll(deadline - Clock::now());
+      poll(std::min(deadline, next_resend()) - Clock::now());
       if (t.replies_left < before) {
         deadline = Clock::now() + seconds(t.timeout_s);
       } else if (Clock::now() >= deadline) {
@@ -215,7 +326,7 @@ struct PsClient::Impl {
     // Every caller buffer ZeroMQ still reads from is released before a call
     // returns, and before an error leaves the client: the caller may free
     // buffers of other calls while unwinding.
-    wait_for_releases();
+    wait_for_releases(Clock::now() + seconds(t.timeout_s));
     if (t.variable != kNoVariable && t.staleness_chunks > 0)
       staleness[t.variable] = t.staleness_sum / static_cast<double>(t.staleness_chunks);
     auto error = std::move(t.error);
@@ -229,9 +340,44 @@ struct PsClient::Impl {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
 
-  void wait_for_releases() {
-    for (auto n = sends_in_flight.load(); n != 0; n = sends_in_flight.load())
-      sends_in_flight.wait(n);
+  bool frames_released() const {
+    return std::ranges::all_of(frames_held, [](const auto& n) { return n.load() == 0; });
+  }
+
+  // Waits until ZeroMQ has released every zero-copy frame, serving replies
+  // and resends meanwhile: a ps that does not read its frames gets its
+  // requests resent, and its socket replaced, after retry_interval_s
+  // (resend_due). At `deadline` the sockets of every ps still holding frames
+  // are replaced (closed with linger 0, which frees their queued frames; their
+  // data requests go out again on the new ones) and it waits as long again.
+  // Frames still held after that would be read after the caller frees its
+  // buffers, so the process stops rather than return.
+  void wait_for_releases(Clock::time_point deadline) {
+    const auto grace = deadline - Clock::now();
+    bool replaced = false;
+    while (!frames_released()) {
+      if (Clock::now() >= deadline) {
+        if (replaced) {
+          std::fprintf(stderr, "ps client: ZeroMQ kept zero-copy frames after their sockets "
+                       "were closed; stopping rather than free buffers it may read\n");
+          std::abort();
+        }
+        for (std::uint32_t s = 0; s < sockets.size(); ++s)
+          if (frames_held[s].load() > 0) replace_socket(s);
+        replaced = true;
+        deadline = Clock::now() + std::max(grace, seconds(1));
+      }
+      poll(std::chrono::milliseconds(1));
+    }
+  }
+
+  // A new DEALER for ps `server`; its data requests in flight go out again
+  // on it (replies to the old socket's identity are lost).
+  void replace_socket(std::uint32_t server) {
+    sockets[server] = make_socket(server);
+    const auto now = Clock::now();
+    for (auto& [rid, r] : requests)
+      if (r.server == server && !r.header.empty()) r.resend_at = now;
   }
 
   [[noreturn]] void timed_out(Ticket id, TicketState& t) {
@@ -254,8 +400,8 @@ struct PsClient::Impl {
              describe(t) + " within " + secs + " s";
     // The silent ps may still hold our zero-copy frames in its queue; a fresh
     // socket drops them so the caller gets its buffers back.
-    for (auto s : silent) sockets[s] = make_socket(s);
-    wait_for_releases();
+    for (auto s : silent) replace_socket(s);
+    wait_for_releases(Clock::now() + seconds(t.timeout_s));
     tickets.erase(id);
     throw PsError(msg);
   }
@@ -280,6 +426,7 @@ struct PsClient::Impl {
         dispatch(s, frames);
       }
     }
+    resend_due();
   }
 
   void dispatch(std::uint32_t server, std::vector<zmq::message_t>& frames) {
@@ -289,8 +436,9 @@ struct PsClient::Impl {
     } catch (const wire::ProtocolError&) {
       return;  // not attributable to any request; its request will time out
     }
+    note_generation(server, h.generation);
     const auto it = requests.find(h.request_id);
-    if (it == requests.end()) return;  // a request given up on after a timeout
+    if (it == requests.end()) return;  // given up on after a timeout, or a resend's twin
     const Request r = it->second;
     requests.erase(it);
     auto& t = *tickets.at(r.ticket);
@@ -318,6 +466,14 @@ struct PsClient::Impl {
       if (t.error.empty())
         t.error = where(server) + ": " + describe(t) + " failed: " + e.what();
     }
+  }
+
+  // Replies of a ps carry its generation; a new one means it restarted.
+  // 0 (a peer that does not say) is no news.
+  void note_generation(std::uint32_t server, std::uint64_t generation) {
+    if (generation == 0 || generation == generations[server]) return;
+    if (generations[server] != 0) generation_changed[server] = true;
+    generations[server] = generation;
   }
 
   void take_chunk_reply(TicketState& t, const Request& r, const Header& h,
@@ -354,7 +510,12 @@ std::vector<std::string> connect_addresses(const ClusterConfig& config) {
 
 PsClient::PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map)
     : PsClient(connect_addresses(config), std::move(map), config.hash(),
-               PsClientOptions{sender, config.net.request_timeout, config.to_yaml()}) {}
+               PsClientOptions{.sender = sender,
+                                .timeout_s = config.net.request_timeout,
+                                .retry_interval_s = config.net.retry_interval,
+                                .config_yaml = config.to_yaml(),
+                                .fault = config.net.fault,
+                                .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1))}) {}
 
 PsClient::~PsClient() = default;
 
@@ -405,6 +566,17 @@ PsClient::Ticket PsClient::assign(std::string_view variable, std::span<const flo
 }
 
 void PsClient::wait(Ticket ticket) { impl_->wait(ticket); }
+
+std::uint64_t PsClient::generation(std::uint32_t server) const {
+  return impl_->generations.at(server);
+}
+
+bool PsClient::take_generation_change(std::uint32_t server) {
+  auto& changed = impl_->generation_changed;
+  const bool was = changed.at(server);
+  changed[server] = false;
+  return was;
+}
 
 void PsClient::wait_all() {
   while (!impl_->tickets.empty()) impl_->wait(impl_->tickets.begin()->first);

@@ -14,6 +14,23 @@
 // frames) and pulled values are written once into them. A PsClient is used by
 // one thread; other threads (an evaluator) make their own. ZeroMQ stays
 // entirely behind this interface.
+//
+// Failures: every wait has a deadline. A data request (init, pull, push,
+// push_pull, assign) unanswered after retry_interval_s is resent, then after
+// twice as long, and so on; the ps answers a resent update from its record
+// instead of applying it twice (server/dedup.h). A call fails with PsError
+// naming the ps when that ps has not answered for timeout_s. A ps that does
+// not read what was sent to it (stalled) keeps ZeroMQ from releasing the
+// caller's buffers; its socket is then replaced, which frees them.
+// Control operations are not resent.
+//
+// Restarts: every reply carries its ps's generation (wire::Header), new at
+// every ps start. The client remembers the latest per ps; a change means the
+// ps restarted and may hold other values than this worker last saw (and its
+// record of applied requests started empty, so an update resent to it is
+// applied there, once). Calls do not fail on a change: the caller asks
+// take_generation_change() between steps and decides (re-pull, or refuse a
+// ps that lost its state), so one check point covers every call of a step.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,9 +54,12 @@ struct PsError : std::runtime_error {
 struct PsClientOptions {
   std::uint32_t sender = 0;      // worker index, sent with every request
   double timeout_s = 30;         // a ps silent for this long is an error
+  double retry_interval_s = 1;   // a data request unanswered this long is resent (doubling)
   // The resolved config (ClusterConfig::to_yaml), sent with hello so a ps
   // whose config differs can say which keys differ.
   std::string config_yaml;
+  FaultConfig fault;             // for tests (net.fault): off by default
+  std::uint64_t fault_seed = 0;
 };
 
 class PsClient {
@@ -70,6 +90,13 @@ class PsClient {
   Ticket assign(std::string_view variable, std::span<const float> values);
   void wait(Ticket ticket);
   void wait_all();
+
+  // The generation ps `server`'s replies carry: the first reply's, or the
+  // latest after a change; 0 before any reply.
+  std::uint64_t generation(std::uint32_t server) const;
+  // Whether ps `server`'s generation changed since the previous call (the
+  // first reply's generation is not a change): true once per change.
+  bool take_generation_change(std::uint32_t server);
 
   // Staleness of the last push (push or push_pull) of `variable`: updates
   // other workers applied between this client's pull and its push, summed

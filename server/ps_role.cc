@@ -1,5 +1,7 @@
 #include "server/ps_role.h"
 
+#include <random>
+
 #include "server/checkpointer.h"
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
@@ -10,6 +12,17 @@
 #include "shared/log.h"
 
 namespace pstrain {
+namespace {
+
+// A new generation for every process start (wire::Header::generation), so
+// clients see a restart; never 0, which requests carry.
+std::uint64_t new_generation() {
+  std::random_device random;
+  const std::uint64_t g = std::uint64_t{random()} << 32 | random();
+  return g == 0 ? 1 : g;
+}
+
+}  // namespace
 
 int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                 const std::optional<std::filesystem::path>& restore) {
@@ -35,7 +48,16 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   const std::uint64_t restored_from = restored ? restored->checkpoint_seq : 0;
   MetricsRegistry metrics;
   ps::PsStats stats(metrics, index);
-  ps::RequestLoop loop({index, hash, config.to_yaml(), address, restored_from}, stats);
+  const auto generation = new_generation();
+  ps::RequestLoop loop({.ps_index = index,
+                        .run_id = hash,
+                        .config_yaml = config.to_yaml(),
+                        .bind_address = address,
+                        .restored_from = restored_from,
+                        .generation = generation,
+                        .fault = config.net.fault,
+                        .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1))},
+                       stats);
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
                                std::chrono::duration<double>(config.net.worker_timeout)},
@@ -52,7 +74,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     return 2;
   }
   log("serving on ", address, " (", config.workers.size(), " workers, optimizer ",
-      to_string(config.optimizer.kind), ", restored_from ", restored_from, ")");
+      to_string(config.optimizer.kind), ", restored_from ", restored_from,
+      ", generation ", generation, ")");
   std::optional<ps::Checkpointer> checkpointer;
   if (config.checkpoint.every_s > 0)
     checkpointer.emplace(

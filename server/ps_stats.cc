@@ -24,6 +24,15 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
       malformed_(r.counter("pstrain_ps_malformed_requests_total",
                            "Messages that were not a decodable request.")
                      .with()),
+      resends_answered_(r.counter("pstrain_ps_resends_answered_total",
+                                  "Resent updates answered from the record instead of applied again.")
+                            .with()),
+      too_old_(r.counter("pstrain_ps_requests_too_old_total",
+                         "Resends too old for the record to tell whether they were applied; refused.")
+                   .with()),
+      fault_drops_(r.counter("pstrain_ps_fault_drops_total",
+                             "Replies dropped by fault injection (net.fault.drop, for tests).")
+                       .with()),
       bytes_in_(r.counter("pstrain_ps_received_bytes_total", "Bytes of every frame received.")
                     .with()),
       bytes_out_(r.counter("pstrain_ps_sent_bytes_total", "Bytes of every frame sent.").with()),
@@ -77,6 +86,9 @@ std::string PsStats::json(double now_unix) const {
     j << (op > 1 ? "," : "") << '"' << wire::to_string(static_cast<wire::Op>(op))
       << "\":" << whole(requests_[op]->value());
   j << "},\"errors\":" << whole(errors_.value()) << ",\"malformed\":" << whole(malformed_.value())
+    << ",\"resends_answered\":" << whole(resends_answered_.value())
+    << ",\"requests_too_old\":" << whole(too_old_.value())
+    << ",\"fault_drops\":" << whole(fault_drops_.value())
     << ",\"bytes_in\":" << whole(bytes_in_.value())
     << ",\"bytes_out\":" << whole(bytes_out_.value())
     << ",\"optimizer_seconds\":" << optimizer_seconds_.value()

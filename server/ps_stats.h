@@ -6,6 +6,7 @@
 //
 // The JSON object's keys (tests and tools read them by name):
 //   ps, requests (an object: count per op name), errors, malformed,
+//   resends_answered, requests_too_old, fault_drops,
 //   bytes_in, bytes_out, optimizer_seconds, updates, copies_on_write,
 //   chunks, elements, version_sum, version_max, global_samples,
 //   parked_barrier, parked_kv_get, uptime_seconds.
@@ -14,7 +15,9 @@
 //
 // The series (Prometheus names):
 //   pstrain_ps_requests_total{op}, pstrain_ps_errors_total,
-//   pstrain_ps_malformed_requests_total, pstrain_ps_received_bytes_total,
+//   pstrain_ps_malformed_requests_total, pstrain_ps_resends_answered_total,
+//   pstrain_ps_requests_too_old_total, pstrain_ps_fault_drops_total,
+//   pstrain_ps_received_bytes_total,
 //   pstrain_ps_sent_bytes_total, pstrain_ps_updates_total,
 //   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
@@ -47,6 +50,9 @@ class PsStats {
   void malformed() { malformed_.add(); }  // a message that is not a decodable request
   void request(wire::Op op) { requests_[static_cast<std::size_t>(op)]->add(); }  // decoded
   void error() { errors_.add(); }         // a request answered with an error
+  void resend_answered() { resends_answered_.add(); }  // from the record (server/dedup.h)
+  void too_old() { too_old_.add(); }         // a resend the record cannot tell about
+  void fault_drop() { fault_drops_.add(); }  // a reply net.fault dropped
 
   // Copies the store's and the coordinator's figures into their series.
   void refresh(const ChunkStore& store, const Coordinator::Figures& coordinator);
@@ -63,6 +69,9 @@ class PsStats {
   std::array<Counter*, wire::kMaxOp + 1> requests_{};  // by op; [0] unused
   Counter& errors_;
   Counter& malformed_;
+  Counter& resends_answered_;
+  Counter& too_old_;
+  Counter& fault_drops_;
   Counter& bytes_in_;
   Counter& bytes_out_;
   Counter& updates_;

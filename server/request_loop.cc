@@ -6,6 +6,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "server/dedup.h"
 #include "shared/config.h"
 #include "shared/log.h"
 #include "shared/messages.h"
@@ -99,10 +100,19 @@ struct RequestLoop::Impl {
   PsStats& stats;
   StopSignals signals;
   Handlers handlers;
+  Dedup dedup;
+  FaultInjector faults;
+  // While a recorded op's handler runs: its request, whose reply send()
+  // records in dedup.
+  const Header* recording = nullptr;
+  // While a resent push_pull is answered through the pull handler: the op
+  // its reply must carry.
+  std::optional<Op> answering_as;
   zmq::context_t context;
   zmq::socket_t socket{context, zmq::socket_type::router};
 
-  Impl(RequestLoopOptions opts, PsStats& s) : options(std::move(opts)), stats(s) {
+  Impl(RequestLoopOptions opts, PsStats& s)
+      : options(std::move(opts)), stats(s), faults(options.fault, options.fault_seed) {
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
     // Replies to `done` and `shutdown` are the last messages; let them leave.
@@ -154,13 +164,46 @@ struct RequestLoop::Impl {
       coordinator.heard(request.header.sender, request.received);
       const Handler* handler = handlers.find(request.header.op);
       if (!handler) throw wire::ProtocolError("this ps does not serve the op");
+      if (request.header.op == Op::hello) dedup.hello(request.header);
+      const auto seen = dedup.find(request.header);
+      if (seen.verdict == Dedup::Verdict::resent) return answer_resend(request, seen.version);
+      if (seen.verdict == Dedup::Verdict::too_old) {
+        stats.too_old();
+        throw std::runtime_error("request id " + std::to_string(request.header.request_id) +
+                                 " is older than the last " + std::to_string(Dedup::kWindow) +
+                                 " this ps recorded for the sender; it may have been applied "
+                                 "already, so it is not applied again");
+      }
+      recording = &request.header;
       (*handler)(request);
+      recording = nullptr;
     } catch (const std::exception& e) {
+      recording = nullptr;
+      answering_as.reset();
       stats.error();
       send(request.from,
            {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
             {}});
     }
+  }
+
+  // A resend of an update this ps applied already (server/dedup.h says what
+  // it is answered with).
+  void answer_resend(const Request& request, std::uint64_t version) {
+    stats.resend_answered();
+    if (request.header.op != Op::push_pull) {
+      Reply reply{wire::reply_to(request.header), {}};
+      wire::ChunkReply{version}.write(reply.header);
+      return send(request.from, std::move(reply));
+    }
+    Request as_pull = request;
+    as_pull.header.op = Op::pull;
+    as_pull.header.payload_frames = 0;
+    as_pull.header.elements = 0;
+    as_pull.payload = {};
+    answering_as = Op::push_pull;
+    (*handlers.find(Op::pull))(as_pull);
+    answering_as.reset();
   }
 
   // What every request must satisfy before its handler sees it.
@@ -193,8 +236,13 @@ struct RequestLoop::Impl {
 
   void send(const Peer& to, Reply reply) {
     Header& h = reply.header;
+    if (answering_as) h.op = *answering_as;
+    if (recording && h.status == wire::Status::ok && h.request_id == recording->request_id)
+      dedup.record(*recording, h.version);
+    if (faults.drop(h.op)) return stats.fault_drop();
     // Replies carry the run id, except hello's (protocol.h) and errors.
     if (h.status == wire::Status::ok && h.op != Op::hello) h.run_id = options.run_id;
+    h.generation = options.generation;
     std::optional<zmq::message_t> payload;
     if (const auto* values = std::get_if<ValueBuffer>(&reply.payload)) {
       h.dtype = wire::DType::f32;

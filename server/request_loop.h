@@ -6,6 +6,14 @@
 // handler. Chunk values leave without a copy. A message that cannot be
 // decoded or a handler that throws gets an error reply; the loop goes on.
 //
+// The loop also keeps the record of applied updates (server/dedup.h): a
+// resent update is answered from it (push_pull through the pull handler)
+// instead of reaching its handler, and a resend too old to tell is refused.
+// The record lives and dies with the loop, whose generation (stamped on
+// every reply) is fixed: a resend is never answered from the record of
+// another generation. Fault injection (net.fault, for tests) drops or
+// delays data replies as they are sent.
+//
 //   RequestLoop loop({.ps_index = 0, .run_id = config.hash(), ...}, stats);
 //   coordinator.add_handlers(loop.handlers());   // and the other modules
 //   loop.bind();
@@ -25,6 +33,7 @@
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "shared/fault.h"
 
 namespace pstrain::ps {
 
@@ -42,6 +51,11 @@ struct RequestLoopOptions {
   // it started fresh or from a snapshot: what tells a restarted ps from the
   // one clients knew.
   std::uint64_t restored_from = 0;
+  // Stamped on every reply (wire::Header::generation): nonzero, new for
+  // every state this ps serves that may differ from what clients saw.
+  std::uint64_t generation = 1;
+  FaultConfig fault;            // for tests: off by default
+  std::uint64_t fault_seed = 0;
 };
 
 class RequestLoop final : public ReplySink {

@@ -92,12 +92,19 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
 };
 
+const std::vector<Field<FaultConfig>> kFaultFields = {
+    bounded("drop", &FaultConfig::drop, kUnitOpen),
+    bounded("delay_ms", &FaultConfig::delay_ms, kNonNegative),
+};
+
 const std::vector<Field<NetConfig>> kNetFields = {
     bounded("chunk_bytes", &NetConfig::chunk_bytes, between(4, ShardMap::kMaxChunkBytes)),
     bounded("request_timeout", &NetConfig::request_timeout, kPositive),
+    bounded("retry_interval", &NetConfig::retry_interval, kPositive),
     bounded("worker_timeout", &NetConfig::worker_timeout, kPositive),
     // Shorter than worker_timeout: checked across sections.
     bounded("heartbeat", &NetConfig::heartbeat, kPositive),
+    section("fault", &NetConfig::fault, kFaultFields),
 };
 
 const std::vector<Field<CheckpointConfig>> kCheckpointFields = {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/fault.h"
 #include "shared/optimizer.h"
 #include "shared/shard_map.h"
 
@@ -79,8 +80,10 @@ struct TrainConfig {
 struct NetConfig {
   std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes;
   double request_timeout = 30;   // s: a ps that does not answer is an error
+  double retry_interval = 1;     // s before a data request is first resent (doubling)
   double worker_timeout = 60;    // s: a ps exits when no worker was heard for this long
   double heartbeat = 1;          // s between worker heartbeats
+  FaultConfig fault;             // for testing only
 };
 
 struct CheckpointConfig {

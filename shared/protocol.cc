@@ -113,7 +113,7 @@ template <class Archive>
 void Header::serialize(Archive& ar) {
   ar(protocol);
   detail::enum_field(ar, op);
-  ar(request_id, sender, run_id);
+  ar(request_id, sender, incarnation, run_id, generation);
   detail::string_field(ar, name, kMaxNameBytes, "name");
   ar(chunk, version, arg);
   detail::enum_field(ar, dtype);
@@ -155,7 +155,7 @@ std::size_t element_bytes(DType type) {
 
 std::vector<std::uint8_t> encode_header(const Header& header) {
   std::vector<std::uint8_t> out;
-  out.reserve(72 + header.name.size() + header.text.size());
+  out.reserve(88 + header.name.size() + header.text.size());
   detail::VectorOutputArchive ar(out);
   // serialize() is non-const because loading shares it; saving only reads.
   ar(const_cast<Header&>(header));

@@ -34,7 +34,9 @@ namespace pstrain::wire {
 
 // 2: kv_get's timeout is a number (`arg`, milliseconds), op arguments moved
 // from `count` to `arg`, and `count` became `elements` (payload only).
-inline constexpr std::uint32_t kProtocolVersion = 2;
+// 3: `incarnation` and `generation`; request ids are sequence numbers a
+// resend repeats.
+inline constexpr std::uint32_t kProtocolVersion = 3;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
@@ -69,9 +71,19 @@ std::size_t element_bytes(DType type);
 struct Header {
   std::uint32_t protocol = kProtocolVersion;
   Op op = Op::hello;
+  // The sender's sequence number for this request, unique within its
+  // incarnation; a resend carries the same id, which is how the ps tells a
+  // resend from a new request (server/dedup.h).
   std::uint64_t request_id = 0;
   std::uint32_t sender = 0;     // worker index (or a client id for tools)
+  // Random per client process start; 0: a sender that never resends, whose
+  // requests the ps does not record.
+  std::uint64_t incarnation = 0;
   std::uint64_t run_id = 0;     // config hash of the run; 0 only in hello replies
+  // In every reply, errors included: the answering ps's generation, nonzero
+  // and new whenever its state may have been lost (a process start); 0 in
+  // requests. A client that sees it change knows the ps restarted.
+  std::uint64_t generation = 0;
   std::string name;             // what the op names: a variable, a barrier or a key
   std::uint32_t chunk = 0;
   std::uint64_t version = 0;    // updates applied to the chunk so far

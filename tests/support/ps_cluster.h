@@ -27,6 +27,9 @@ struct ClusterSpec {
   std::uint64_t chunk_bytes = 64 * 1024;
   double checkpoint_every_s = 60;
   std::uint32_t checkpoint_keep = 3;
+  double request_timeout = 10;
+  double retry_interval = 1;
+  double fault_drop = 0;  // net.fault.drop, for every process of the cluster
 };
 
 class PsCluster {
@@ -40,7 +43,9 @@ class PsCluster {
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
       << "data: {name: synthetic}\n"
       << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
-      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n"
+      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
+      << ", request_timeout: " << spec.request_timeout << ", retry_interval: " << spec.retry_interval
+      << ", fault: {drop: " << spec.fault_drop << "}}\n"
       << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
       << "}\n";
     cluster_file_ = dir_.path() / "cluster.yaml";

@@ -18,7 +18,9 @@ Header full_header() {
   h.op = Op::push_pull;
   h.request_id = 0x1122334455667788ULL;
   h.sender = 0xa1b2c3d4;
+  h.incarnation = 0x0f1e2d3c4b5a6978ULL;
   h.run_id = 0xfedcba9876543210ULL;
+  h.generation = 0x7a6b5c4d3e2f1001ULL;
   h.name = "dense0/w";
   h.chunk = 77;
   h.version = 0x0102030405060708ULL;
@@ -36,7 +38,9 @@ void check_equal(const Header& a, const Header& b) {
   CHECK(a.op == b.op);
   CHECK(a.request_id == b.request_id);
   CHECK(a.sender == b.sender);
+  CHECK(a.incarnation == b.incarnation);
   CHECK(a.run_id == b.run_id);
+  CHECK(a.generation == b.generation);
   CHECK(a.name == b.name);
   CHECK(a.chunk == b.chunk);
   CHECK(a.version == b.version);
@@ -51,9 +55,10 @@ void check_equal(const Header& a, const Header& b) {
 Header decode(const std::vector<std::uint8_t>& bytes) { return decode_header(bytes); }
 
 // Offsets of the fields in an encoded header with empty strings: u32
-// protocol, u8 op, u64 request id, u32 sender, u64 run id, u32 name length.
+// protocol, u8 op, u64 request id, u32 sender, u64 incarnation, u64 run id,
+// u64 generation, u32 name length.
 constexpr std::size_t kOpOffset = 4;
-constexpr std::size_t kNameLengthOffset = 4 + 1 + 8 + 4 + 8;
+constexpr std::size_t kNameLengthOffset = 4 + 1 + 8 + 4 + 8 + 8 + 8;
 
 void put_u32(std::vector<std::uint8_t>& b, std::size_t at, std::uint32_t v) {
   std::memcpy(b.data() + at, &v, sizeof v);

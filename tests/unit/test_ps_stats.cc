@@ -32,6 +32,10 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   stats.request(wire::Op::push);
   stats.error();
   stats.malformed();
+  stats.resend_answered();
+  stats.resend_answered();
+  stats.too_old();
+  stats.fault_drop();
   stats.received(100);
   stats.sent(40);
   stats.sent(2);
@@ -41,6 +45,7 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   CHECK(json.starts_with("{\"ps\":3,\"requests\":{\"hello\":0,"));
   for (const auto* part :
        {"\"pull\":3", "\"push\":1", "\"errors\":1", "\"malformed\":1", "\"bytes_in\":100",
+        "\"resends_answered\":2", "\"requests_too_old\":1", "\"fault_drops\":1",
         "\"bytes_out\":42", "\"updates\":3", "\"chunks\":2", "\"elements\":20",
         "\"version_sum\":3", "\"version_max\":2", "\"global_samples\":640",
         "\"parked_barrier\":2", "\"parked_kv_get\":1"})
@@ -49,7 +54,9 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   const auto text = registry.prometheus_text();
   for (const auto* line :
        {"pstrain_ps_requests_total{op=\"pull\"} 3\n", "pstrain_ps_requests_total{op=\"hello\"} 0\n",
-        "pstrain_ps_errors_total 1\n", "pstrain_ps_received_bytes_total 100\n",
+        "pstrain_ps_errors_total 1\n", "pstrain_ps_resends_answered_total 2\n",
+        "pstrain_ps_requests_too_old_total 1\n", "pstrain_ps_fault_drops_total 1\n",
+        "pstrain_ps_received_bytes_total 100\n",
         "pstrain_ps_sent_bytes_total 42\n", "pstrain_ps_updates_total 3\n",
         "pstrain_ps_elements 20\n", "pstrain_ps_global_samples 640\n",
         "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n"})

@@ -1,0 +1,69 @@
+#include "server/dedup.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pstrain::ps {
+
+using wire::Op;
+
+Dedup::Dedup(std::size_t window, std::size_t clients) : window_(window), max_clients_(clients) {
+  if (window == 0 || clients == 0) throw std::invalid_argument("dedup: window and clients must be > 0");
+}
+
+bool Dedup::recorded(Op op) {
+  return op == Op::init || op == Op::push || op == Op::push_pull || op == Op::assign;
+}
+
+Dedup::Seen Dedup::find(const wire::Header& request) {
+  if (request.incarnation == 0 || !recorded(request.op)) return {};
+  const auto it = clients_.find(request.incarnation);
+  if (it == clients_.end()) return {};
+  auto& c = it->second;
+  c.last_used = ++tick_;
+  if (const auto a = c.applied.find(request.request_id); a != c.applied.end())
+    return {Verdict::resent, a->second};
+  if (request.request_id <= c.evicted_below) return {Verdict::too_old, 0};
+  return {};
+}
+
+void Dedup::record(const wire::Header& request, std::uint64_t version) {
+  if (request.incarnation == 0 || !recorded(request.op)) return;
+  auto& c = client(request);
+  c.applied[request.request_id] = version;
+  if (c.applied.size() > window_) {
+    const auto oldest = c.applied.begin();
+    c.evicted_below = std::max(c.evicted_below, oldest->first);
+    c.applied.erase(oldest);
+  }
+}
+
+void Dedup::hello(const wire::Header& request) {
+  if (request.incarnation == 0) return;
+  std::erase_if(clients_, [&](const auto& entry) {
+    return entry.second.sender == request.sender && entry.first != request.incarnation;
+  });
+}
+
+std::size_t Dedup::entries() const {
+  std::size_t n = 0;
+  for (const auto& [incarnation, c] : clients_) n += c.applied.size();
+  return n;
+}
+
+Dedup::Client& Dedup::client(const wire::Header& request) {
+  auto it = clients_.find(request.incarnation);
+  if (it == clients_.end()) {
+    if (clients_.size() >= max_clients_)
+      clients_.erase(std::ranges::min_element(clients_, {}, [](const auto& entry) {
+        return entry.second.last_used;
+      }));
+    Client fresh;
+    fresh.sender = request.sender;
+    it = clients_.emplace(request.incarnation, std::move(fresh)).first;
+  }
+  it->second.last_used = ++tick_;
+  return it->second;
+}
+
+}  // namespace pstrain::ps
