@@ -23,7 +23,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   ChunkStore store(config.optimizer);
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
-                               std::chrono::duration<double>(config.net.worker_timeout)},
+                               std::chrono::duration<double>(config.net.worker_timeout),
+                               config.train.on_worker_loss},
                               loop);
   ps::DataHandlers data(store, coordinator, loop, config.run_dir, index);
   coordinator.add_handlers(loop.handlers());

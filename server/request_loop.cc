@@ -235,6 +235,7 @@ void RequestLoop::bind() {
 
 int RequestLoop::run(Coordinator& coordinator) {
   try {
+    coordinator.start(Clock::now());
     while (!coordinator.exit_code()) {
       if (g_stop_signal) {
         log("stopping on signal ", static_cast<int>(g_stop_signal));

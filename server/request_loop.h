@@ -50,8 +50,9 @@ class RequestLoop final : public ReplySink {
 
   Handlers& handlers();
   void bind();  // throws NetworkError
-  // Serves until coordinator.exit_code() is set (returns it) or a stop
-  // signal arrives (returns 0). Throws NetworkError.
+  // Tells the coordinator it starts serving, then serves until
+  // coordinator.exit_code() is set (returns it) or a stop signal arrives
+  // (returns 0). Throws NetworkError.
   int run(Coordinator& coordinator);
 
   // Fills the reply's payload description and run id, and sends it.

@@ -25,6 +25,7 @@ struct ClusterSpec {
   double lr = 1;
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
+  std::string on_worker_loss = {};  // train.on_worker_loss; empty: the mode's default
 };
 
 class PsCluster {
@@ -36,8 +37,10 @@ class PsCluster {
       y << "  - {host: 127.0.0.1, port: " << free_port() << "}\n";
     y << "workers: {count: " << spec.workers << "}\n"
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
-      << "data: {name: synthetic}\n"
-      << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
+      << "data: {name: synthetic}\n";
+    if (!spec.on_worker_loss.empty())
+      y << "train: {on_worker_loss: " << spec.on_worker_loss << "}\n";
+    y << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
       << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n";
     cluster_file_ = dir_.path() / "cluster.yaml";
     std::ofstream(cluster_file_) << y.str();
