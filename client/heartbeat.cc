@@ -2,13 +2,32 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "shared/log.h"
 
 namespace pstrain {
 
+namespace {
+
+std::vector<std::string> connect_addresses(const ClusterConfig& config) {
+  std::vector<std::string> out;
+  for (const auto& ps : config.ps) out.push_back(ps.connect_address());
+  return out;
+}
+
+}  // namespace
+
 HeartbeatThread::HeartbeatThread(const ClusterConfig& config, std::uint32_t worker)
-    : ps_(config, worker, shard_map_for(config, {})),
+    : ps_(connect_addresses(config), shard_map_for(config, {}), config.hash(),
+          // A ps that does not answer must not hold up the heartbeats of the
+          // others for a whole request_timeout: past half a worker_timeout
+          // they would give this worker up. (A ps counts a heartbeat when it
+          // arrives, so a slow answer costs nothing but a logged failure.)
+          PsClientOptions{worker, std::min(config.net.request_timeout,
+                                           config.net.worker_timeout / 2),
+                          config.to_yaml()}),
       interval_s_(interval_s(config.net)),
       thread_([this] { loop(); }) {}
 

@@ -13,7 +13,9 @@
 // the worker's index, so every ps hears the worker through it. A heartbeat
 // that fails (a ps not up yet, restarting, or stalled) is logged once per run
 // of failures and tried again at the next interval: the training thread
-// learns of a dead ps from its own requests.
+// learns of a dead ps from its own requests. Its replies are awaited for at
+// most half a worker_timeout, so one stalled ps does not starve the others of
+// this worker's heartbeats.
 //
 // Thread rules: construct and destroy on one thread. The destructor stops the
 // thread and waits for a heartbeat in flight (at most net.request_timeout);
