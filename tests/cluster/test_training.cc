@@ -1,7 +1,7 @@
 // Asynchronous training end to end with the real binary: accuracy on
 // Fashion-MNIST, determinism of a single worker, a missing data directory,
 // a worker killed mid-run (train.on_worker_loss continue and fail), and steps
-// longer than net.worker_timeout.
+// and a final evaluation longer than net.worker_timeout.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -226,6 +226,30 @@ TEST_CASE("async: steps longer than worker_timeout do not make a worker lost") {
   const std::string out = run.workers[0]->log_text();
   REQUIRE_MESSAGE(std::regex_search(out, m, std::regex("after ([0-9]+) global samples")), out);
   CHECK(std::stoull(m[1]) == 512);
+}
+
+TEST_CASE("async: a final evaluation longer than worker_timeout does not make worker 0 lost") {
+  // The CNN on 12,000 test samples takes seconds on a CPU; worker 1 is done
+  // long before, so without its heartbeat thread worker 0 would be the only
+  // one left and silent.
+  Run run(1, 2,
+          "model: cnn\n"
+          "data: {name: synthetic, synthetic_train: 256, synthetic_test: 12000}\n"
+          "train: {epochs: 1, batch_size: 128, eval_every: 0}\n"
+          "net: {worker_timeout: 1, heartbeat: 0.25, request_timeout: 5}\n");
+  const std::string logs = run.train(120s);
+  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+  CHECK_MESSAGE(run.ps[0]->wait_for(0s) == 0, logs);
+  const std::string ps_log = run.ps[0]->log_text();
+  CHECK_MESSAGE(ps_log.find("no message from worker") == std::string::npos, ps_log);
+  CHECK_MESSAGE(ps_log.find("all 2 workers done") != std::string::npos, ps_log);
+  CHECK(final_accuracy(run.workers[0]->log_text()) >= 0);
+  CHECK(std::filesystem::exists(run.run_dir() / "snapshot" / "ps0.bin"));
+  // The evaluation did outlast worker_timeout, or this test shows nothing.
+  std::smatch m;
+  const std::string metrics = read_file(run.run_dir() / "worker0.metrics.jsonl");
+  REQUIRE_MESSAGE(std::regex_search(metrics, m, std::regex("\"eval_s\":([0-9.e+-]+)")), metrics);
+  CHECK(std::stod(m[1]) > 1.0);
 }
 
 TEST_CASE("async: a run continues from the snapshot the previous run left") {
