@@ -69,8 +69,10 @@ po::options_description options() {
        "(repeatable; values are YAML)")
       ("mode", po::value<std::string>()->value_name("async|sync"),
        "shorthand for --set mode=..., applied after every --set")
-      ("restore", po::value<std::string>()->value_name("DIR"),
-       "ps: start from the snapshot in DIR instead of fresh values")
+      ("restore", po::value<std::string>()->value_name("DIR|latest"),
+       "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
+       "checkpoint in run_dir/checkpoints (fresh values when there is none); DIR: the "
+       "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>)")
       ("model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")
       ("check", "validate the cluster file and overrides, print the resolved config, and exit "
                 "(no --role needed; tools/launch runs this before starting anything)")

@@ -27,8 +27,8 @@ bool ChunkStore::init(std::string_view name, std::uint32_t chunk,
   }
   Chunk c;
   c.values = std::make_shared<std::vector<float>>(values.begin(), values.end());
-  c.state.resize(values.size() * optimizer_.state_slots());
-  optimizer_.init_state(c.state);
+  c.state = std::make_shared<std::vector<float>>(values.size() * optimizer_.state_slots());
+  optimizer_.init_state(*c.state);
   chunks_.emplace(Key{std::string(name), chunk}, std::move(c));
   return true;
 }
@@ -50,26 +50,27 @@ Chunk& ChunkStore::existing(std::string_view name, std::uint32_t chunk, std::siz
   return it->second;
 }
 
-std::span<float> ChunkStore::writable(Chunk& c) {
+std::span<float> ChunkStore::writable(ValueBuffer& buffer) {
   // use_count() is exact here: only this thread creates references, and a
-  // count of 1 means every ZeroMQ message of this buffer has been released.
-  // That release happened on ZeroMQ's I/O thread after it read the buffer;
-  // the fence orders its reads before our writes (use_count() itself is a
-  // relaxed load).
-  const bool shared = c.values.use_count() > 1;
+  // count of 1 means every ZeroMQ message and every checkpoint of this buffer
+  // has let go of it. That release happened on ZeroMQ's I/O thread or the
+  // checkpoint writer after it read the buffer; the fence orders its reads
+  // before our writes (use_count() itself is a relaxed load).
+  // An empty buffer (SGD's state) is never written, so never copied.
+  const bool shared = buffer.use_count() > 1 && !buffer->empty();
   std::atomic_thread_fence(std::memory_order_acquire);
   if (shared) {
-    c.values = std::make_shared<std::vector<float>>(*c.values);
+    buffer = std::make_shared<std::vector<float>>(*buffer);
     ++stats_.copies_on_write;
   }
-  return *c.values;
+  return *buffer;
 }
 
 const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
                               std::span<const float> grad) {
   Chunk& c = existing(name, chunk, grad.size());
   const auto start = std::chrono::steady_clock::now();
-  optimizer_.apply(writable(c), grad, c.state, c.version + 1);
+  optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1);
   stats_.optimizer_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++c.version;
@@ -80,7 +81,7 @@ const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
 const Chunk& ChunkStore::assign(std::string_view name, std::uint32_t chunk,
                                 std::span<const float> values) {
   Chunk& c = existing(name, chunk, values.size());
-  std::ranges::copy(values, writable(c).begin());
+  std::ranges::copy(values, writable(c.values).begin());
   ++c.version;
   ++stats_.updates;
   return c;
@@ -104,11 +105,17 @@ std::uint64_t ChunkStore::version_max() const {
   return n;
 }
 
-std::vector<SnapshotRecord> ChunkStore::records() const {
-  std::vector<SnapshotRecord> out;
+std::vector<HeldChunk> ChunkStore::refs() const {
+  std::vector<HeldChunk> out;
   out.reserve(chunks_.size());
-  for (const auto& [key, c] : chunks_)
-    out.push_back({key.first, key.second, c.version, *c.values, c.state});
+  for (const auto& [key, c] : chunks_) out.push_back({key.first, key.second, c.version, c.values, c.state});
+  return out;
+}
+
+std::vector<SnapshotRecordView> record_views(const std::vector<HeldChunk>& refs) {
+  std::vector<SnapshotRecordView> out;
+  out.reserve(refs.size());
+  for (const auto& r : refs) out.push_back({r.name, r.chunk, r.version, *r.values, *r.state});
   return out;
 }
 
@@ -124,7 +131,7 @@ void ChunkStore::restore(std::vector<SnapshotRecord> records) {
           " keeps " + std::to_string(optimizer_.state_slots()) + " per value");
     Chunk c;
     c.values = std::make_shared<std::vector<float>>(std::move(r.values));
-    c.state = std::move(r.state);
+    c.state = std::make_shared<std::vector<float>>(std::move(r.state));
     c.version = r.version;
     if (!restored.emplace(Key{std::move(r.name), r.chunk}, std::move(c)).second)
       throw std::invalid_argument(where + " appears twice");

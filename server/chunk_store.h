@@ -2,12 +2,13 @@
 // The chunks one parameter server holds: values, optimizer state and a
 // version (updates applied so far) per (variable name, chunk index).
 //
-// Values live in reference-counted buffers so a pull can hand them to ZeroMQ
-// without a copy and keep them alive until the bytes are on the wire. An
-// update never writes into a buffer a pull still holds: it copies the values
-// first (copy-on-write), so a reader sees either the old or the new values,
-// never a half-applied update. When no pull is in flight the update happens
-// in place.
+// Values and optimizer state live in reference-counted buffers so a pull can
+// hand values to ZeroMQ without a copy, and a checkpoint can hold a chunk's
+// values and state while a background thread writes them, each until done.
+// An update never writes into a buffer someone else still holds: it copies
+// it first (copy-on-write), so a reader sees either the old or the new
+// values, never a half-applied update. When nobody else holds the buffers
+// the update happens in place.
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -23,12 +24,26 @@
 namespace pstrain {
 
 using ValueBuffer = std::shared_ptr<std::vector<float>>;
+// A buffer as its readers hold it: they never write, the store never writes
+// while they hold it.
+using SharedFloats = std::shared_ptr<const std::vector<float>>;
 
 struct Chunk {
   ValueBuffer values;
-  std::vector<float> state;
+  ValueBuffer state;  // optimizer state, slot-major (shared/optimizer.h)
   std::uint64_t version = 0;
 };
+
+// A chunk as it was when taken: references, no copies.
+struct HeldChunk {
+  std::string name;
+  std::uint32_t chunk = 0;
+  std::uint64_t version = 0;
+  SharedFloats values;
+  SharedFloats state;
+};
+// What the snapshot writer reads of them; valid while `refs` lives.
+std::vector<SnapshotRecordView> record_views(const std::vector<HeldChunk>& refs);
 
 struct ChunkStoreStats {
   std::uint64_t updates = 0;
@@ -57,8 +72,10 @@ class ChunkStore {
   std::uint64_t version_sum() const;
   std::uint64_t version_max() const;
   const ChunkStoreStats& stats() const { return stats_; }
+  const OptimizerConfig& optimizer() const { return optimizer_.config(); }
 
-  std::vector<SnapshotRecord> records() const;
+  // Every chunk as it is now, by reference: O(chunks), no float is copied.
+  std::vector<HeldChunk> refs() const;
   // Replaces the contents with `records`; throws std::invalid_argument when a
   // record's state does not fit this store's optimizer.
   void restore(std::vector<SnapshotRecord> records);
@@ -74,8 +91,9 @@ class ChunkStore {
     bool operator()(const auto& a, const auto& b) const { return view(a) < view(b); }
   };
   Chunk& existing(std::string_view name, std::uint32_t chunk, std::size_t size);
-  // The chunk's values, made exclusive to the store (copied if a pull holds them).
-  std::span<float> writable(Chunk& c);
+  // The buffer made exclusive to the store (copied if a pull or a checkpoint
+  // holds it).
+  std::span<float> writable(ValueBuffer& buffer);
 
   Optimizer optimizer_;
   std::map<Key, Chunk, KeyLess> chunks_;

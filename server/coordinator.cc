@@ -24,7 +24,8 @@ std::string seconds_text(double seconds, const char* format) {
 Coordinator::Coordinator(CoordinatorOptions options, ReplySink& sink)
     : options_(std::move(options)),
       sink_(sink),
-      workers_(options_.workers) {}
+      workers_(options_.workers),
+      worker_samples_(options_.workers, 0) {}
 
 void Coordinator::add_handlers(Handlers& handlers) {
   handlers.on(Op::hello, [this](const Request& r) { hello(r); });
@@ -130,6 +131,7 @@ void Coordinator::heartbeat(const Request& request) {
     throw std::invalid_argument("heartbeat count " + std::to_string(beat.samples) +
                                 " overflows the global sample count");
   global_samples_ += beat.samples;
+  worker_samples_[request.header.sender] += beat.samples;
   Reply reply{wire::reply_to(request.header), {}};
   wire::GlobalSamples{global_samples_}.write(reply.header);
   sink_.send(request.from, std::move(reply));
@@ -138,10 +140,11 @@ void Coordinator::heartbeat(const Request& request) {
 void Coordinator::done(const Request& request) {
   const auto sender = request.header.sender;
   check_worker(sender, "done");
+  const auto total = wire::Done::read(request.header).total_samples;
   if (workers_[sender].state != Liveness::done)
-    log("worker ", sender, " done after ", wire::Done::read(request.header).total_samples,
-        " samples");
+    log("worker ", sender, " done after ", total, " samples");
   workers_[sender].state = Liveness::done;
+  worker_samples_[sender] = std::max(worker_samples_[sender], total);
   Reply reply{wire::reply_to(request.header), {}};
   wire::GlobalSamples{global_samples_}.write(reply.header);
   sink_.send(request.from, std::move(reply));
@@ -261,6 +264,12 @@ std::string Coordinator::workers_in(Liveness state) const {
 std::optional<Clock::time_point> Coordinator::next_deadline() const {
   if (kv_waiting_.empty()) return std::nullopt;
   return std::ranges::min_element(kv_waiting_, {}, &Parked::deadline)->deadline;
+}
+
+void Coordinator::restore_samples(std::uint64_t global,
+                                  const std::vector<std::uint64_t>& per_worker) {
+  global_samples_ = global;
+  if (per_worker.size() == worker_samples_.size()) worker_samples_ = per_worker;
 }
 
 Coordinator::Figures Coordinator::figures() const {

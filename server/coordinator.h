@@ -89,7 +89,12 @@ class Coordinator {
   };
   Figures figures() const;
   std::uint64_t global_samples() const { return global_samples_; }
-  void restore_global_samples(std::uint64_t samples) { global_samples_ = samples; }
+  // Samples each worker trained as this ps knows them: its heartbeats' sum,
+  // or its done's total when larger. What a checkpoint records of progress.
+  const std::vector<std::uint64_t>& worker_samples() const { return worker_samples_; }
+  // Progress read back from a snapshot; `per_worker` is taken when it has
+  // one entry per worker (a snapshot of another cluster may not).
+  void restore_samples(std::uint64_t global, const std::vector<std::uint64_t>& per_worker);
 
  private:
   // A request waiting for its answer.
@@ -130,6 +135,7 @@ class Coordinator {
   std::vector<Parked> kv_waiting_;
   std::vector<Worker> workers_;
   std::optional<Clock::time_point> started_;
+  std::vector<std::uint64_t> worker_samples_;  // per worker
   std::uint64_t global_samples_ = 0;
   std::optional<int> exit_code_;
 };

@@ -5,16 +5,12 @@
 
 #include "shared/log.h"
 #include "shared/messages.h"
-#include "shared/snapshot.h"
+#include "server/shard_file.h"
 
 namespace pstrain::ps {
 namespace {
 
 using wire::Op;
-
-std::filesystem::path snapshot_file(const std::filesystem::path& dir, std::uint32_t ps_index) {
-  return dir / ("ps" + std::to_string(ps_index) + ".bin");
-}
 
 // The float payload of a request, read in place when the frame is suitably
 // aligned (ZeroMQ's buffers are, for every frame but the tiny inline ones).
@@ -41,12 +37,14 @@ class FloatPayload {
 }  // namespace
 
 DataHandlers::DataHandlers(ChunkStore& store, const Coordinator& coordinator, ReplySink& sink,
-                           std::filesystem::path run_dir, std::uint32_t ps_index)
+                           std::filesystem::path run_dir, std::uint32_t ps_index,
+                           std::uint64_t config_hash)
     : store_(store),
       coordinator_(coordinator),
       sink_(sink),
       run_dir_(std::move(run_dir)),
-      ps_index_(ps_index) {}
+      ps_index_(ps_index),
+      config_hash_(config_hash) {}
 
 void DataHandlers::add_handlers(Handlers& handlers) {
   handlers.on(Op::init, [this](const Request& r) { init(r); });
@@ -98,38 +96,12 @@ void DataHandlers::assign(const Request& request) {
 }
 
 void DataHandlers::snapshot(const Request& request) {
-  const auto path = snapshot_file(run_dir_ / "snapshot", ps_index_);
-  write_snapshot(path, {coordinator_.global_samples(), store_.records()});
+  const auto path = shard_file(run_dir_ / "snapshot", ps_index_);
+  write_shard(path, cut_shard(store_, coordinator_, config_hash_, SnapshotKind::snapshot));
   log("snapshot of ", store_.size(), " chunks written to ", path.string());
   Reply reply{wire::reply_to(request.header), {}};
   wire::SnapshotReply{path.string()}.write(reply.header);
   sink_.send(request.from, std::move(reply));
-}
-
-std::uint64_t restore_snapshot(ChunkStore& store, const std::filesystem::path& dir,
-                               std::uint32_t ps_index, std::size_t servers) {
-  // The shard map depends on the number of servers: a snapshot of another
-  // layout would restore some chunks and leave others to be created fresh.
-  std::size_t files = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const auto name = entry.path().filename().string();
-    if (name.starts_with("ps") && name.ends_with(".bin")) ++files;
-  }
-  if (!ec && files != servers)
-    throw SnapshotError("snapshot " + dir.string() + " holds " + std::to_string(files) +
-                        " ps files, this cluster has " + std::to_string(servers) +
-                        " parameter servers; restore with the same ps list");
-  const auto file = snapshot_file(dir, ps_index);
-  auto snap = read_snapshot(file);
-  try {
-    store.restore(std::move(snap.records));
-  } catch (const std::invalid_argument& e) {
-    throw SnapshotError("snapshot " + file.string() + ": " + e.what());
-  }
-  log("restored ", store.size(), " chunks (", store.elements(), " values) and ",
-      snap.global_samples, " global samples from ", file.string());
-  return snap.global_samples;
 }
 
 }  // namespace pstrain::ps

@@ -1,9 +1,8 @@
 #pragma once
 // The ps's ops on parameters, over its ChunkStore: init, pull, push,
 // push_pull and assign of one chunk each, and snapshot, which writes every
-// chunk (with the coordinator's global sample count) to
-// run_dir/snapshot/ps<index>.bin. restore_snapshot() reads such a file back
-// when the ps starts.
+// chunk (with the coordinator's progress) to run_dir/snapshot/ps<index>.bin
+// (server/shard_file.h).
 //
 // Pulled values go out without a copy (ReplyPayload holds the chunk's
 // buffer); incoming values and gradients are read in place from the frame.
@@ -20,9 +19,10 @@ namespace pstrain::ps {
 
 class DataHandlers {
  public:
-  // `run_dir` and `ps_index` place the snapshot file.
+  // `run_dir` and `ps_index` place the snapshot file; `config_hash` is
+  // written in it.
   DataHandlers(ChunkStore& store, const Coordinator& coordinator, ReplySink& sink,
-               std::filesystem::path run_dir, std::uint32_t ps_index);
+               std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash);
 
   // Registers init, pull, push, push_pull, assign and snapshot.
   void add_handlers(Handlers& handlers);
@@ -44,14 +44,7 @@ class DataHandlers {
   ReplySink& sink_;
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;
+  std::uint64_t config_hash_;
 };
-
-// Loads ps `ps_index`'s file from the snapshot folder `dir` into `store` and
-// returns the global sample count it holds. Throws SnapshotError when the
-// file is missing or damaged, does not fit the store's optimizer, or the
-// folder holds the files of another number of servers than `servers` (the
-// shard map depends on it).
-std::uint64_t restore_snapshot(ChunkStore& store, const std::filesystem::path& dir,
-                               std::uint32_t ps_index, std::size_t servers);
 
 }  // namespace pstrain::ps

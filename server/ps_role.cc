@@ -1,55 +1,78 @@
 #include "server/ps_role.h"
 
+#include "server/checkpointer.h"
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/data_handlers.h"
 #include "server/ps_stats.h"
 #include "server/request_loop.h"
+#include "server/shard_file.h"
 #include "shared/log.h"
-#include "shared/snapshot.h"
 
 namespace pstrain {
 
 int run_ps_role(const ClusterConfig& config, std::uint32_t index,
-                const std::optional<std::filesystem::path>& restore_dir) {
+                const std::optional<std::filesystem::path>& restore) {
   if (index >= config.ps.size()) {
     log("no ps ", index, " in the cluster (it has ", config.ps.size(), ")");
     return 2;
   }
   const auto address = config.ps[index].bind_address();
+  const auto hash = config.hash();
+  ChunkStore store(config.optimizer);
+  std::optional<ps::RestoredShard> restored;
+  try {
+    if (restore == "latest")
+      restored = ps::restore_latest(store, ps::checkpoints_dir(config.run_dir), index, hash);
+    else if (restore)
+      restored = ps::restore_shard(store, *restore, index, config.ps.size(), hash);
+  } catch (const SnapshotError& e) {
+    log("cannot restore: ", e.what());
+    return 2;
+  }
+  // The generation this ps continues: a later step reports it to clients, so
+  // that they notice a restarted ps and re-pull before pushing.
+  const std::uint64_t restored_from = restored ? restored->checkpoint_seq : 0;
   MetricsRegistry metrics;
   ps::PsStats stats(metrics, index);
-  ps::RequestLoop loop({index, config.hash(), config.to_yaml(), address}, stats);
-  ChunkStore store(config.optimizer);
+  ps::RequestLoop loop({index, hash, config.to_yaml(), address, restored_from}, stats);
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
                                std::chrono::duration<double>(config.net.worker_timeout),
                                config.train.on_worker_loss},
                               loop);
-  ps::DataHandlers data(store, coordinator, loop, config.run_dir, index);
+  if (restored) coordinator.restore_samples(restored->info.global_samples, restored->info.worker_samples);
+  ps::DataHandlers data(store, coordinator, loop, config.run_dir, index, hash);
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
   stats.add_handler(loop.handlers(), loop, store, coordinator);
   try {
-    if (restore_dir)
-      coordinator.restore_global_samples(
-          ps::restore_snapshot(store, *restore_dir, index, config.ps.size()));
     loop.bind();
-  } catch (const SnapshotError& e) {
-    log("cannot restore: ", e.what());
-    return 2;
   } catch (const ps::NetworkError& e) {
     log(e.what());
     return 2;
   }
   log("serving on ", address, " (", config.workers.size(), " workers, optimizer ",
-      to_string(config.optimizer.kind), ")");
+      to_string(config.optimizer.kind), ", restored_from ", restored_from, ")");
+  std::optional<ps::Checkpointer> checkpointer;
+  if (config.checkpoint.every_s > 0)
+    checkpointer.emplace(
+        ps::CheckpointerOptions{ps::checkpoints_dir(config.run_dir), index,
+                                std::chrono::duration<double>(config.checkpoint.every_s),
+                                config.checkpoint.keep},
+        [&] { return ps::cut_shard(store, coordinator, hash, SnapshotKind::checkpoint); },
+        ps::Clock::now());
+  int code = 1;
   try {
-    return loop.run(coordinator);
+    code = loop.run(coordinator, [&](ps::Clock::time_point now) {
+      if (checkpointer) checkpointer->tick(now);
+    });
   } catch (const ps::NetworkError& e) {
     log(e.what());
-    return 1;
   }
+  // Whatever ended the serving, what was applied is saved.
+  if (checkpointer) checkpointer->finish();
+  return code;
 }
 
 }  // namespace pstrain

@@ -4,16 +4,22 @@
 // heard from for net.worker_timeout seconds (then exits non-zero naming the
 // silent workers). Returns the process exit code: 0 after the last `done`, a
 // `shutdown` request or a signal; 3 when a worker fell silent; 2 when nothing
-// was served: the snapshot in `restore_dir` (its ps<index>.bin, as written by
-// the snapshot op to run_dir/snapshot) cannot be loaded or the address cannot
-// be bound; 1 on a network error while serving.
+// was served: what `restore` names cannot be loaded (server/shard_file.h:
+// `latest`, this ps's newest checkpoint, or fresh values when it has none;
+// otherwise a folder holding ps<index>.bin, an end-of-run snapshot or one
+// checkpoint generation) or the address cannot be bound; 1 on a network
+// error while serving.
+//
+// With checkpoint.every_s > 0 the ps writes checkpoints while it serves and
+// one more whenever it exits after serving (server/checkpointer.h).
 //
 // Log lines go to stderr and run_dir/ps<index>.log (the CLI opens the log). The
 // stats op answers JSON (keys in server/ps_stats.h).
 //
 // The ps is built of: server/request_loop.h (socket, decoding, dispatch,
 // replies), server/coordinator.h (barriers, kv store, liveness, exit policy),
-// server/data_handlers.h (chunk ops, snapshot, restore), server/ps_stats.h.
+// server/data_handlers.h (chunk ops, snapshot), server/shard_file.h (files,
+// restore), server/checkpointer.h, server/ps_stats.h.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -23,6 +29,6 @@
 namespace pstrain {
 
 int run_ps_role(const ClusterConfig& config, std::uint32_t index,
-                const std::optional<std::filesystem::path>& restore_dir);
+                const std::optional<std::filesystem::path>& restore);
 
 }  // namespace pstrain

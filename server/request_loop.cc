@@ -233,7 +233,8 @@ void RequestLoop::bind() {
   }
 }
 
-int RequestLoop::run(Coordinator& coordinator) {
+int RequestLoop::run(Coordinator& coordinator,
+                     const std::function<void(Clock::time_point)>& tick) {
   try {
     coordinator.start(Clock::now());
     while (!coordinator.exit_code()) {
@@ -245,7 +246,9 @@ int RequestLoop::run(Coordinator& coordinator) {
       const auto rc = zmq_poll(&item, 1, static_cast<long>(impl_->poll_timeout(coordinator).count()));
       if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
       if (rc > 0) impl_->drain(coordinator);
-      coordinator.tick(Clock::now());
+      const auto now = Clock::now();
+      coordinator.tick(now);
+      if (tick) tick(now);
     }
     return *coordinator.exit_code();
   } catch (const zmq::error_t& e) {

@@ -9,7 +9,7 @@
 //   RequestLoop loop({.ps_index = 0, .run_id = config.hash(), ...}, stats);
 //   coordinator.add_handlers(loop.handlers());   // and the other modules
 //   loop.bind();
-//   return loop.run(coordinator);
+//   return loop.run(coordinator, [&](Clock::time_point now) { checkpointer.tick(now); });
 //
 // Thread rules: the ps is single-threaded and this is where that holds: run()
 // reads, dispatches and sends on its caller's thread, one request at a time,
@@ -17,6 +17,7 @@
 // which merely drops its reference to a sent chunk buffer (an atomic
 // shared_ptr count) once the bytes are on the wire.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -37,6 +38,10 @@ struct RequestLoopOptions {
   std::uint64_t run_id = 0;     // the config hash every request must carry
   std::string config_yaml;      // ours, to name the keys a hello's config differs in
   std::string bind_address;     // "tcp://host:port"
+  // The checkpoint generation this ps restored (server/shard_file.h), 0 when
+  // it started fresh or from a snapshot: what tells a restarted ps from the
+  // one clients knew.
+  std::uint64_t restored_from = 0;
 };
 
 class RequestLoop final : public ReplySink {
@@ -52,8 +57,9 @@ class RequestLoop final : public ReplySink {
   void bind();  // throws NetworkError
   // Tells the coordinator it starts serving, then serves until
   // coordinator.exit_code() is set (returns it) or a stop signal arrives
-  // (returns 0). Throws NetworkError.
-  int run(Coordinator& coordinator);
+  // (returns 0). Calls `tick` between batches of requests, at least every
+  // 100 ms, like coordinator.tick(). Throws NetworkError.
+  int run(Coordinator& coordinator, const std::function<void(Clock::time_point)>& tick = {});
 
   // Fills the reply's payload description and run id, and sends it.
   void send(const Peer& to, Reply reply) override;

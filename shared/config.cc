@@ -106,6 +106,11 @@ const std::vector<Field<NetConfig>> kNetFields = {
     bounded("heartbeat", &NetConfig::heartbeat, kPositive),
 };
 
+const std::vector<Field<CheckpointConfig>> kCheckpointFields = {
+    bounded("every_s", &CheckpointConfig::every_s, kNonNegative),
+    bounded("keep", &CheckpointConfig::keep, at_least(1)),
+};
+
 const std::vector<Field<PsEndpoint>> kPsFields = {
     required(text("host", &PsEndpoint::host), "the address others dial"),
     required(bounded("port", &PsEndpoint::port, between(1, 65535)), ""),
@@ -348,6 +353,7 @@ const std::vector<Field<ClusterConfig>> kRootFields = {
     section("data", &ClusterConfig::data, kDataFields),
     section("train", &ClusterConfig::train, kTrainFields),
     section("net", &ClusterConfig::net, kNetFields),
+    section("checkpoint", &ClusterConfig::checkpoint, kCheckpointFields),
 };
 
 const std::string kRootWhat = "a map of settings (job, ps, workers, ...)";

@@ -90,6 +90,11 @@ struct NetConfig {
   double heartbeat = 1;          // s between worker heartbeats
 };
 
+struct CheckpointConfig {
+  double every_s = 60;     // s between checkpoints of every ps; 0: none
+  std::uint32_t keep = 3;  // generations each ps keeps
+};
+
 struct ClusterConfig {
   std::string job = "pstrain";
   std::filesystem::path run_dir;  // default runs/<job>
@@ -102,6 +107,7 @@ struct ClusterConfig {
   DataConfig data;
   TrainConfig train;
   NetConfig net;
+  CheckpointConfig checkpoint;
 
   // Hash of the canonical resolved configuration; all processes of a run must
   // agree on it (checked in hello).

@@ -91,19 +91,46 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
+// The header of format 2, after the format version.
+void read_info(Reader& r, SnapshotInfo& info) {
+  const auto start = r.pos();
+  const auto kind = r.scalar<std::uint32_t>("kind");
+  if (kind > static_cast<std::uint32_t>(SnapshotKind::checkpoint))
+    r.fail("unknown kind " + std::to_string(kind));
+  info.kind = static_cast<SnapshotKind>(kind);
+  info.config_hash = r.scalar<std::uint64_t>("config hash");
+  const auto name = r.take(r.scalar<std::uint32_t>("optimizer name length"), "optimizer name");
+  info.optimizer.assign(name.data(), name.size());
+  info.global_samples = r.scalar<std::uint64_t>("global samples");
+  const auto workers = r.scalar<std::uint32_t>("worker count");
+  for (std::uint32_t w = 0; w < workers; ++w)
+    info.worker_samples.push_back(r.scalar<std::uint64_t>("worker samples"));
+  const auto expected = r.crc_of(start, r.pos());
+  if (r.scalar<std::uint32_t>("crc") != expected) r.fail("crc mismatch in the header");
+}
+
 }  // namespace
 
-void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot) {
+void write_snapshot(const std::filesystem::path& path, const SnapshotInfo& info,
+                    std::span<const SnapshotRecordView> records) {
   try {
     write_file_atomically(path, [&](AtomicFileWriter& file) {
       file.write(kMagic, sizeof(kMagic));
       const std::uint32_t format = kSnapshotFormatVersion;
       file.write(&format, sizeof(format));
-      file.write(&snapshot.global_samples, sizeof(snapshot.global_samples));
-      const std::uint64_t records = snapshot.records.size();
-      file.write(&records, sizeof(records));
       RecordWriter w(file);
-      for (const auto& r : snapshot.records) {
+      w.begin_record();
+      w.scalar(static_cast<std::uint32_t>(info.kind));
+      w.scalar(info.config_hash);
+      w.scalar(static_cast<std::uint32_t>(info.optimizer.size()));
+      w.bytes(info.optimizer.data(), info.optimizer.size());
+      w.scalar(info.global_samples);
+      w.scalar(static_cast<std::uint32_t>(info.worker_samples.size()));
+      w.bytes(info.worker_samples.data(), info.worker_samples.size() * sizeof(std::uint64_t));
+      w.end_record();
+      const std::uint64_t count = records.size();
+      file.write(&count, sizeof(count));
+      for (const auto& r : records) {
         w.begin_record();
         w.scalar(static_cast<std::uint32_t>(r.name.size()));
         w.bytes(r.name.data(), r.name.size());
@@ -123,6 +150,14 @@ void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot)
   }
 }
 
+void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot) {
+  std::vector<SnapshotRecordView> views;
+  views.reserve(snapshot.records.size());
+  for (const auto& r : snapshot.records)
+    views.push_back({r.name, r.chunk, r.version, r.values, r.state});
+  write_snapshot(path, snapshot, views);
+}
+
 Snapshot read_snapshot(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -134,11 +169,15 @@ Snapshot read_snapshot(const std::filesystem::path& path) {
   if (std::memcmp(magic.data(), kMagic, sizeof(kMagic)) != 0)
     r.fail("not a pstrain snapshot (bad magic)");
   const auto format = r.scalar<std::uint32_t>("format version");
-  if (format != kSnapshotFormatVersion)
-    r.fail("format version " + std::to_string(format) + ", this build reads " +
-           std::to_string(kSnapshotFormatVersion));
   Snapshot s;
-  s.global_samples = r.scalar<std::uint64_t>("global samples");
+  if (format == 1) {
+    s.global_samples = r.scalar<std::uint64_t>("global samples");
+  } else if (format == kSnapshotFormatVersion) {
+    read_info(r, s);
+  } else {
+    r.fail("format version " + std::to_string(format) + ", this build reads 1 and " +
+           std::to_string(kSnapshotFormatVersion));
+  }
   const auto count = r.scalar<std::uint64_t>("record count");
   for (std::uint64_t i = 0; i < count; ++i) {
     const auto start = r.pos();

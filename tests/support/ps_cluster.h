@@ -26,6 +26,8 @@ struct ClusterSpec {
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
   std::string on_worker_loss = {};  // train.on_worker_loss; empty: the mode's default
+  double checkpoint_every_s = 60;
+  std::uint32_t checkpoint_keep = 3;
 };
 
 class PsCluster {
@@ -41,7 +43,9 @@ class PsCluster {
     if (!spec.on_worker_loss.empty())
       y << "train: {on_worker_loss: " << spec.on_worker_loss << "}\n";
     y << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
-      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n";
+      << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2) << ", request_timeout: 10}\n"
+      << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
+      << "}\n";
     cluster_file_ = dir_.path() / "cluster.yaml";
     std::ofstream(cluster_file_) << y.str();
     config_ = load_config(cluster_file_);

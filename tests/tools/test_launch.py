@@ -1,8 +1,12 @@
 #!/usr/bin/python3
-"""tools/launch: a whole cluster end to end, a failing process, signals,
-ssh for other hosts and --dry-run. Every cluster runs on loopback ports
-that were free a moment before."""
+"""tools/launch: a whole cluster end to end, a failing process, restarts,
+signals, ssh for other hosts and --dry-run. Every cluster runs on loopback
+ports that were free a moment before. The restart policy is also tested with
+fake_pstrain, a script that fails on cue, so those tests do not depend on how
+the C++ side fails or recovers."""
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import shlex
@@ -11,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 import unittest
 
 import support
@@ -19,6 +24,18 @@ import support
 # so their processes go through ssh, yet they bind and connect like remote
 # hosts would.
 REMOTE_PS, REMOTE_WORKER = "127.0.0.2", "127.0.0.3"
+
+FAKE_PSTRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_pstrain")
+
+
+def load_launch():
+    """tools/launch as a module (it has no .py suffix), for its pure functions."""
+    path = os.path.join(support.TOOLS, "launch")
+    loader = importlib.machinery.SourceFileLoader("launch", path)
+    spec = importlib.util.spec_from_loader("launch", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 # Logs its argv and runs the remote command in a new session, as sshd would
 # on another host: a signal to the local ssh's process group does not reach
@@ -85,6 +102,17 @@ class LaunchTest(unittest.TestCase):
             if support.alive(p) and support.is_pstrain(p):
                 os.kill(p, signal.SIGKILL)
 
+    @classmethod
+    def kill_recorded(cls, run_dir):
+        """kill_leftovers for every attempt launch.json names (a restarted
+        process has a PID the test did not see at first)."""
+        try:
+            record = support.read_json(os.path.join(run_dir, "launch.json"))
+        except (OSError, ValueError):
+            return
+        cls.kill_leftovers([a["pid"] for p in record.get("processes", [])
+                            for a in p.get("attempts", [])])
+
     def assert_all_gone(self, pids, timeout=10):
         def gone():
             return not [p for p in pids if support.alive(p) and support.is_pstrain(p)]
@@ -146,8 +174,12 @@ class LaunchTest(unittest.TestCase):
                                    capture_output=True, text=True, timeout=30)
             self.assertNotEqual(alone.returncode, 0)
             run_dir = os.path.join(w.path, "run")
-            r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir])
+            # --max-restarts 0: today's behaviour, the first failure stops
+            # everything (restarts of a failing ps: RestartPolicyTest).
+            r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir,
+                                            "--max-restarts", "0"])
         self.assertEqual(r.returncode, alone.returncode, r.stderr)
+        self.assertNotIn("restart", r.stderr)
         self.assertIn(f"launch: ps1 exited with code {alone.returncode}; stopped the other "
                       "processes", r.stderr)
         self.assertIn("last lines of ps1", r.stderr)
@@ -161,11 +193,52 @@ class LaunchTest(unittest.TestCase):
         # launcher's SIGTERM (a worker that ran to its end, or gave up on
         # ps 1, exits with a code). ps 0 exits 0 on SIGTERM once its handler
         # is in place, and dies of it before.
+        self.assertEqual(record["max_restarts"], 0)
+        self.assertEqual([len(p["attempts"]) for p in record["processes"]], [1, 1, 1, 1])
         exits = {p["name"]: p.pop("exit") for p in record["processes"]}
         self.assertEqual(exits.pop("ps1"), alone.returncode)
         self.assertEqual(exits.pop("worker0"), -signal.SIGTERM)
         self.assertEqual(exits.pop("worker1"), -signal.SIGTERM)
         self.assertIn(exits.pop("ps0"), (0, -signal.SIGTERM))
+
+    def test_a_killed_worker_is_restarted_and_the_run_completes(self):
+        # The straggler keeps worker 1 training for a few seconds: long
+        # enough to kill it mid-run.
+        w = self.workspace(support.cluster(train={"straggler_worker": 1,
+                                                  "straggler_delay_ms": 100}))
+        run_dir = os.path.join(w.path, "run")
+        launcher = self.start_launcher(w, run_dir)
+        procs = self.wait_for_processes(launcher)
+        (victim,) = [p for p, a in procs.items() if a[2:5] == ["worker", "--index", "1"]]
+        # Once it has trained a little: its first metrics record.
+        support.wait_for(lambda: os.path.exists(os.path.join(run_dir, "worker1.metrics.jsonl")),
+                         20, "worker 1's first metrics")
+        os.kill(victim, signal.SIGKILL)
+        self.addCleanup(self.kill_recorded, run_dir)
+        out, err = launcher.communicate(timeout=120)
+        self.assertEqual(launcher.returncode, 0, out + err)
+        self.assertIn(f"launch: worker1 was killed by signal {int(signal.SIGKILL)} (SIGKILL); "
+                      "restart 1 of 3 (attempt 2) in 1 s", err)
+        self.assertRegex(err, r"launch: worker1 restarted \(attempt 2, PID \d+\)")
+        self.assertIn("launch: done", out)
+        record = support.read_json(os.path.join(run_dir, "launch.json"))
+        self.assertEqual(record["exit_code"], 0)
+        entries = {p["name"]: p for p in record["processes"]}
+        attempts = entries["worker1"]["attempts"]
+        self.assertEqual(len(attempts), 2)
+        self.assertEqual((attempts[0]["pid"], attempts[0]["exit"], attempts[0]["signal"],
+                          attempts[0]["backoff"]), (victim, -signal.SIGKILL, "SIGKILL", 1.0))
+        self.assertEqual(attempts[1]["exit"], 0)
+        # The new incarnation ran the same command, a second later or more.
+        self.assertEqual(attempts[1]["command"], attempts[0]["command"])
+        self.assertGreaterEqual(attempts[1]["start"], attempts[0]["end"] + 1.0)
+        self.assertEqual(entries["worker1"]["pid"], attempts[1]["pid"])
+        self.assertEqual(entries["worker1"]["exit"], 0)
+        for name in ("ps0", "ps1", "worker0"):
+            self.assertEqual(len(entries[name]["attempts"]), 1, name)
+            self.assertEqual(entries[name]["exit"], 0, name)
+        self.assertTrue(os.path.isfile(os.path.join(run_dir, "model.bin")))
+        self.assert_all_gone([a["pid"] for p in record["processes"] for a in p["attempts"]])
 
     def test_sigterm_ends_every_process(self):
         # A straggler keeps the run going long enough to be interrupted.
@@ -276,6 +349,206 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("optimizer.lr: expected a number > 0, got 'fast'", r.stderr)
         self.assertFalse(os.path.exists(run_dir))
+
+
+class RestartPolicyTest(unittest.TestCase):
+    """Restarts, backoff and train.on_worker_loss, with fake_pstrain as the
+    binary: each of its processes does what the test's plan says."""
+
+    def setUp(self):
+        self.w = support.Workspace(support.cluster())
+        self.addCleanup(self.w.cleanup)
+        self.run_dir = os.path.join(self.w.path, "run")
+        self.log = os.path.join(self.w.path, "fake.log")
+        # Registered before anything starts, so it runs even when the test
+        # fails half-way: every fake process started for this test ends.
+        self.addCleanup(self.kill_fakes)
+
+    def fake_runs(self, log=None):
+        """Each fake process started, in order: {"name", "argv", "pid"};
+        those logged to `log` (default: this test's current log)."""
+        log = log or self.log
+        if not os.path.exists(log):
+            return []
+        with open(log) as f:
+            return [json.loads(line) for line in f]
+
+    def kill_fakes(self):
+        logs = [os.path.join(self.w.path, n) for n in os.listdir(self.w.path)
+                if n.startswith("fake") and n.endswith(".log")]
+        for run in (run for log in logs for run in self.fake_runs(log)):
+            if support.alive(run["pid"]) and FAKE_PSTRAIN in support.argv(run["pid"]):
+                os.kill(run["pid"], signal.SIGKILL)
+
+    def env(self, plan):
+        return {"PSTRAIN": FAKE_PSTRAIN, "FAKE_PSTRAIN_LOG": self.log,
+                "FAKE_PSTRAIN_PLAN": json.dumps(plan)}
+
+    def launch(self, plan, *args):
+        r = support.run_tool("launch", [self.w.cluster, "--run-dir", self.run_dir,
+                                        "--restart-backoff", "0.1"] + list(args),
+                             **self.env(plan))
+        return r, support.read_json(os.path.join(self.run_dir, "launch.json"))
+
+    @staticmethod
+    def entries(record):
+        return {p["name"]: p for p in record["processes"]}
+
+    def test_backoff_doubles_and_is_capped(self):
+        launch = load_launch()
+        self.assertEqual([launch.backoff(n, 1.0) for n in range(1, 8)],
+                         [1, 2, 4, 8, 16, 30, 30])
+        self.assertEqual(launch.backoff(3, 0.25), 1.0)
+
+    def test_on_worker_loss_defaults_to_the_modes(self):
+        launch = load_launch()
+        self.assertEqual(launch.on_worker_loss({"mode": "async", "train": {}}), "continue")
+        self.assertEqual(launch.on_worker_loss({"mode": "sync", "train": {}}), "fail")
+        self.assertEqual(launch.on_worker_loss(
+            {"mode": "async", "train": {"on_worker_loss": "fail"}}), "fail")
+        self.assertEqual(launch.on_worker_loss(
+            {"mode": "sync", "train": {"on_worker_loss": "continue"}}), "continue")
+
+    def test_a_ps_that_keeps_failing_exhausts_its_restarts_and_fails_the_run(self):
+        snapshot = os.path.join(self.w.path, "old-snapshot")
+        r, record = self.launch({"ps1": ["exit 3 0.1"], "default": "exit 0 30"},
+                                "--max-restarts", "2", "--restore", snapshot)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("launch: ps1 exited with code 3; restart 1 of 2 (attempt 2) in 0.1 s "
+                      "with --restore latest\n", r.stderr)
+        self.assertIn("launch: ps1 exited with code 3; restart 2 of 2 (attempt 3) in 0.2 s "
+                      "with --restore latest\n", r.stderr)
+        self.assertIn("launch: ps1 exited with code 3; stopped the other processes "
+                      "(its 2 restarts are spent).\nlaunch: last lines of ps1", r.stderr)
+        self.assertIn("fake ps1 attempt 3: exit 3", r.stderr)
+        self.assertEqual(record["failed"], "ps1")
+        self.assertEqual(record["exit_code"], 3)
+        self.assertEqual(record["max_restarts"], 2)
+        ps1 = self.entries(record)["ps1"]
+        attempts = ps1["attempts"]
+        self.assertEqual([a["exit"] for a in attempts], [3, 3, 3])
+        self.assertEqual([a.get("backoff") for a in attempts], [0.1, 0.2, None])
+        for before, after in zip(attempts, attempts[1:]):
+            self.assertGreaterEqual(after["start"], before["end"] + before["backoff"])
+        # The first attempt restores what the user named; the restarts their
+        # own newest checkpoint instead, and only that.
+        self.assertEqual(attempts[0]["command"][-2:], ["--restore", snapshot])
+        for a in attempts[1:]:
+            self.assertEqual(a["command"][-2:], ["--restore", "latest"])
+            self.assertEqual(a["command"].count("--restore"), 1)
+        self.assertEqual(ps1["command"], attempts[0]["command"])
+        self.assertEqual((ps1["pid"], ps1["exit"]), (attempts[-1]["pid"], 3))
+        runs = [run for run in self.fake_runs() if run["name"] == "ps1"]
+        self.assertEqual([run["pid"] for run in runs], [a["pid"] for a in attempts])
+        # The others were stopped by the launcher, once each.
+        for name in ("ps0", "worker0", "worker1"):
+            (a,) = self.entries(record)[name]["attempts"]
+            self.assertEqual((a["exit"], a["stopped"]), (-signal.SIGTERM, True), name)
+
+    def test_an_exhausted_worker_under_continue_lets_the_others_go_on(self):
+        # async without train.on_worker_loss: continue, the async default.
+        # The others finish well after worker 1 has used its restarts.
+        r, record = self.launch({"worker1": ["kill SIGKILL 0.1"], "default": "exit 0 2"},
+                                "--max-restarts", "1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(record["on_worker_loss"], "continue")
+        self.assertIn("launch: worker1 was killed by signal 9 (SIGKILL); restart 1 of 1 "
+                      "(attempt 2) in 0.1 s\n", r.stderr)
+        self.assertIn("launch: worker1 was killed by signal 9 (SIGKILL) and has used its 1 "
+                      "restarts; the others go on without it (train.on_worker_loss: "
+                      "continue).", r.stderr)
+        self.assertEqual(record["exit_code"], 0)
+        self.assertEqual(record["lost"], ["worker1"])
+        self.assertNotIn("failed", record)
+        entries = self.entries(record)
+        self.assertEqual([(a["exit"], a["signal"]) for a in entries["worker1"]["attempts"]],
+                         [(-signal.SIGKILL, "SIGKILL")] * 2)
+        # A process that exits 0 ran once, to its own end.
+        for name in ("ps0", "ps1", "worker0"):
+            (a,) = entries[name]["attempts"]
+            self.assertEqual(a["exit"], 0, name)
+            self.assertNotIn("stopped", a, name)
+        self.assertEqual(sorted(run["name"] for run in self.fake_runs()),
+                         ["ps0", "ps1", "worker0", "worker1", "worker1"])
+
+    def test_losing_every_worker_fails_the_run_even_under_continue(self):
+        r, record = self.launch({"worker0": ["exit 6 0.1"], "worker1": ["exit 6 0.6"],
+                                 "default": "exit 0 30"}, "--max-restarts", "1")
+        self.assertEqual(r.returncode, 6, r.stderr)
+        self.assertEqual(record["on_worker_loss"], "continue")
+        self.assertIn("launch: every worker is lost; stopping the run.", r.stderr)
+        self.assertIn("launch: worker1 exited with code 6; stopped the other processes "
+                      "(its 1 restarts are spent).", r.stderr)
+        self.assertEqual((record["failed"], record["lost"]), ("worker1", ["worker0", "worker1"]))
+        entries = self.entries(record)
+        for name in ("ps0", "ps1"):
+            self.assertEqual(entries[name]["exit"], -signal.SIGTERM, name)
+
+    def test_an_exhausted_worker_under_fail_stops_the_run(self):
+        for overrides in (["--mode", "sync"], ["--set", "train.on_worker_loss=fail"]):
+            with self.subTest(overrides=overrides):
+                # A run directory and a fake log of its own for each case.
+                self.run_dir = os.path.join(self.w.path, f"run-{overrides[1]}")
+                self.log = os.path.join(self.w.path, f"fake-{overrides[1]}.log")
+                r, record = self.launch({"worker1": ["exit 4 0.1"], "default": "exit 0 30"},
+                                        "--max-restarts", "1", *overrides)
+                self.assertEqual(r.returncode, 4, r.stderr)
+                self.assertEqual(record["on_worker_loss"], "fail")
+                self.assertEqual(record["failed"], "worker1")
+                self.assertIn("launch: worker1 exited with code 4; stopped the other processes "
+                              "(its 1 restarts are spent).", r.stderr)
+                entries = self.entries(record)
+                self.assertEqual([a["exit"] for a in entries["worker1"]["attempts"]], [4, 4])
+                for name in ("ps0", "ps1", "worker0"):
+                    self.assertEqual(entries[name]["exit"], -signal.SIGTERM, name)
+
+    def test_max_restarts_0_stops_everything_at_the_first_failure(self):
+        # Even a worker under on_worker_loss continue: 0 is today's behaviour.
+        r, record = self.launch({"worker1": ["exit 4 0.2"], "default": "exit 0 30"},
+                                "--max-restarts", "0")
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertNotIn("restart", r.stderr)
+        self.assertIn("launch: worker1 exited with code 4; stopped the other processes.\n",
+                      r.stderr)
+        self.assertEqual(record["failed"], "worker1")
+        self.assertNotIn("lost", record)
+        entries = self.entries(record)
+        self.assertEqual([len(p["attempts"]) for p in record["processes"]], [1, 1, 1, 1])
+        for name in ("ps0", "ps1", "worker0"):
+            self.assertEqual(entries[name]["exit"], -signal.SIGTERM, name)
+        self.assertEqual(len(self.fake_runs()), 4)
+
+    def test_sigterm_during_a_backoff_restarts_nothing(self):
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(support.TOOLS, "launch"), self.w.cluster,
+             "--run-dir", self.run_dir, "--restart-backoff", "20"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=support.tool_env(**self.env({"worker1": ["exit 5 0.1"],
+                                             "default": "exit 0 60"})),
+            cwd=support.ROOT)
+        self.addCleanup(LaunchTest.reap, proc)
+        path = os.path.join(self.run_dir, "launch.json")
+
+        def waiting():
+            try:
+                record = support.read_json(path)
+            except (OSError, ValueError):
+                return False
+            attempts = self.entries(record)["worker1"]["attempts"]
+            return "end" in attempts[-1]
+        support.wait_for(waiting, 20, "worker 1 to fail")
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("restart 1 of 3 (attempt 2) in 20 s", err)
+        self.assertNotIn("restarted", err)
+        self.assertIn("SIGTERM received; stopped every process", err)
+        record = support.read_json(path)
+        self.assertEqual(len(self.entries(record)["worker1"]["attempts"]), 1)
+        self.assertEqual([run["name"] for run in self.fake_runs()].count("worker1"), 1)
+        for run in self.fake_runs():
+            self.assertFalse(support.alive(run["pid"]), run)
 
 
 class AutoTest(unittest.TestCase):

@@ -28,7 +28,11 @@ OptimizerConfig sgd(float lr) {
 
 Snapshot sample_snapshot() {
   Snapshot s;
+  s.kind = SnapshotKind::checkpoint;
+  s.config_hash = 0x0123456789abcdefull;
+  s.optimizer = "momentum";
   s.global_samples = 123456789;
+  s.worker_samples = {5, 70000000000ull};
   s.records.push_back({"dense0/w", 3, 17, {1.5f, -2.25f, 3.0f}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}});
   s.records.push_back({"b", 0, 0, {42.0f}, {}});
   return s;
@@ -96,22 +100,41 @@ TEST_CASE("chunk store: updates copy a buffer a reader holds, otherwise work in 
   CHECK(store.stats().copies_on_write == 1);
 }
 
-TEST_CASE("chunk store: records round-trip through restore, and state must fit") {
+TEST_CASE("chunk store: its chunks round-trip through a snapshot and restore, and state must fit") {
   OptimizerConfig adam;
   adam.kind = OptimizerKind::adam;
   ChunkStore store(adam);
   store.init("w", 0, std::vector<float>{1, 2});
   store.push("w", 0, std::vector<float>{0.5f, -0.5f});
+  TempDir dir;
+  write_snapshot(dir.path() / "ps0.bin", {}, record_views(store.refs()));
   ChunkStore copy(adam);
-  copy.restore(store.records());
+  copy.restore(read_snapshot(dir.path() / "ps0.bin").records);
   const auto* c = copy.find("w", 0);
   REQUIRE(c);
   CHECK(*c->values == *store.find("w", 0)->values);
-  CHECK(c->state == store.find("w", 0)->state);
+  CHECK(*c->state == *store.find("w", 0)->state);
   CHECK(c->version == 1);
   ChunkStore plain(sgd(0.1f));
-  CHECK_THROWS_WITH_AS(plain.restore(store.records()), doctest::Contains("state"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(plain.restore(read_snapshot(dir.path() / "ps0.bin").records),
+                       doctest::Contains("state"), std::invalid_argument);
+}
+
+TEST_CASE("chunk store: an update never writes state or values a checkpoint holds") {
+  OptimizerConfig momentum;
+  momentum.kind = OptimizerKind::momentum;
+  ChunkStore store(momentum);
+  store.init("w", 0, std::vector<float>{1, 2});
+  store.push("w", 0, std::vector<float>{1, 1});
+  const auto held = store.refs();  // what a checkpoint being written holds
+  const auto values = *held[0].values;
+  const auto state = *held[0].state;
+  store.push("w", 0, std::vector<float>{1, 1});
+  CHECK(*held[0].values == values);
+  CHECK(*held[0].state == state);
+  CHECK(held[0].version == 1);
+  CHECK(*store.find("w", 0)->state != state);
+  CHECK(store.stats().copies_on_write == 2);  // values and state, once each
 }
 
 TEST_CASE("snapshot: a written file reads back identically") {
@@ -121,7 +144,11 @@ TEST_CASE("snapshot: a written file reads back identically") {
   write_snapshot(path, s);
   CHECK(names_in(path.parent_path()) == std::set<std::string>{"ps0.bin"});
   const auto r = read_snapshot(path);
+  CHECK(r.kind == s.kind);
+  CHECK(r.config_hash == s.config_hash);
+  CHECK(r.optimizer == s.optimizer);
   CHECK(r.global_samples == s.global_samples);
+  CHECK(r.worker_samples == s.worker_samples);
   REQUIRE(r.records.size() == s.records.size());
   for (std::size_t i = 0; i < s.records.size(); ++i) {
     CHECK(r.records[i].name == s.records[i].name);
@@ -176,11 +203,19 @@ TEST_CASE("snapshot: damaged files give errors naming the file and the problem")
     write_bytes(path, bad);
     CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("crc"), SnapshotError);
   }
+  SUBCASE("flipped header byte") {
+    auto bad = good;
+    bad[12 + 4] ^= 0x01;  // inside the config hash
+    write_bytes(path, bad);
+    CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("crc mismatch in the header"),
+                         SnapshotError);
+  }
   SUBCASE("huge declared value count") {
     auto bad = good;
-    // File header (28 B), then name length, name "dense0/w", chunk, version:
-    // the value count starts at 52; make it about 2^39.
-    bad[52 + 4] = '\x7f';
+    // File header (76 B with optimizer "momentum" and 2 workers), then name
+    // length, name "dense0/w", chunk, version: the value count starts at
+    // 100; make it about 2^39.
+    bad[100 + 4] = '\x7f';
     write_bytes(path, bad);
     CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("more than the file holds"),
                          SnapshotError);

@@ -1,0 +1,72 @@
+#pragma once
+// Periodic checkpoints of one ps's shard, written while the ps serves on.
+//
+// Every `every` the ps thread takes a cut of the shard (server/shard_file.h:
+// references to the chunks' values and optimizer state, O(chunks)) and hands
+// it to a writer thread, which serializes it, CRCs it and writes
+// <run_dir>/checkpoints/ckpt-<seq>/ps<N>.bin atomically, then removes this
+// ps's files of all but the newest `keep` generations (and a generation
+// folder once it is empty). Updates that arrive meanwhile copy the chunk they
+// touch first (copy-on-write in ChunkStore), so the file holds exactly the
+// cut. finish() writes one more on the way out (signal, all workers done, a
+// silent worker), so nothing the ps applied is lost when it exits.
+//
+// Sequence numbers continue after the highest generation already in the
+// folder, so a restarted ps never overwrites a generation, and the servers of
+// one run, started together, number theirs alike.
+//
+// Thread rules: tick(), finish() and the destructor run on the ps thread.
+// At most one writer thread exists, so one checkpoint at a time; it touches
+// only its cut (moved to it when it starts) and the files, and says it is
+// done through `writing_`. The ps thread joins it before starting the next
+// one, and before anything the cut came from goes away. Nothing else is
+// shared, so there is no mutex.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "server/request.h"
+#include "server/shard_file.h"
+
+namespace pstrain::ps {
+
+struct CheckpointerOptions {
+  std::filesystem::path checkpoints;           // <run_dir>/checkpoints
+  std::uint32_t ps_index = 0;
+  std::chrono::duration<double> every{60};     // checkpoint.every_s, > 0
+  std::uint32_t keep = 3;                      // checkpoint.keep, >= 1
+};
+
+class Checkpointer {
+ public:
+  // `cut` takes the shard's cut; it is called on the ps thread only. The
+  // first checkpoint is due `every` after `start`.
+  Checkpointer(CheckpointerOptions options, std::function<ShardCut()> cut,
+               Clock::time_point start);
+  ~Checkpointer();  // waits for a write in flight
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Starts a checkpoint when one is due and none is being written.
+  void tick(Clock::time_point now);
+  // Writes a last checkpoint, after the one in flight, and waits for both.
+  void finish();
+
+ private:
+  void start();
+  void join();
+  void write(std::uint64_t seq, const ShardCut& cut) const;
+  void prune() const;
+
+  CheckpointerOptions options_;
+  std::function<ShardCut()> cut_;
+  std::uint64_t next_seq_;
+  Clock::time_point due_;
+  std::thread writer_;
+  std::atomic<bool> writing_{false};
+};
+
+}  // namespace pstrain::ps
