@@ -1,10 +1,13 @@
 #include "client/evaluator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "client/cpu_backend.h"
 #include "client/model.h"
 #include "client/ps_client.h"
+#include "shared/log.h"
 
 namespace pstrain {
 namespace {
@@ -55,7 +58,7 @@ void Evaluator::request(std::uint64_t global_samples) {
   {
     std::lock_guard lock(mutex_);
     if (busy_ || pending_) return;
-    pending_ = global_samples;
+    pending_ = Job{global_samples, false};
   }
   wake_.notify_all();
 }
@@ -71,7 +74,7 @@ EvalPoint Evaluator::evaluate_now(std::uint64_t global_samples) {
   std::unique_lock lock(mutex_);
   finished_.wait(lock, [&] { return !busy_ && !pending_; });
   if (error_) std::rethrow_exception(error_);
-  pending_ = global_samples;
+  pending_ = Job{global_samples, true};
   const auto target = completed_ + 1;
   wake_.notify_all();
   finished_.wait(lock, [&] { return completed_ >= target || error_; });
@@ -92,14 +95,21 @@ void Evaluator::loop() {
   while (true) {
     wake_.wait(lock, [&] { return stop_ || pending_; });
     if (stop_) return;
-    const auto samples = *pending_;
+    const Job job = *pending_;
     pending_.reset();
     busy_ = true;
     lock.unlock();
     std::optional<EvalPoint> point;
     std::exception_ptr error;
     try {
-      point = evaluate(samples);
+      point = evaluate(job);
+    } catch (const PsError& e) {
+      if (job.final) {
+        error = std::current_exception();
+      } else {
+        log("warning: evaluation at ", job.global_samples, " global samples skipped: ",
+            e.what());
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -112,14 +122,41 @@ void Evaluator::loop() {
   }
 }
 
-EvalPoint Evaluator::evaluate(std::uint64_t global_samples) {
+void Evaluator::pull_weights(std::chrono::steady_clock::time_point deadline) {
+  const auto& vars = model_->variables();
+  while (true) {
+    try {
+      for (std::size_t i = 0; i < vars.size(); ++i)
+        ps_->pull(vars[i].name, {model_->param(i).data(), vars[i].size});
+      ps_->wait_all();
+      return;
+    } catch (const PsError& e) {
+      // The other pulls of this try are still in flight: they end (answered,
+      // failed or timed out) before the next try writes the same buffers.
+      for (bool drained = false; !drained;) {
+        try {
+          ps_->wait_all();
+          drained = true;
+        } catch (const PsError&) {
+        }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) throw;
+      log("warning: the final evaluation's pull failed (", e.what(), "); trying again");
+      // An error reply comes at once: do not hammer the ps with tries.
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          std::chrono::seconds(1), deadline - now));
+    }
+  }
+}
+
+EvalPoint Evaluator::evaluate(const Job& job) {
   const auto start = std::chrono::steady_clock::now();
   EvalPoint point;
-  point.global_samples = global_samples;
-  const auto& vars = model_->variables();
-  for (std::size_t i = 0; i < vars.size(); ++i)
-    ps_->pull(vars[i].name, {model_->param(i).data(), vars[i].size});
-  ps_->wait_all();
+  point.global_samples = job.global_samples;
+  pull_weights(job.final ? start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(config_.net.worker_timeout))
+                         : start);
   const EvalResult result = model_->evaluate(test_);
   point.accuracy = result.accuracy;
   point.loss = result.loss;

@@ -3,6 +3,12 @@
 // so training never waits for it. The evaluator owns everything it touches:
 // its own ps client (sockets), a CPU backend, a model replica and the test
 // set, so the training thread shares nothing with it but the request queue.
+//
+// A ps that does not answer a pull (PsError) costs an evaluation, not the
+// run: a periodic evaluation is skipped with a logged warning (the next one
+// sees newer weights anyway); the final one, whose accuracy the run reports,
+// tries again for up to net.worker_timeout before it fails.
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -55,8 +61,15 @@ class Evaluator {
   Model& model();
 
  private:
+  struct Job {
+    std::uint64_t global_samples = 0;
+    bool final = false;  // evaluate_now's: retried rather than skipped
+  };
   void loop();
-  EvalPoint evaluate(std::uint64_t global_samples);
+  EvalPoint evaluate(const Job& job);
+  // Pulls every variable into the replica; on a PsError tries again until
+  // `deadline` (none after it), then rethrows.
+  void pull_weights(std::chrono::steady_clock::time_point deadline);
 
   const ClusterConfig& config_;
   Dataset test_;
@@ -69,7 +82,7 @@ class Evaluator {
   std::condition_variable wake_;
   std::condition_variable finished_;
   std::uint64_t next_eval_;               // the next multiple of eval_every
-  std::optional<std::uint64_t> pending_;  // global samples of the queued request
+  std::optional<Job> pending_;            // the queued request
   bool busy_ = false;
   bool stop_ = false;
   std::uint64_t completed_ = 0;

@@ -500,22 +500,25 @@ PsClient::PsClient(std::vector<std::string> ps_addresses, ShardMap map, std::uin
                    PsClientOptions options)
     : impl_(std::make_unique<Impl>(std::move(ps_addresses), std::move(map), run_id, options)) {}
 
-namespace {
-std::vector<std::string> connect_addresses(const ClusterConfig& config) {
+
+std::vector<std::string> ps_addresses(const ClusterConfig& config) {
   std::vector<std::string> out;
   for (const auto& ps : config.ps) out.push_back(ps.connect_address());
   return out;
 }
-}  // namespace
+
+PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender) {
+  return {.sender = sender,
+          .timeout_s = config.net.request_timeout,
+          .retry_interval_s = config.net.retry_interval,
+          .config_yaml = config.to_yaml(),
+          .fault = config.net.fault,
+          .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1))};
+}
 
 PsClient::PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map)
-    : PsClient(connect_addresses(config), std::move(map), config.hash(),
-               PsClientOptions{.sender = sender,
-                                .timeout_s = config.net.request_timeout,
-                                .retry_interval_s = config.net.retry_interval,
-                                .config_yaml = config.to_yaml(),
-                                .fault = config.net.fault,
-                                .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1))}) {}
+    : PsClient(ps_addresses(config), std::move(map), config.hash(),
+               client_options(config, sender)) {}
 
 PsClient::~PsClient() = default;
 

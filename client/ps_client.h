@@ -62,13 +62,18 @@ struct PsClientOptions {
   std::uint64_t fault_seed = 0;
 };
 
+// What a worker's client takes from the cluster config: every ps's address,
+// and its sender, timeouts, config text and fault injection.
+std::vector<std::string> ps_addresses(const ClusterConfig& config);
+PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender);
+
 class PsClient {
  public:
   using Ticket = std::uint64_t;
 
   PsClient(std::vector<std::string> ps_addresses, ShardMap map,
            std::uint64_t run_id, PsClientOptions options = {});
-  // Addresses, run id (config hash) and timeout from the cluster config.
+  // Addresses, run id (config hash) and client_options() from the config.
   PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map);
   ~PsClient();
   PsClient(const PsClient&) = delete;

@@ -118,7 +118,8 @@ class BatchFeeder {
 // line (README.md, "Metrics") holds role, index, step, epoch, local_samples,
 // global_samples, loss, samples_per_s, global_samples_per_s, compute_ms,
 // then the trainer's figures in the order they were added; means and maxima
-// are over the window since the line before.
+// are over the window since the line before. The worker's liveness does not
+// depend on these reports: client/heartbeat.h.
 class ProgressReporter {
  public:
   // Registers the worker's series (pstrain_worker_*) in context.registry.

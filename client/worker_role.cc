@@ -7,6 +7,7 @@
 #include "client/cuda_loader.h"
 #include "client/dataset.h"
 #include "client/evaluator.h"
+#include "client/heartbeat.h"
 #include "client/model.h"
 #include "client/model_io.h"
 #include "client/progress.h"
@@ -50,6 +51,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     throw ConfigError("workers: auto is resolved by tools/launch; give an explicit list "
                       "or {count: N} to start workers by hand");
   const auto n_workers = static_cast<std::uint32_t>(config.workers.size());
+  // From the start, so that loading the data and a slow GPU start count as
+  // alive as much as a long step or the final evaluation do.
+  auto heartbeats = std::make_unique<HeartbeatThread>(config, index);
 
   auto backend = make_backend(config, index);
   const Dataset train = load_dataset(config.data, true);
@@ -122,6 +126,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     for (std::uint32_t s = 0; s < config.ps.size(); ++s) ps.snapshot(s);
     log("snapshot of every ps in ", (config.run_dir / "snapshot").string());
   }
+  // Stopped first: once every worker is done the servers exit, and a
+  // heartbeat to them would wait out its timeout.
+  heartbeats.reset();
   ps.done(summary.local_samples);
   return 0;
 }

@@ -24,8 +24,7 @@ std::string seconds_text(double seconds, const char* format) {
 Coordinator::Coordinator(CoordinatorOptions options, ReplySink& sink)
     : options_(std::move(options)),
       sink_(sink),
-      heard_(options_.workers),
-      done_(options_.workers, false),
+      workers_(options_.workers),
       worker_samples_(options_.workers, 0) {}
 
 void Coordinator::add_handlers(Handlers& handlers) {
@@ -53,10 +52,31 @@ void Coordinator::barrier(const Request& request) {
                                 std::to_string(it->second.count) + ", this request says " +
                                 std::to_string(entry.count));
   if (it == barriers_.end()) it = barriers_.emplace(entry.name, Barrier{entry.count, {}, {}}).first;
+  it->second.senders.insert(request.header.sender);
+  it->second.waiting.push_back({request.from, request.header});
+  release_if_complete(it);
+}
+
+bool Coordinator::release_if_complete(std::map<std::string, Barrier, std::less<>>::iterator it) {
   auto& b = it->second;
-  b.senders.insert(request.header.sender);
-  b.waiting.push_back({request.from, request.header});
-  if (b.senders.size() < b.count) return;
+  bool worker_entered = false, can_still_enter = false;
+  std::string missing;  // workers that are absent or done and did not enter
+  for (std::uint32_t w = 0; w < workers_.size(); ++w) {
+    if (b.senders.contains(w)) {
+      worker_entered = true;
+    } else if (workers_[w].state == Liveness::pending || workers_[w].state == Liveness::live) {
+      can_still_enter = true;
+    } else {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+    }
+  }
+  // Short of count only because workers were lost or finished: those who
+  // can enter have.
+  const bool short_handed = worker_entered && !missing.empty() && !can_still_enter;
+  if (b.senders.size() < b.count && !short_handed) return false;
+  if (b.senders.size() < b.count)
+    log("barrier '", it->first, "' released with ", b.senders.size(), " of ", b.count,
+        " senders: every live worker entered; absent or done: worker(s) ", missing);
   // Released together; the name can be entered afresh from now on.
   const auto released = std::move(b.waiting);
   barriers_.erase(it);
@@ -65,6 +85,7 @@ void Coordinator::barrier(const Request& request) {
     wire::BarrierReply{released.size()}.write(reply.header);
     sink_.send(p.from, std::move(reply));
   }
+  return true;
 }
 
 void Coordinator::kv_set(const Request& request) {
@@ -96,10 +117,10 @@ void Coordinator::send_value(const Peer& to, const wire::Header& request, const 
 
 void Coordinator::check_worker(std::uint32_t sender, const char* op) const {
   // Only workers train samples and finish; tools and benchmarks use other ids.
-  if (sender >= done_.size())
+  if (sender >= workers_.size())
     throw std::invalid_argument(std::string(op) + " from sender " + std::to_string(sender) +
                                 ", which is not a worker (the cluster has " +
-                                std::to_string(done_.size()) + ")");
+                                std::to_string(workers_.size()) + ")");
 }
 
 void Coordinator::heartbeat(const Request& request) {
@@ -120,16 +141,16 @@ void Coordinator::done(const Request& request) {
   const auto sender = request.header.sender;
   check_worker(sender, "done");
   const auto total = wire::Done::read(request.header).total_samples;
-  if (!done_[sender]) log("worker ", sender, " done after ", total, " samples");
-  done_[sender] = true;
+  if (workers_[sender].state != Liveness::done)
+    log("worker ", sender, " done after ", total, " samples");
+  workers_[sender].state = Liveness::done;
   worker_samples_[sender] = std::max(worker_samples_[sender], total);
-  if (std::ranges::all_of(done_, [](bool d) { return d; })) {
-    log("all ", done_.size(), " workers done; exiting");
-    exit_code_ = 0;
-  }
   Reply reply{wire::reply_to(request.header), {}};
   wire::GlobalSamples{global_samples_}.write(reply.header);
   sink_.send(request.from, std::move(reply));
+  // It cannot enter a barrier any more.
+  release_complete_barriers();
+  check_exit();
 }
 
 void Coordinator::shutdown(const Request& request) {
@@ -138,10 +159,15 @@ void Coordinator::shutdown(const Request& request) {
   sink_.send(request.from, {wire::reply_to(request.header), {}});
 }
 
+void Coordinator::start(Clock::time_point now) { started_ = now; }
+
 void Coordinator::heard(std::uint32_t sender, Clock::time_point at) {
-  if (sender >= heard_.size()) return;  // tools and benchmarks are not workers
-  heard_[sender] = at;
-  if (!first_heard_) first_heard_ = at;
+  if (sender >= workers_.size()) return;  // tools and benchmarks are not workers
+  auto& w = workers_[sender];
+  if (w.state == Liveness::done) return;
+  if (w.state == Liveness::absent) log("worker ", sender, " is back; it is live again");
+  w.state = Liveness::live;
+  w.last = at;
 }
 
 void Coordinator::tick(Clock::time_point now) {
@@ -164,26 +190,75 @@ void Coordinator::expire_kv_gets(Clock::time_point now) {
 }
 
 void Coordinator::check_worker_timeout(Clock::time_point now) {
-  if (!first_heard_ || exit_code_) return;
+  if (!started_ || exit_code_) return;
   std::string silent;
-  for (std::size_t w = 0; w < heard_.size(); ++w) {
-    if (done_[w]) continue;
-    const auto last = heard_[w] ? *heard_[w] : *first_heard_;
-    if (now - last >= options_.worker_timeout)
-      silent += (silent.empty() ? "" : ", ") + std::to_string(w);
+  std::vector<std::uint32_t> lost;
+  for (std::uint32_t w = 0; w < workers_.size(); ++w) {
+    const auto& worker = workers_[w];
+    if (worker.state == Liveness::absent || worker.state == Liveness::done) continue;
+    const auto last = worker.state == Liveness::pending ? *started_ : worker.last;
+    if (now - last < options_.worker_timeout) continue;
+    silent += (silent.empty() ? "" : ", ") + std::to_string(w);
+    lost.push_back(w);
   }
   if (silent.empty()) return;
   const std::string reason = "no message from worker(s) " + silent + " for " +
                              seconds_text(options_.worker_timeout.count(), "%.1f") +
                              " s (net.worker_timeout)";
-  log(reason, "; exiting");
+  if (options_.on_worker_loss == WorkerLoss::fail) {
+    log(reason, "; exiting (train.on_worker_loss: fail)");
+    fail_all_parked(reason);
+    exit_code_ = 3;
+    return;
+  }
+  for (const auto w : lost) workers_[w].state = Liveness::absent;
+  log(reason, "; marked absent, going on without them (train.on_worker_loss: continue)");
+  release_complete_barriers();
+  check_exit();
+}
+
+void Coordinator::release_complete_barriers() {
+  for (auto it = barriers_.begin(); it != barriers_.end();)
+    it = release_if_complete(it) ? barriers_.begin() : std::next(it);
+}
+
+void Coordinator::check_exit() {
+  if (exit_code_) return;
+  bool done = false;
+  for (const auto& w : workers_) {
+    if (w.state == Liveness::pending || w.state == Liveness::live) return;
+    done = done || w.state == Liveness::done;
+  }
+  const auto absent = workers_in(Liveness::absent);
+  if (!done) {
+    const std::string reason = "every worker is lost: worker(s) " + absent + " absent";
+    log(reason, "; exiting");
+    fail_all_parked(reason);
+    exit_code_ = 3;
+  } else if (absent.empty()) {
+    log("all ", workers_.size(), " workers done; exiting");
+    exit_code_ = 0;
+  } else {
+    log("every live worker done (", workers_in(Liveness::done), "), worker(s) ", absent,
+        " absent; exiting");
+    exit_code_ = 0;
+  }
+}
+
+void Coordinator::fail_all_parked(const std::string& reason) {
   // Workers parked in a barrier or kv_get learn why instead of timing out.
   for (const auto& [name, b] : barriers_)
     for (const auto& p : b.waiting) fail(p, reason);
   for (const auto& p : kv_waiting_) fail(p, reason);
   barriers_.clear();
   kv_waiting_.clear();
-  exit_code_ = 3;
+}
+
+std::string Coordinator::workers_in(Liveness state) const {
+  std::string out;
+  for (std::size_t w = 0; w < workers_.size(); ++w)
+    if (workers_[w].state == state) out += (out.empty() ? "" : ", ") + std::to_string(w);
+  return out;
 }
 
 std::optional<Clock::time_point> Coordinator::next_deadline() const {

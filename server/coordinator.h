@@ -9,11 +9,22 @@
 // and tick() is given the time. Unit tests drive it with a recording sink
 // and made-up times (tests/unit/test_coordinator.cc).
 //
-// Exit policy (exit_code()): 0 once every worker sent done or after a
-// shutdown request; 3 once a worker that has not sent done was not heard from
-// for worker_timeout, counted from the first message of any worker. Then every
-// parked request is answered with an error naming the silent workers, so
-// nobody waits for a ps that is about to go.
+// Liveness: a worker is pending until its first message, then live until it
+// sends done. A live worker silent for worker_timeout, or a pending one
+// never heard within worker_timeout of start(), is lost; what follows is
+// on_worker_loss (train.on_worker_loss):
+// - fail: the ps exits 3 naming the silent workers;
+// - continue: they are marked absent (logged by name) and the others go on.
+//   A barrier releases once every live or pending worker has entered it
+//   (absent and done ones cannot). An absent worker heard again (a restart
+//   saying hello, a late heartbeat) is live again.
+//
+// Exit policy (exit_code()): 0 after a shutdown request, or once no worker is
+// live or pending and at least one sent done (all of them, unless some were
+// lost under `continue`); 3 on a loss under `fail`, or once every worker is
+// lost, which includes a ps no worker ever contacts. On exit 3 every parked
+// request is answered with an error naming the silent workers, so nobody
+// waits for a ps that is about to go.
 //
 // Thread rules: single-threaded, like the whole ps (server/request.h).
 #include <chrono>
@@ -25,6 +36,7 @@
 #include <vector>
 
 #include "server/request.h"
+#include "shared/config.h"
 
 namespace pstrain::ps {
 
@@ -32,6 +44,7 @@ struct CoordinatorOptions {
   std::string name;            // "ps 0": starts the text of the errors it sends
   std::uint32_t workers = 0;   // senders 0 .. workers-1 are workers; others are tools
   std::chrono::duration<double> worker_timeout{60};  // net.worker_timeout
+  WorkerLoss on_worker_loss = WorkerLoss::fail;      // train.on_worker_loss
 };
 
 class Coordinator {
@@ -54,6 +67,10 @@ class Coordinator {
   void done(const Request& request);       // workers only
   void shutdown(const Request& request);
 
+  // The ps serves from `now` on: pending workers are counted silent from
+  // here. The request loop calls it once, before its first request; no
+  // worker is timed out before.
+  void start(Clock::time_point now);
   // Notes that `sender` was heard from at `at`; the request loop calls it
   // for every well-formed request, whatever its op.
   void heard(std::uint32_t sender, Clock::time_point at);
@@ -91,22 +108,34 @@ class Coordinator {
     std::set<std::uint32_t> senders;
     std::vector<Parked> waiting;
   };
+  enum class Liveness { pending, live, absent, done };
+  struct Worker {
+    Liveness state = Liveness::pending;
+    Clock::time_point last{};  // last heard; live and absent workers only
+  };
 
   void send_value(const Peer& to, const wire::Header& request, const std::string& key);
   void fail(const Parked& parked, const std::string& why);
   void check_worker(std::uint32_t sender, const char* op) const;
   void expire_kv_gets(Clock::time_point now);
   void check_worker_timeout(Clock::time_point now);
+  // Releases barrier `it` if count senders, or every worker that can still
+  // enter, have entered; true if it did (and erased it).
+  bool release_if_complete(std::map<std::string, Barrier, std::less<>>::iterator it);
+  // The same for every barrier: after a worker was lost or finished.
+  void release_complete_barriers();
+  void check_exit();
+  void fail_all_parked(const std::string& reason);
+  std::string workers_in(Liveness state) const;
 
   CoordinatorOptions options_;
   ReplySink& sink_;
   std::map<std::string, Barrier, std::less<>> barriers_;
   std::map<std::string, std::vector<std::uint8_t>, std::less<>> kv_;
   std::vector<Parked> kv_waiting_;
-  std::vector<std::optional<Clock::time_point>> heard_;  // per worker
-  std::vector<bool> done_;                               // per worker
-  std::vector<std::uint64_t> worker_samples_;            // per worker
-  std::optional<Clock::time_point> first_heard_;
+  std::vector<Worker> workers_;
+  std::optional<Clock::time_point> started_;
+  std::vector<std::uint64_t> worker_samples_;  // per worker
   std::uint64_t global_samples_ = 0;
   std::optional<int> exit_code_;
 };

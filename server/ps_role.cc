@@ -60,7 +60,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                        stats);
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
-                               std::chrono::duration<double>(config.net.worker_timeout)},
+                               std::chrono::duration<double>(config.net.worker_timeout),
+                               config.train.on_worker_loss},
                               loop);
   if (restored) coordinator.restore_samples(restored->info.global_samples, restored->info.worker_samples);
   ps::DataHandlers data(store, coordinator, loop, config.run_dir, index, hash);

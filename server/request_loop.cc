@@ -284,6 +284,7 @@ void RequestLoop::bind() {
 int RequestLoop::run(Coordinator& coordinator,
                      const std::function<void(Clock::time_point)>& tick) {
   try {
+    coordinator.start(Clock::now());
     while (!coordinator.exit_code()) {
       if (g_stop_signal) {
         log("stopping on signal ", static_cast<int>(g_stop_signal));

@@ -69,9 +69,10 @@ class RequestLoop final : public ReplySink {
 
   Handlers& handlers();
   void bind();  // throws NetworkError
-  // Serves until coordinator.exit_code() is set (returns it) or a stop
-  // signal arrives (returns 0). Calls `tick` between batches of requests,
-  // at least every 100 ms, like coordinator.tick(). Throws NetworkError.
+  // Tells the coordinator it starts serving, then serves until
+  // coordinator.exit_code() is set (returns it) or a stop signal arrives
+  // (returns 0). Calls `tick` between batches of requests, at least every
+  // 100 ms, like coordinator.tick(). Throws NetworkError.
   int run(Coordinator& coordinator, const std::function<void(Clock::time_point)>& tick = {});
 
   // Fills the reply's payload description and run id, and sends it.

@@ -39,6 +39,10 @@ std::string_view to_string(Mode mode) {
   return mode == Mode::sync ? "sync" : "async";
 }
 
+std::string_view to_string(WorkerLoss loss) {
+  return loss == WorkerLoss::fail ? "fail" : "continue";
+}
+
 std::string_view to_string(Device device) {
   switch (device) {
     case Device::cpu: return "cpu";
@@ -90,6 +94,8 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("straggler_worker", &TrainConfig::straggler_worker, at_least(-1)),
     bounded("straggler_delay_ms", &TrainConfig::straggler_delay_ms, kNonNegative),
     bounded("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
+    choice("on_worker_loss", &TrainConfig::on_worker_loss,
+           {WorkerLoss::continue_, WorkerLoss::fail}),
 };
 
 const std::vector<Field<FaultConfig>> kFaultFields = {
@@ -277,6 +283,19 @@ Field<ClusterConfig> workers_field() {
       "a list of workers, {count: N} or auto");
 }
 
+// The mode, which also gives train.on_worker_loss its default: an async run
+// goes on without a lost worker, a sync run cannot. The root table reads
+// train after mode, so a value given there wins.
+Field<ClusterConfig> mode_field() {
+  Field<ClusterConfig> field = choice("mode", &ClusterConfig::mode, {Mode::async, Mode::sync});
+  field.read = [read = field.read](const Reader& r, const YAML::Node& node,
+                                   const std::string& path, ClusterConfig& c) {
+    read(r, node, path, c);
+    c.train.on_worker_loss = c.mode == Mode::sync ? WorkerLoss::fail : WorkerLoss::continue_;
+  };
+  return field;
+}
+
 // A preset's name, or a custom model as a list of layers.
 Field<ClusterConfig> model_field() {
   std::vector<std::string> keys = {"model"};
@@ -333,7 +352,7 @@ Field<ClusterConfig> model_field() {
 const std::vector<Field<ClusterConfig>> kRootFields = {
     job_field(),
     run_dir_field(),
-    choice("mode", &ClusterConfig::mode, {Mode::async, Mode::sync}),
+    mode_field(),
     ps_field(),
     workers_field(),
     section("optimizer", &ClusterConfig::optimizer, kOptimizerFields),

@@ -42,6 +42,10 @@ struct WorkerSpec {
 
 enum class Mode { async, sync };
 
+// What a ps does when a worker that has not finished goes silent for
+// net.worker_timeout: go on with the live ones, or exit 3 naming it.
+enum class WorkerLoss { continue_, fail };
+
 struct ModelLayer {        // one entry of a model given as a list of layers
   std::string type;        // dense, relu, conv2d, maxpool2d, flatten
   int units = 0;           // dense
@@ -75,6 +79,9 @@ struct TrainConfig {
   // sync mode: all-reduce bucket size; small enough that a model of ~1 MB
   // fills several, so reducing the first overlaps the rest of backward.
   std::uint32_t bucket_bytes = 256 * 1024;
+  // Follows the mode unless given (the mode's field sets it): an async run
+  // can finish without a worker, a sync one cannot.
+  WorkerLoss on_worker_loss = WorkerLoss::continue_;
 };
 
 struct NetConfig {
@@ -136,5 +143,6 @@ std::vector<std::string> config_keys();
 
 std::string_view to_string(Mode mode);
 std::string_view to_string(Device device);
+std::string_view to_string(WorkerLoss loss);
 
 }  // namespace pstrain

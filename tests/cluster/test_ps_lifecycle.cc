@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <future>
 #include <thread>
 
 #include "client/ps_client.h"
@@ -57,8 +58,8 @@ TEST_CASE("ps: exits 0 once every worker sent done, after replying") {
   }
 }
 
-TEST_CASE("ps: a silent worker makes the ps exit 3 naming it") {
-  PsCluster cluster({.ps = 1, .workers = 2, .worker_timeout = 1.0});
+TEST_CASE("ps: on_worker_loss fail: a silent worker makes the ps exit 3 naming it") {
+  PsCluster cluster({.ps = 1, .workers = 2, .worker_timeout = 1.0, .on_worker_loss = "fail"});
   auto& ps = cluster.start_ps(0);
   const auto& config = cluster.config();
   // A short request timeout: the last heartbeat may be in flight when the ps exits.
@@ -82,6 +83,76 @@ TEST_CASE("ps: a silent worker makes the ps exit 3 naming it") {
   CHECK(ps.log_text().find("no message from worker(s) 1 for 1.0 s (net.worker_timeout); exiting") !=
         std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start >= 900ms);
+}
+
+TEST_CASE("ps: on_worker_loss continue: a silent worker is absent, the ps exits 0 after the rest") {
+  PsCluster cluster({.ps = 2, .workers = 2, .worker_timeout = 1.0, .on_worker_loss = "continue"});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  PsClient w0(config, 0, small_map(config));
+  w0.hello();
+  // Worker 1 never shows up; worker 0 keeps talking past the timeout.
+  const auto until = std::chrono::steady_clock::now() + 2500ms;
+  while (std::chrono::steady_clock::now() < until) {
+    w0.heartbeat(1);
+    std::this_thread::sleep_for(100ms);
+  }
+  for (std::uint32_t s = 0; s < 2; ++s) {
+    CHECK_FALSE(cluster.ps(s).wait_for(0s).has_value());
+    CHECK(cluster.ps(s).log_text().find("no message from worker(s) 1 for 1.0 s "
+                                        "(net.worker_timeout); marked absent") != std::string::npos);
+  }
+  w0.done(25);
+  for (std::uint32_t s = 0; s < 2; ++s) {
+    CHECK(cluster.ps(s).wait_for(10s) == 0);
+    CHECK(cluster.ps(s).log_text().find("every live worker done (0), worker(s) 1 absent") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("ps: a worker starting later than worker_timeout joins while the others are live") {
+  PsCluster cluster({.ps = 1, .workers = 2, .worker_timeout = 1.0});
+  auto& ps = cluster.start_ps(0);
+  const auto& config = cluster.config();
+  PsClient w0(config, 0, small_map(config));
+  w0.hello();
+  const auto until = std::chrono::steady_clock::now() + 2500ms;
+  while (std::chrono::steady_clock::now() < until) {
+    w0.heartbeat(1);
+    std::this_thread::sleep_for(100ms);
+  }
+  // Worker 1 was given up on, but comes now: it is live, the final barrier
+  // waits for it, and the ps ends as after a run without loss.
+  PsClient w1(config, 1, small_map(config));
+  w1.hello();
+  auto barrier0 = std::async(std::launch::async, [&] { w0.barrier("train-done", 2); });
+  CHECK(parked(config, "parked_barrier", 1));
+  for (int i = 0; i < 15; ++i) {  // longer than worker_timeout: the barrier waits for worker 1
+    w1.heartbeat(1);
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(parked(config, "parked_barrier", 1));
+  w1.barrier("train-done", 2);
+  barrier0.get();
+  w0.done(25);
+  w1.done(1);
+  CHECK(ps.wait_for(10s) == 0);
+  const std::string log = ps.log_text();
+  CHECK_MESSAGE(log.find("worker 1 is back; it is live again") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("all 2 workers done") != std::string::npos, log);
+}
+
+TEST_CASE("ps: a ps that no worker ever contacts exits 3 after worker_timeout") {
+  PsCluster cluster({.ps = 1, .workers = 2, .worker_timeout = 1.0});
+  const auto start = std::chrono::steady_clock::now();
+  auto& ps = cluster.start_ps(0);
+  const auto code = ps.wait_for(10s);
+  REQUIRE_MESSAGE(code.has_value(), ps.log_text());
+  CHECK(*code == 3);
+  CHECK(std::chrono::steady_clock::now() - start >= 900ms);
+  CHECK_MESSAGE(ps.log_text().find("every worker is lost: worker(s) 0, 1 absent") !=
+                    std::string::npos,
+                ps.log_text());
 }
 
 TEST_CASE("ps: SIGTERM and SIGINT stop the ps cleanly") {

@@ -1,6 +1,7 @@
 // Asynchronous training end to end with the real binary: accuracy on
 // Fashion-MNIST, determinism of a single worker, a missing data directory,
-// and a worker killed mid-run.
+// a worker killed mid-run (train.on_worker_loss continue and fail), and steps
+// and a final evaluation longer than net.worker_timeout.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -144,30 +145,111 @@ TEST_CASE("async: a missing data directory is named, with the package that provi
   CHECK_MESSAGE(out.find("dataset-fashion-mnist") != std::string::npos, out);
 }
 
-TEST_CASE("async: a killed worker makes the ps exit naming it, and the others stop too") {
-  Run run(1, 2,
-          "data: {name: synthetic, synthetic_train: 60000, synthetic_test: 200}\n"
-          "train: {epochs: 3, eval_every: 0}\n"
-          "net: {worker_timeout: 2, heartbeat: 0.25, request_timeout: 5}\n");
-  run.start();
-  // Wait until worker 1 is training (its metrics file appears), then kill it.
-  const auto metrics = run.run_dir() / "worker1.metrics.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
+namespace {
+
+// Waits until `worker` is training (its metrics file appears), then kills it.
+void kill_when_training(Run& run, int worker) {
+  const auto metrics = run.run_dir() / ("worker" + std::to_string(worker) + ".metrics.jsonl");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (!std::filesystem::exists(metrics) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(50ms);
   REQUIRE(std::filesystem::exists(metrics));
-  run.workers[1]->kill(SIGKILL);
+  run.workers[worker]->kill(SIGKILL);
+}
 
-  const auto ps_code = run.ps[0]->wait_for(20s);
+}  // namespace
+
+TEST_CASE("async: a worker killed mid-run is absent; the others finish and the ps's exit 0") {
+  Run run(2, 3,
+          "data: {name: synthetic, synthetic_train: 30000, synthetic_test: 200}\n"
+          "train: {epochs: 2, eval_every: 0}\n"
+          "net: {worker_timeout: 2, heartbeat: 0.25, request_timeout: 5}\n");
+  run.start();
+  kill_when_training(run, 1);
+  std::string logs;
+  REQUIRE_MESSAGE(run.finish(120s, logs), logs);
+  for (int w : {0, 2}) CHECK_MESSAGE(run.workers[w]->wait_for(0s) == 0, logs);
+  CHECK(run.workers[1]->wait_for(0s) == 128 + SIGKILL);
+  CHECK_MESSAGE(final_accuracy(run.workers[0]->log_text()) >= 0, logs);
+  for (auto& p : run.ps) {
+    CHECK_MESSAGE(p->wait_for(0s) == 0, logs);
+    const std::string ps_log = p->log_text();
+    CHECK_MESSAGE(ps_log.find("no message from worker(s) 1 for 2.0 s (net.worker_timeout); "
+                              "marked absent") != std::string::npos,
+                  ps_log);
+    CHECK_MESSAGE(ps_log.find("every live worker done (0, 2), worker(s) 1 absent") !=
+                      std::string::npos,
+                  ps_log);
+  }
+}
+
+TEST_CASE("async: on_worker_loss fail: a killed worker makes the ps exit 3 naming it") {
+  Run run(1, 3,
+          "data: {name: synthetic, synthetic_train: 60000, synthetic_test: 200}\n"
+          "train: {epochs: 3, eval_every: 0, on_worker_loss: fail}\n"
+          "net: {worker_timeout: 2, heartbeat: 0.25, request_timeout: 5}\n");
+  run.start();
+  kill_when_training(run, 1);
+
+  const auto ps_code = run.ps[0]->wait_for(60s);
   REQUIRE_MESSAGE(ps_code.has_value(), run.ps[0]->log_text());
   CHECK(*ps_code == 3);
   const std::string ps_log = run.ps[0]->log_text();
-  CHECK_MESSAGE(ps_log.find("no message from worker(s) 1") != std::string::npos, ps_log);
-  // Worker 0 does not hang: it ends with an error naming the silent worker
+  CHECK_MESSAGE(ps_log.find("no message from worker(s) 1 for 2.0 s (net.worker_timeout); "
+                            "exiting (train.on_worker_loss: fail)") != std::string::npos,
+                ps_log);
+  // The others do not hang: each ends with an error naming the silent worker
   // (parked in the barrier) or the ps that went away.
-  const auto w0 = run.workers[0]->wait_for(30s);
-  REQUIRE_MESSAGE(w0.has_value(), run.workers[0]->log_text());
-  CHECK(*w0 != 0);
+  for (int w : {0, 2}) {
+    const auto code = run.workers[w]->wait_for(30s);
+    REQUIRE_MESSAGE(code.has_value(), run.workers[w]->log_text());
+    CHECK(*code != 0);
+  }
+}
+
+TEST_CASE("async: steps longer than worker_timeout do not make a worker lost") {
+  // Worker 1's steps each take 2.5 s (the straggler delay) against a
+  // worker_timeout of 1.5 s: only its heartbeat thread keeps it live.
+  Run run(1, 2,
+          "data: {name: synthetic, synthetic_train: 512, synthetic_test: 200}\n"
+          "train: {epochs: 1, batch_size: 128, eval_every: 0, straggler_worker: 1, "
+          "straggler_delay_ms: 2500}\n"
+          "net: {worker_timeout: 1.5, heartbeat: 0.25, request_timeout: 5}\n");
+  const std::string logs = run.train(120s);
+  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+  CHECK_MESSAGE(run.ps[0]->wait_for(0s) == 0, logs);
+  const std::string ps_log = run.ps[0]->log_text();
+  CHECK_MESSAGE(ps_log.find("no message from worker") == std::string::npos, ps_log);
+  CHECK_MESSAGE(ps_log.find("all 2 workers done") != std::string::npos, ps_log);
+  // Every sample of both workers was counted before the final evaluation.
+  std::smatch m;
+  const std::string out = run.workers[0]->log_text();
+  REQUIRE_MESSAGE(std::regex_search(out, m, std::regex("after ([0-9]+) global samples")), out);
+  CHECK(std::stoull(m[1]) == 512);
+}
+
+TEST_CASE("async: a final evaluation longer than worker_timeout does not make worker 0 lost") {
+  // The CNN on 12,000 test samples takes seconds on a CPU; worker 1 is done
+  // long before, so without its heartbeat thread worker 0 would be the only
+  // one left and silent.
+  Run run(1, 2,
+          "model: cnn\n"
+          "data: {name: synthetic, synthetic_train: 256, synthetic_test: 12000}\n"
+          "train: {epochs: 1, batch_size: 128, eval_every: 0}\n"
+          "net: {worker_timeout: 1, heartbeat: 0.25, request_timeout: 5}\n");
+  const std::string logs = run.train(120s);
+  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+  CHECK_MESSAGE(run.ps[0]->wait_for(0s) == 0, logs);
+  const std::string ps_log = run.ps[0]->log_text();
+  CHECK_MESSAGE(ps_log.find("no message from worker") == std::string::npos, ps_log);
+  CHECK_MESSAGE(ps_log.find("all 2 workers done") != std::string::npos, ps_log);
+  CHECK(final_accuracy(run.workers[0]->log_text()) >= 0);
+  CHECK(std::filesystem::exists(run.run_dir() / "snapshot" / "ps0.bin"));
+  // The evaluation did outlast worker_timeout, or this test shows nothing.
+  std::smatch m;
+  const std::string metrics = read_file(run.run_dir() / "worker0.metrics.jsonl");
+  REQUIRE_MESSAGE(std::regex_search(metrics, m, std::regex("\"eval_s\":([0-9.e+-]+)")), metrics);
+  CHECK(std::stod(m[1]) > 1.0);
 }
 
 TEST_CASE("async: a run continues from the snapshot the previous run left") {

@@ -25,6 +25,7 @@ struct ClusterSpec {
   double lr = 1;
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
+  std::string on_worker_loss = {};  // train.on_worker_loss; empty: the mode's default
   double checkpoint_every_s = 60;
   std::uint32_t checkpoint_keep = 3;
   double request_timeout = 10;
@@ -41,8 +42,10 @@ class PsCluster {
       y << "  - {host: 127.0.0.1, port: " << free_port() << "}\n";
     y << "workers: {count: " << spec.workers << "}\n"
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
-      << "data: {name: synthetic}\n"
-      << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
+      << "data: {name: synthetic}\n";
+    if (!spec.on_worker_loss.empty())
+      y << "train: {on_worker_loss: " << spec.on_worker_loss << "}\n";
+    y << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
       << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
       << ", request_timeout: " << spec.request_timeout << ", retry_interval: " << spec.retry_interval
       << ", fault: {drop: " << spec.fault_drop << "}}\n"

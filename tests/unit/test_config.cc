@@ -64,6 +64,18 @@ TEST_CASE("config: unset keys take the documented defaults") {
   CHECK(c.net.chunk_bytes == 256 * 1024);
 }
 
+TEST_CASE("config: train.on_worker_loss defaults by mode, a given value wins") {
+  CHECK(parse(kMinimal).train.on_worker_loss == WorkerLoss::continue_);
+  CHECK(parse(kMinimal, {"mode=sync"}).train.on_worker_loss == WorkerLoss::fail);
+  CHECK(parse(kMinimal, {"mode=async", "train.on_worker_loss=fail"}).train.on_worker_loss ==
+        WorkerLoss::fail);
+  CHECK(parse(kMinimal, {"mode=sync", "train.on_worker_loss=continue"}).train.on_worker_loss ==
+        WorkerLoss::continue_);
+  const auto sync = parse(kMinimal, {"mode=sync"});
+  CHECK(sync.to_yaml().find("on_worker_loss: fail") != std::string::npos);
+  CHECK(parse(sync.to_yaml()).to_yaml() == sync.to_yaml());
+}
+
 TEST_CASE("config: every section is read") {
   const auto c = parse(
       "job: exp-1.a_b\n"

@@ -57,9 +57,13 @@ Request kv_set(std::uint32_t sender, Clock::time_point at, const std::string& ke
   return r;
 }
 
+// A coordinator serving from t0.
 struct Fixture {
-  explicit Fixture(std::uint32_t workers, std::chrono::duration<double> timeout = 60s)
-      : coordinator({"ps 0", workers, timeout}, sink) {}
+  explicit Fixture(std::uint32_t workers, std::chrono::duration<double> timeout = 60s,
+                   WorkerLoss on_loss = WorkerLoss::fail)
+      : coordinator({"ps 0", workers, timeout, on_loss}, sink) {
+    coordinator.start(t0);
+  }
   RecordingSink sink;
   Coordinator coordinator;
 };
@@ -176,16 +180,113 @@ TEST_CASE("coordinator: a silent worker ends the ps with 3, answering parked req
   CHECK(f.coordinator.figures().parked_kv_get == 0);
 }
 
-TEST_CASE("coordinator: no worker timeout before the first worker is heard, nor for done ones") {
-  Fixture f(2, 1s);
-  f.coordinator.heard(7, t0);  // a tool, not a worker
-  f.coordinator.tick(t0 + 1h);
+TEST_CASE("coordinator: no worker timeout before start(), nor for done workers") {
+  RecordingSink sink;
+  Coordinator coordinator({"ps 0", 2, 1s, WorkerLoss::fail}, sink);
+  coordinator.heard(7, t0);  // a tool, not a worker
+  coordinator.tick(t0 + 1h);  // not serving yet (a long restore, say)
+  CHECK_FALSE(coordinator.exit_code().has_value());
+  coordinator.start(t0 + 1h);
+  coordinator.heard(0, t0 + 1h);
+  coordinator.done(request(Op::done, 1, t0 + 1h, wire::Done{5}));
+  coordinator.heard(0, t0 + 1h + 900ms);
+  coordinator.tick(t0 + 1h + 1500ms);  // worker 1 is done, worker 0 was heard lately
+  CHECK_FALSE(coordinator.exit_code().has_value());
+}
+
+TEST_CASE("coordinator: a ps no worker contacts exits 3 after worker_timeout from start") {
+  for (const auto loss : {WorkerLoss::fail, WorkerLoss::continue_}) {
+    CAPTURE(to_string(loss));
+    Fixture f(2, 10s, loss);
+    f.coordinator.heard(7, t0 + 5s);  // a tool is not a worker
+    f.coordinator.kv_get(request(Op::kv_get, 7, t0, wire::KvGet{"k", 86'400'000}));
+    f.coordinator.tick(t0 + 9s);
+    CHECK_FALSE(f.coordinator.exit_code().has_value());
+    f.coordinator.tick(t0 + 10s);
+    CHECK(f.coordinator.exit_code() == 3);
+    REQUIRE(f.sink.sent.size() == 1);  // the parked kv_get learns why
+    CHECK(error_text(f.sink.sent[0]).find("worker(s) 0, 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("coordinator: continue: a silent worker is absent, the others go on and finish") {
+  Fixture f(3, 10s, WorkerLoss::continue_);
+  for (std::uint32_t w = 0; w < 3; ++w) f.coordinator.heard(w, t0);
+  f.coordinator.barrier(request(Op::barrier, 0, t0 + 5s, wire::Barrier{"train-done", 3}));
+  f.coordinator.heard(0, t0 + 9s);
+  f.coordinator.heard(1, t0 + 9s);
+  f.coordinator.tick(t0 + 9s);
+  CHECK(f.sink.sent.empty());
+  // Worker 2 stopped at t0: absent at t0 + 10 s. The barrier still waits for
+  // worker 1, which is live.
+  f.coordinator.tick(t0 + 10s);
   CHECK_FALSE(f.coordinator.exit_code().has_value());
-  f.coordinator.heard(0, t0 + 1h);
-  f.coordinator.done(request(Op::done, 1, t0 + 1h, wire::Done{5}));
-  f.coordinator.heard(0, t0 + 1h + 900ms);
-  f.coordinator.tick(t0 + 1h + 1500ms);  // worker 1 is done, worker 0 was heard lately
+  CHECK(f.sink.sent.empty());
+  f.coordinator.barrier(request(Op::barrier, 1, t0 + 11s, wire::Barrier{"train-done", 3}));
+  REQUIRE(f.sink.sent.size() == 2);  // every live worker entered
+  for (const auto& s : f.sink.sent) {
+    CHECK(s.header.status == wire::Status::ok);
+    CHECK(wire::BarrierReply::read(s.header).released == 2);
+  }
+  CHECK(f.coordinator.figures().parked_barrier == 0);
+
+  f.coordinator.done(request(Op::done, 0, t0 + 12s, wire::Done{64}));
+  CHECK_FALSE(f.coordinator.exit_code().has_value());  // worker 1 is live
+  f.coordinator.done(request(Op::done, 1, t0 + 12s, wire::Done{64}));
+  CHECK(f.coordinator.exit_code() == 0);
+}
+
+TEST_CASE("coordinator: continue: a barrier waiting only for a lost worker releases then") {
+  Fixture f(2, 10s, WorkerLoss::continue_);
+  f.coordinator.heard(0, t0);  // worker 1 never comes
+  f.coordinator.barrier(request(Op::barrier, 0, t0, wire::Barrier{"train-done", 2}));
+  f.coordinator.heard(0, t0 + 9s);
+  f.coordinator.tick(t0 + 9s);
+  CHECK(f.sink.sent.empty());
+  f.coordinator.tick(t0 + 10s);
+  REQUIRE(f.sink.sent.size() == 1);
+  CHECK(f.sink.sent[0].to == "w0");
+  CHECK(f.sink.sent[0].header.status == wire::Status::ok);
   CHECK_FALSE(f.coordinator.exit_code().has_value());
+  // A barrier only tools entered still needs its count.
+  f.coordinator.barrier(request(Op::barrier, 7, t0 + 10s, wire::Barrier{"tools", 2}));
+  CHECK(f.sink.sent.size() == 1);
+}
+
+TEST_CASE("coordinator: continue: a worker heard again is live again, late or restarted") {
+  Fixture f(2, 10s, WorkerLoss::continue_);
+  f.coordinator.heard(0, t0 + 1s);
+  f.coordinator.heard(0, t0 + 15s);
+  f.coordinator.tick(t0 + 15s);  // worker 1, never heard, is absent
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  // It starts late (more than worker_timeout after worker 0): live, and a
+  // barrier waits for it again.
+  f.coordinator.heard(1, t0 + 16s);
+  f.coordinator.barrier(request(Op::barrier, 0, t0 + 16s, wire::Barrier{"train-done", 2}));
+  f.coordinator.heard(0, t0 + 25s);
+  f.coordinator.heard(1, t0 + 25s);
+  f.coordinator.tick(t0 + 25s);
+  CHECK(f.sink.sent.empty());
+  f.coordinator.done(request(Op::done, 1, t0 + 25s, wire::Done{64}));
+  // Worker 1 finished without the barrier (it cannot enter any more).
+  REQUIRE(f.sink.sent.size() == 2);
+  CHECK(f.sink.sent[0].to == "w1");  // the reply to done
+  CHECK(f.sink.sent[1].to == "w0");  // the barrier, released
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+}
+
+TEST_CASE("coordinator: continue: every worker lost exits 3, answering parked requests") {
+  Fixture f(2, 10s, WorkerLoss::continue_);
+  f.coordinator.heard(0, t0);
+  f.coordinator.heard(1, t0 + 5s);
+  f.coordinator.kv_get(request(Op::kv_get, 1, t0 + 5s, wire::KvGet{"k", 86'400'000}));
+  f.coordinator.tick(t0 + 10s);  // worker 0 absent; 1 is live
+  CHECK_FALSE(f.coordinator.exit_code().has_value());
+  CHECK(f.sink.sent.empty());
+  f.coordinator.tick(t0 + 15s);
+  CHECK(f.coordinator.exit_code() == 3);
+  REQUIRE(f.sink.sent.size() == 1);
+  CHECK(error_text(f.sink.sent[0]) == "ps 0: every worker is lost: worker(s) 0, 1 absent");
 }
 
 TEST_CASE("coordinator: done of every worker exits 0; heartbeats count global samples") {
