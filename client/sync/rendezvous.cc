@@ -27,7 +27,7 @@ std::string run_root(const ClusterConfig& config) {
 }
 
 // The value of `key` if ps 0 holds it now. A ps that does not answer reads
-// as a missing key here; the kv_set that always follows reports it.
+// as a missing key here, so callers check that it answers first.
 std::optional<std::string> peek(PsClient& ps, const std::string& key) {
   try {
     const auto value = ps.kv_get(key, 0);
@@ -55,14 +55,20 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, const std::strin
   const double slice = std::max(0.05, config.net.heartbeat);
   const std::string waiting = "sync rendezvous: waiting for " + what + " (key '" + key + "')";
   while (true) {
-    const double left = seconds(deadline - Clock::now());
+    const auto start = Clock::now();
+    const double left = seconds(deadline - start);
+    const double wait = std::clamp(left, 0.0, slice);
     std::string cause;
     try {
-      const auto value = ps.kv_get(key, std::clamp(left, 0.0, slice));
+      const auto value = ps.kv_get(key, wait);
       return {value.begin(), value.end()};
     } catch (const PsError& e) {
       cause = e.what();
     }
+    // An error before the wait was up is no timeout: ps 0 refused or gave up
+    // (it exits once a worker was silent for net.worker_timeout), and says
+    // why. (5 ms: the wire rounds the wait to whole milliseconds.)
+    if (seconds(Clock::now() - start) < wait - 0.005) throw CommError(waiting + ": " + cause);
     if (left <= 0) {
       char limit[32];
       std::snprintf(limit, sizeof limit, "%g s", config.net.worker_timeout);
@@ -84,6 +90,13 @@ SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(config.net.worker_timeout));
   const std::string root = run_root(config);
+  // peek() takes a ps that does not answer for a missing key; this tells
+  // the two apart first, at the cost of one request.
+  try {
+    ps.heartbeat(0);
+  } catch (const PsError& e) {
+    throw CommError(std::string("sync rendezvous: joining an attempt: ") + e.what());
+  }
   const auto newest = peek(ps, root + "attempt");
   const std::uint64_t latest = newest ? number(root + "attempt", *newest) : 0;
   SyncAttempt attempt;
