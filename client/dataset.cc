@@ -190,4 +190,18 @@ Batch WorkerShard::next_batch(std::size_t batch_size, float* images,
   return batch;
 }
 
+void WorkerShard::seek(std::uint64_t batches, std::size_t batch_size) {
+  if (batch_size == 0) throw std::invalid_argument("data: batch size must be > 0");
+  // Every epoch has the same number of batches (the last one possibly
+  // smaller), so the epoch and the batch within it follow from the count.
+  // A count that ends an epoch lands at the start of the next one, which
+  // next_batch reads the same as the end of the previous.
+  const std::uint64_t per_epoch = batches_per_epoch(batch_size);
+  const std::uint64_t epoch = batches / per_epoch;
+  if (epoch != epoch_) order_ = epoch_order(epoch);
+  epoch_ = epoch;
+  batch_index_ = static_cast<std::size_t>(batches % per_epoch);
+  position_ = batch_index_ * batch_size;
+}
+
 }  // namespace pstrain

@@ -79,6 +79,13 @@ class WorkerShard {
   // (and its order) when the current one is used up.
   Batch next_batch(std::size_t batch_size, float* images, std::int32_t* labels);
 
+  // Puts the shard where `batches` calls of next_batch(batch_size) on a fresh
+  // shard leave it (epoch, position and batch number), without reading any
+  // samples: a sync-mode worker that restarts at step s seeks to s batches
+  // and goes on with the batch it would have read next. Throws
+  // std::invalid_argument when batch_size is 0.
+  void seek(std::uint64_t batches, std::size_t batch_size);
+
   // The order of the owned samples (dataset indices) in `epoch`.
   std::vector<std::size_t> epoch_order(std::uint64_t epoch) const;
 

@@ -147,6 +147,12 @@ Gauge& ProgressReporter::max(std::string field, std::string name, std::string he
   return g;
 }
 
+Counter& ProgressReporter::total(std::string field, std::string name, std::string help) {
+  auto& c = context_.registry.counter(std::move(name), std::move(help)).with();
+  figures_.push_back({std::move(field), [&c] { return c.value(); }});
+  return c;
+}
+
 void ProgressReporter::end_step(bool last) {
   if (straggler_)
     std::this_thread::sleep_for(

@@ -138,6 +138,9 @@ class ProgressReporter {
   // A trainer figure written as its maximum over the window: gauge `name`,
   // which the trainer raise()s and each line resets to 0.
   Gauge& max(std::string field, std::string name, std::string help);
+  // A count since the worker started: counter `name`, written as `field`
+  // with its value (not a window's).
+  Counter& total(std::string field, std::string name, std::string help);
   // Ends the step: sleeps when this worker is the configured straggler, and
   // reports if a heartbeat is due or `last`.
   void end_step(bool last);

@@ -12,7 +12,6 @@
 #include "client/model_io.h"
 #include "client/progress.h"
 #include "client/ps_client.h"
-#include "client/sync/communicator_factory.h"
 #include "client/sync/sync_trainer.h"
 #include "shared/log.h"
 
@@ -98,9 +97,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   }
 
   const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
-  const TrainSummary summary = config.mode == Mode::sync
-                                   ? train_sync(context, *make_communicator(config, index, *backend, ps))
-                                   : train_async(context);
+  const TrainSummary summary =
+      config.mode == Mode::sync ? train_sync(context) : train_async(context);
 
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
       summary.seconds, " s; waiting for the other workers");

@@ -8,8 +8,8 @@
 namespace pstrain {
 
 std::unique_ptr<Communicator> make_communicator(const ClusterConfig& config, std::uint32_t index,
-                                                Backend& backend, PsClient& ps) {
-  const std::string prefix = join_sync_run(ps, config, index);
+                                                Backend& backend, PsClient& ps,
+                                                const std::string& prefix) {
   if (!backend.host_accessible()) {
     const auto id = share_nccl_id(ps, prefix, index, config.net.request_timeout);
     return cuda::make_nccl_communicator(backend, id, static_cast<int>(index),

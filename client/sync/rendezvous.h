@@ -4,10 +4,13 @@
 // needed. It agrees on the run's attempt, hands out NCCL's id, and serves as
 // Gloo's rendezvous store.
 //
-// Every key is prefixed with the run's namespace from join_sync_run():
-// "sync/<config hash>/<attempt>/". A ps outlives a crashed set of workers
-// (until net.worker_timeout), so a restarted run must not read the
-// addresses the previous attempt left behind.
+// Every key is prefixed with the run's namespace, "sync/<config hash>/", and
+// the attempt's: a failed attempt's keys (Gloo's addresses) are never read
+// again, whether the workers restarted one by one (docs/sync.md, "Restarts")
+// or the whole run restarted against a ps that is still up.
+//
+// Thread rules: each call uses the given PsClient, which no other thread may
+// use meanwhile.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -22,16 +25,43 @@ namespace pstrain {
 
 class PsClient;
 
-// Agrees on a fresh attempt among the run's workers and returns the key
-// prefix for it. Worker 0 draws a random attempt id and publishes it before
-// it enters the barrier "sync/<hash>/join"; the others read it once the
-// barrier has let everyone through, so nobody can read an earlier attempt's
-// id. The wait has no limit of its own (workers may start minutes apart): a
-// worker that never comes makes ps 0 exit after net.worker_timeout, which
-// ends the wait in a CommError naming the barrier.
-std::string join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32_t index);
+// One attempt of a sync run: the workers that train together from one
+// (re)start until the run ends or a peer fails.
+struct SyncAttempt {
+  std::uint64_t number = 0;  // 1, 2, ... counted by ps 0's kv store
+  std::string prefix;        // "sync/<config hash>/<number>/": this attempt's keys
+  // Steps done by the weights ps 0 holds (0: the initial weights): every
+  // worker pulls them and trains from step `step` + 1.
+  std::uint64_t step = 0;
+};
 
-// NCCL's rendezvous id for the attempt `prefix` (from join_sync_run): worker
+// Joins the next attempt of the run and returns it; every worker of the run
+// gets the same one. Keys under "sync/<config hash>/" on ps 0:
+//
+//   attempt           the newest attempt's number (worker 0 writes it)
+//   step              the step of the weights on the ps (record_sync_step)
+//   <n>/open          attempt n exists; its value is the step it resumes at
+//   <n>/member/<i>    worker i has joined attempt n
+//
+// Worker 0 opens attempt (newest + 1) at the recorded step, whether it is
+// starting, restarted, or survived a failure. Another worker that survived
+// the failure of attempt `failed` waits for attempt failed + 1. A worker that
+// is starting (failed = 0), also restarted from scratch, joins the newest
+// attempt if it is not a member of it yet (worker 0 opened it and waits for
+// it), else the next one (the newest is the one its previous process
+// joined). Each then waits until every worker is a member.
+//
+// Every wait ends at net.worker_timeout after the call (the ps gives up on a
+// silent worker after as long): a CommError names the workers or the key
+// waited for. While waiting it heartbeats every ps each net.heartbeat.
+SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32_t index,
+                          std::uint64_t failed = 0);
+
+// Worker 0, once the weights of step `step` are on the ps (assign completed):
+// records the step for the attempts to come.
+void record_sync_step(PsClient& ps, const ClusterConfig& config, std::uint64_t step);
+
+// NCCL's rendezvous id for the attempt `prefix` (SyncAttempt::prefix): worker
 // 0 makes it (cuda::nccl_unique_id, no GPU needed) and publishes it, the
 // others wait up to `timeout_s` for it. Throws CommError when it does not
 // come or has the wrong size.

@@ -6,6 +6,8 @@
 
 #include "client/model.h"
 #include "client/ps_client.h"
+#include "client/sync/communicator_factory.h"
+#include "client/sync/rendezvous.h"
 #include "shared/log.h"
 
 namespace pstrain {
@@ -163,7 +165,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   return times;
 }
 
-TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
+TrainSummary train_sync(const TrainContext& context) {
   auto& [config, index, backend, model, ps, shard, metrics, registry, hook] = context;
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
@@ -171,15 +173,18 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
   const HostViews host(backend, model, false);
   const bool direct = host.direct();
   auto weights = [&](std::size_t i) { return host.weights(i); };
-  // Every replica starts from the ps's weights, so they agree from step 1.
-  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
-  ps.wait_all();
-  if (!direct) {
-    for (std::size_t i = 0; i < nv; ++i)
-      backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());
-    backend.synchronize();
-  }
-  const auto write_to_ps = [&] {
+  // Every replica of an attempt starts from the ps's weights, so they agree
+  // from its first step.
+  const auto read_from_ps = [&] {
+    for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
+    ps.wait_all();
+    if (!direct) {
+      for (std::size_t i = 0; i < nv; ++i)
+        backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());
+      backend.synchronize();
+    }
+  };
+  const auto write_to_ps = [&](std::uint64_t step) {
     if (!direct) {
       for (std::size_t i = 0; i < nv; ++i)
         backend.download(model.param(i).data(), weights(i).data(), weights(i).size_bytes());
@@ -187,15 +192,11 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
     }
     for (std::size_t i = 0; i < nv; ++i) ps.assign(vars[i].name, weights(i));
     ps.wait_all();
+    // Only once every chunk is there: a restart resumes from these weights.
+    record_sync_step(ps, config, step);
   };
 
-  SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes,
-                      true);
-  BatchFeeder feeder(backend, model, shard, config.train.batch_size);
   const std::uint64_t steps = total_steps(config, shard);
-  log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
-      replica.buckets(), " buckets, ", steps, " steps");
-
   ProgressReporter reporter(context);
   auto& allreduce = reporter.mean_ms("allreduce_ms", "pstrain_worker_allreduce_seconds",
                                      "Time per step in all-reduce calls.");
@@ -210,25 +211,73 @@ TrainSummary train_sync(const TrainContext& context, Communicator& comm) {
   // Only the mean matters (sum and count): no buckets.
   auto& scale = reporter.mean("lr_scale", "pstrain_worker_lr_scale",
                               "Learning-rate factor of linear scaling and warm-up.", {});
-  for (std::uint64_t step = 1; step <= steps; ++step) {
-    const Batch b = feeder.load();
-    const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
-    const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
-    feeder.fetch_losses();
-    feeder.stage_next();
-    if (!direct) backend.synchronize();
-    if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps();
+  auto& restarts = reporter.total("sync_restarts", "pstrain_worker_sync_restarts_total",
+                                  "Sync attempts this worker abandoned because a peer failed.");
 
-    // The registry keeps seconds.
-    reporter.step(b.size, feeder.mean_loss(), t.compute_ms / 1e3);
-    allreduce.observe(t.allreduce_ms / 1e3);
-    wait.observe(t.wait_ms / 1e3);
-    optimizer.observe(t.optimizer_ms / 1e3);
-    overlap.observe(t.allreduce_ms > 0 ? 1 - t.wait_ms / t.allreduce_ms : 0);
-    scale.observe(lr_scale);
-    reporter.end_step(step == steps);
+  // Trains the steps after attempt.step from the ps's weights; throws
+  // CommError when a peer fails. The replica (optimizer state, so it starts
+  // afresh on every worker alike, buckets, communication thread) lives for
+  // one attempt.
+  std::uint64_t done = 0;  // the last step this process completed
+  const auto train_attempt = [&](const SyncAttempt& attempt, Communicator& comm) {
+    read_from_ps();
+    shard.seek(attempt.step, config.train.batch_size);
+    SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes,
+                        true);
+    BatchFeeder feeder(backend, model, shard, config.train.batch_size);
+    log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
+        replica.buckets(), " buckets, ", steps, " steps; attempt ", attempt.number,
+        " starts at step ", attempt.step + 1);
+    for (std::uint64_t step = attempt.step + 1; step <= steps; ++step) {
+      const Batch b = feeder.load();
+      const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
+      const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
+      feeder.fetch_losses();
+      feeder.stage_next();
+      if (!direct) backend.synchronize();
+      done = step;
+      if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps(step);
+
+      // The registry keeps seconds.
+      reporter.step(b.size, feeder.mean_loss(), t.compute_ms / 1e3);
+      allreduce.observe(t.allreduce_ms / 1e3);
+      wait.observe(t.wait_ms / 1e3);
+      optimizer.observe(t.optimizer_ms / 1e3);
+      overlap.observe(t.allreduce_ms > 0 ? 1 - t.wait_ms / t.allreduce_ms : 0);
+      scale.observe(lr_scale);
+      reporter.end_step(step == steps);
+    }
+  };
+
+  std::uint64_t failed = 0;  // the attempt a peer's failure ended
+  while (true) {
+    const SyncAttempt attempt = join_sync_run(ps, config, index, failed);
+    if (failed > 0) {
+      restarts.add();
+      log("sync restart: attempt ", attempt.number, " resumes after step ", attempt.step,
+          " (the weights on the ps); this worker lost ", done > attempt.step ? done - attempt.step : 0,
+          " steps (it had completed step ", done, ")");
+    } else if (attempt.step > 0) {
+      log("sync restart: the run is under way; joining attempt ", attempt.number,
+          " after step ", attempt.step, " (the weights on the ps)");
+    }
+    // A failure to connect ends the worker rather than the attempt: it
+    // may be this worker's own (workers[i].host), which no retry mends.
+    // The communicator is destroyed at the end of the iteration, closing
+    // this worker's sockets, so peers still in a failed step fail at once.
+    const auto comm = make_communicator(config, index, backend, ps, attempt.prefix);
+    try {
+      train_attempt(attempt, *comm);
+      return reporter.finish();
+    } catch (const CommError& e) {
+      // NCCL communicators cannot be rebuilt after a failure yet
+      // (docs/sync.md, "Restarts").
+      if (!backend.host_accessible()) throw;
+      log("sync attempt ", attempt.number, " failed after step ", done, ": ", e.what(),
+          "; abandoning the step and re-joining");
+      failed = attempt.number;
+    }
   }
-  return reporter.finish();
 }
 
 }  // namespace pstrain

@@ -5,8 +5,8 @@
 // replica of the weights, so the replicas stay bit-identical without ever
 // exchanging weights (CPU workers of one build, whatever their SIMD level;
 // not CPU against GPU: docs/sync.md, "Bit-identical replicas"). The parameter servers only hold a copy for evaluation,
-// snapshots and the saved model: worker 0 writes it every train.sync_every
-// steps and at the end.
+// snapshots, the saved model and restarts: worker 0 writes it every
+// train.sync_every steps and at the end.
 //
 // Gradients are fused into buckets of about train.bucket_bytes, filled from
 // the last layer down as backward produces them. With Gloo, a communication
@@ -98,9 +98,15 @@ class SyncReplica {
   std::jthread thread_;
 };
 
-// Pulls the initial weights, trains train.epochs, and (worker 0) leaves the
-// final weights on the ps. Throws CommError when a peer fails.
-TrainSummary train_sync(const TrainContext& context, Communicator& comm);
+// Joins the run (client/sync/rendezvous.h), pulls the weights, trains
+// train.epochs, and (worker 0) leaves the final weights on the ps, recording
+// the step of every write there. When a peer fails during a step (CommError),
+// the worker abandons the step and joins the next attempt, which resumes at
+// the step of the weights on the ps with the optimizer state reset on every
+// replica (docs/sync.md, "Restarts"). Throws CommError when a rendezvous
+// does not complete within net.worker_timeout, or when a peer fails on a
+// backend whose communicator (NCCL) cannot be rebuilt.
+TrainSummary train_sync(const TrainContext& context);
 
 
 }  // namespace pstrain

@@ -63,9 +63,10 @@ class SyncCluster {
   std::vector<std::unique_ptr<ChildProcess>> ps_, workers_;
 };
 
-// Kills or stops worker 1 mid-run; worker 0 must fail naming it well within
-// `limit`, and both ps processes must exit after net.worker_timeout.
-void check_peer_failure(int signal, std::chrono::seconds limit) {
+// Kills or stops worker 1 mid-run and never restarts it; worker 0 must fail
+// naming it well within `limit`, and both ps processes must exit after
+// net.worker_timeout.
+void check_peer_failure(int signal, std::chrono::seconds limit, const char* rendezvous_error) {
   SyncCluster cluster(50);
   cluster.start();
   cluster.wait_training(0);
@@ -80,6 +81,9 @@ void check_peer_failure(int signal, std::chrono::seconds limit) {
   const std::string log = cluster.worker(0).log_text();
   CHECK_MESSAGE(log.find("worker 1 (127.0.0.1) did not answer within 3 s") != std::string::npos,
                 log);
+  // Nothing restarts worker 1: worker 0's rendezvous for the next attempt
+  // ends when ps 0 gives up on it (net.worker_timeout), with `rendezvous_error`.
+  CHECK_MESSAGE(log.find(rendezvous_error) != std::string::npos, log);
   MESSAGE("worker 0 exited ", std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                              failed).count(), " s after the signal");
   for (int s = 0; s < 2; ++s) {
@@ -111,10 +115,13 @@ TEST_CASE("sync cluster: 2 ps + 2 workers train the MLP to >= 0.80 in one epoch"
 
 TEST_CASE("sync cluster: a killed worker makes the other exit non-zero naming it") {
   // A dead peer is noticed at once; the roll call adds at most 3 s.
-  check_peer_failure(SIGKILL, 10s);
+  // Worker 0 is in the rendezvous when ps 0 gives up on worker 1.
+  check_peer_failure(SIGKILL, 10s, "sync rendezvous: waiting for worker 1 to join attempt 2");
 }
 
 TEST_CASE("sync cluster: a hung worker makes the other exit non-zero naming it") {
   // net.request_timeout (3 s), then the roll call (3 s).
-  check_peer_failure(SIGSTOP, 12s);
+  // ps 0 gives up on worker 1 about when the roll call ends, so the
+  // rendezvous fails joining or waiting.
+  check_peer_failure(SIGSTOP, 12s, "sync rendezvous: ");
 }

@@ -263,3 +263,35 @@ TEST_CASE("shards: batches follow the epoch order, the last one is smaller") {
     }
   }
 }
+
+TEST_CASE("shards: seek lands where reading that many batches one by one does") {
+  const Dataset data = make_synthetic(20, true);
+  std::vector<float> images(4 * 784), seek_images(4 * 784);
+  std::vector<std::int32_t> labels(4), seek_labels(4);
+  // 3 batches per epoch (4, 4, 2): counts inside an epoch, at its end and
+  // two epochs on. The sought shard has read a batch first, so 0 and 1 seek
+  // backwards and in place.
+  for (const std::uint64_t target : {0u, 1u, 2u, 3u, 5u, 7u}) {
+    WorkerShard read(data, 1, 2, 3), sought(data, 1, 2, 3);
+    for (std::uint64_t b = 0; b < target; ++b) read.next_batch(4, images.data(), labels.data());
+    sought.next_batch(4, seek_images.data(), seek_labels.data());  // not at the start any more
+    sought.seek(target, 4);
+    // The next four batches agree, across the next epoch boundary.
+    for (int b = 0; b < 4; ++b) {
+      const Batch expected = read.next_batch(4, images.data(), labels.data());
+      const Batch got = sought.next_batch(4, seek_images.data(), seek_labels.data());
+      CAPTURE(target);
+      CAPTURE(b);
+      CHECK(got.epoch == expected.epoch);
+      CHECK(got.index == expected.index);
+      REQUIRE(got.size == expected.size);
+      CHECK(std::equal(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(got.size),
+                       seek_labels.begin()));
+      CHECK(std::equal(images.begin(),
+                       images.begin() + static_cast<std::ptrdiff_t>(got.size * 784),
+                       seek_images.begin()));
+    }
+  }
+  WorkerShard shard(data, 0, 2, 3);
+  CHECK_THROWS_AS(shard.seek(1, 0), std::invalid_argument);
+}

@@ -58,20 +58,52 @@ TEST_CASE("sync rendezvous: workers agree on an attempt, and a new join gets a n
   const auto first = both(ps, [&](std::uint32_t rank, PsClient& client) {
     return join_sync_run(client, ps.config, rank);
   });
-  CHECK(first[0] == first[1]);
-  CHECK(first[0].starts_with("sync/"));
+  CHECK(first[0].prefix == first[1].prefix);
+  CHECK(first[0].prefix.starts_with("sync/"));
+  CHECK(first[0].number == first[1].number);
+  CHECK(first[0].step == 0);  // nothing recorded: the initial weights
+  // Both start afresh (a run restarted against a ps that is still up):
+  // worker 1 is a member of the newest attempt, so it waits for the next.
   const auto second = both(ps, [&](std::uint32_t rank, PsClient& client) {
     return join_sync_run(client, ps.config, rank);
   });
-  CHECK(second[0] == second[1]);
-  CHECK(second[0] != first[0]);
+  CHECK(second[0].prefix == second[1].prefix);
+  CHECK(second[0].prefix != first[0].prefix);
+  CHECK(second[0].number == first[0].number + 1);
+}
+
+TEST_CASE("sync rendezvous: a survivor and a restarted worker meet in the next attempt at the "
+          "recorded step") {
+  LocalPs ps;
+  const auto first = both(ps, [&](std::uint32_t rank, PsClient& client) {
+    return join_sync_run(client, ps.config, rank);
+  });
+  {
+    PsClient client(ps.config, 0, ps.map());
+    record_sync_step(client, ps.config, 40);
+  }
+  // The roles of a failure of worker 1, then of worker 0: the survivor says
+  // which attempt failed, the restarted one joins from scratch.
+  for (const std::uint32_t restarted : {1u, 0u}) {
+    CAPTURE(restarted);
+    const std::uint64_t failed = first[0].number + (restarted == 1 ? 0 : 1);
+    const auto next = both(ps, [&](std::uint32_t rank, PsClient& client) {
+      return join_sync_run(client, ps.config, rank, rank == restarted ? 0 : failed);
+    });
+    CHECK(next[0].number == failed + 1);
+    CHECK(next[1].number == failed + 1);
+    CHECK(next[0].prefix == next[1].prefix);
+    CHECK(next[0].step == 40);
+    CHECK(next[1].step == 40);
+  }
 }
 
 TEST_CASE("sync rendezvous: the factory connects Gloo through ps 0 on CPU backends") {
   LocalPs ps;
   const auto sums = both(ps, [&](std::uint32_t rank, PsClient& client) {
     auto backend = make_cpu_backend(1);
-    auto comm = make_communicator(ps.config, rank, *backend, client);
+    const SyncAttempt attempt = join_sync_run(client, ps.config, rank);
+    auto comm = make_communicator(ps.config, rank, *backend, client, attempt.prefix);
     CHECK(comm->name() == "gloo");
     CHECK(comm->size() == 2);
     CHECK(comm->rank() == static_cast<int>(rank));
@@ -86,12 +118,12 @@ TEST_CASE("sync rendezvous: the factory connects Gloo through ps 0 on CPU backen
   CHECK(sums[1] == 10.0f);
 }
 
-TEST_CASE("sync rendezvous: a worker that never joins ends the wait once ps 0 gives up on it") {
+TEST_CASE("sync rendezvous: a worker that never joins ends the wait, naming it") {
   LocalPs ps("{request_timeout: 0.5, worker_timeout: 1, heartbeat: 0.2}");
   PsClient client(ps.config, 0, ps.map());
   client.hello();
   CHECK_THROWS_WITH_AS(join_sync_run(client, ps.config, 0),
-                       doctest::Contains("not all 2 workers reached barrier"), CommError);
+                       doctest::Contains("waiting for worker 1 to join attempt 1"), CommError);
   CHECK(ps.served.get() == 3);  // ps 0 named the silent worker and exited
 }
 
@@ -100,7 +132,7 @@ TEST_CASE("sync rendezvous: worker 0's NCCL id reaches worker 1 through ps 0") {
   ::setenv("PSTRAIN_CUDA_LIB", PSTRAIN_CUDA_LIBRARY, 1);
   LocalPs ps;
   const auto ids = both(ps, [&](std::uint32_t rank, PsClient& client) {
-    return share_nccl_id(client, join_sync_run(client, ps.config, rank), rank,
+    return share_nccl_id(client, join_sync_run(client, ps.config, rank).prefix, rank,
                          ps.config.net.request_timeout);
   });
   CHECK(ids[0] == ids[1]);
