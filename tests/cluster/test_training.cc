@@ -1,7 +1,9 @@
 // Asynchronous training end to end with the real binary: accuracy on
 // Fashion-MNIST, determinism of a single worker, a missing data directory,
-// a worker killed mid-run (train.on_worker_loss continue and fail), and steps
-// and a final evaluation longer than net.worker_timeout.
+// a worker killed mid-run (train.on_worker_loss continue and fail), steps
+// and a final evaluation longer than net.worker_timeout, and restarts: a ps
+// restored from its checkpoint, one restarted without it, and a worker
+// that resumes its shard.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
