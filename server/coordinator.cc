@@ -299,7 +299,9 @@ void Coordinator::restore_progress(const SnapshotInfo& info, std::uint64_t state
   global_samples_ = info.global_samples;
   state_updates_ = state_updates;
   const auto workers = worker_samples_.size();
-  if (info.worker_samples.size() != workers) return;
+  // An end-of-run snapshot seeds a new run, whose workers start their
+  // shards afresh; a checkpoint resumes its own run, where they go on.
+  if (info.kind != SnapshotKind::checkpoint || info.worker_samples.size() != workers) return;
   worker_samples_ = info.worker_samples;
   // Format 1 files and snapshots of older builds have no update counts.
   if (info.worker_incarnations.size() == workers && info.worker_updates.size() == workers) {

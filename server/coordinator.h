@@ -100,9 +100,10 @@ class Coordinator {
   // worker, its samples (its heartbeats' sum, or its done's total when
   // larger), its incarnation and the updates of it this ps applied.
   void fill_progress(SnapshotInfo& info) const;
-  // Progress read back from a checkpoint or snapshot (the per-worker entries
-  // when there is one per worker: a snapshot of another cluster may not
-  // have them), and the updates the restored chunks hold.
+  // Progress read back from a checkpoint or snapshot, and the updates the
+  // restored chunks hold. The per-worker entries are taken from a checkpoint
+  // with one per worker only: an end-of-run snapshot seeds a new run, whose
+  // workers start their shards afresh.
   void restore_progress(const SnapshotInfo& info, std::uint64_t state_updates);
   // The data handlers applied one chunk update (push, push_pull, assign) of
   // `request`; a resend answered from the record is not applied again.

@@ -343,6 +343,18 @@ TEST_CASE("coordinator: a restored ps counts the acknowledged updates its restor
 
   // The ps restarts from it; two more updates arrive (resends) before the
   // worker, which had 9 acknowledged, says hello again: 9 - (5 + 2) were lost.
+  checkpoint.kind = SnapshotKind::checkpoint;
+  // An end-of-run snapshot of the same state seeds a new run: its workers
+  // start afresh.
+  Fixture seeded(2);
+  SnapshotInfo snapshot = checkpoint;
+  snapshot.kind = SnapshotKind::snapshot;
+  seeded.coordinator.restore_progress(snapshot, 5);
+  seeded.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{0}));
+  const auto seeded_reply = wire::GlobalSamples::read(seeded.sink.sent.back().header);
+  CHECK(seeded_reply.global_samples == 640);
+  CHECK(seeded_reply.sender_samples == 0);
+
   Fixture after(2);
   after.coordinator.restore_progress(checkpoint, 5);
   after.coordinator.applied_update(push.header);
