@@ -635,12 +635,20 @@ std::uint64_t PsClient::heartbeat(std::uint64_t samples_since_last) {
   return wire::GlobalSamples::read(replies.front().header).global_samples;
 }
 
-std::uint64_t PsClient::samples_counted() {
+std::pair<std::uint64_t, std::uint64_t> PsClient::heartbeat_ps0(std::uint64_t samples) {
   Header h;
-  wire::Heartbeat{0}.write(h);
-  const auto replies = impl_->control(Op::heartbeat, {0}, std::move(h), impl_->options.timeout_s);
-  return wire::GlobalSamples::read(replies.front().header).sender_samples;
+  wire::Heartbeat{samples}.write(h);
+  const auto replies =
+      impl_->control(Op::heartbeat, {0}, std::move(h), impl_->options.timeout_s);
+  const auto counted = wire::GlobalSamples::read(replies.front().header);
+  return {counted.global_samples, counted.sender_samples};
 }
+
+std::uint64_t PsClient::report_samples(std::uint64_t samples_since_last) {
+  return heartbeat_ps0(samples_since_last).first;
+}
+
+std::uint64_t PsClient::samples_counted() { return heartbeat_ps0(0).second; }
 
 void PsClient::done(std::uint64_t total_samples) {
   Header h;

@@ -38,6 +38,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shared/config.h"
@@ -123,6 +124,10 @@ class PsClient {
   // Liveness and progress, sent to every ps; returns the global samples
   // counted by ps 0 so far (this call's samples included).
   std::uint64_t heartbeat(std::uint64_t samples_since_last);
+  // Progress to ps 0 alone, which keeps the global count (the heartbeat
+  // thread, client/heartbeat.h, keeps every ps aware the worker lives);
+  // returns the global samples so far, this report's included.
+  std::uint64_t report_samples(std::uint64_t samples_since_last);
   // This worker's samples as ps 0 counted them (restored from a checkpoint
   // included): where a restarted worker resumes its shard.
   std::uint64_t samples_counted();
@@ -136,6 +141,9 @@ class PsClient {
   void shutdown(std::uint32_t server);
 
  private:
+  // A heartbeat of `samples` to ps 0: (global samples, this worker's).
+  std::pair<std::uint64_t, std::uint64_t> heartbeat_ps0(std::uint64_t samples);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

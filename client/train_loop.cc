@@ -6,6 +6,7 @@
 
 #include "client/model.h"
 #include "client/ps_client.h"
+#include "shared/log.h"
 
 namespace pstrain {
 
@@ -171,7 +172,19 @@ void ProgressReporter::end_step(bool last) {
 void ProgressReporter::report() {
   const double samples = samples_.value();
   const auto window_samples = static_cast<std::uint64_t>(samples - window_samples_);
-  const std::uint64_t global = context_.ps.heartbeat(window_samples);
+  // A report that fails (ps 0 restarting, a reply lost) does not stop
+  // training: its samples go with the next one, and the data requests
+  // tell whether the ps is really gone.
+  auto global = static_cast<std::uint64_t>(global_samples_.value());
+  try {
+    global = context_.ps.report_samples(static_cast<std::uint64_t>(samples - reported_));
+    reported_ = samples;
+    if (report_failing_) log("progress reports reach ps 0 again");
+    report_failing_ = false;
+  } catch (const PsError& e) {
+    if (!report_failing_) log("progress report failed (", e.what(), "); sent with the next one");
+    report_failing_ = true;
+  }
   global_samples_.set(static_cast<double>(global));
   last_heartbeat_ = Clock::now();
   const auto window =

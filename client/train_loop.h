@@ -118,7 +118,8 @@ class BatchFeeder {
 
 // Records steps into the worker's metrics registry and, every net.heartbeat
 // seconds (worker 0: every 0.25 s at most, as it also paces evaluations) and
-// after the last step, sends the samples since the last heartbeat to the ps,
+// after the last step, sends the samples since the last report ps 0 answered
+// to ps 0 (a failed report is logged and its samples go with the next),
 // writes a metrics line rendered from the registry and calls the hook. The
 // line (README.md, "Metrics") holds role, index, step, epoch, local_samples,
 // global_samples, loss, samples_per_s, global_samples_per_s, compute_ms,
@@ -181,6 +182,8 @@ class ProgressReporter {
   // The window since the last report, which is also the last heartbeat.
   Clock::time_point window_start_ = start_;
   double window_samples_ = 0;  // samples_ at its start
+  double reported_ = 0;        // samples_ as of the last report ps 0 answered
+  bool report_failing_ = false;
 };
 
 }  // namespace pstrain
