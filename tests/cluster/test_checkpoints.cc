@@ -155,7 +155,7 @@ TEST_CASE("checkpoints: SIGTERM writes one; --restore latest gives back values, 
     const auto after = read_snapshot(tool.snapshot(s));
     const auto diff = differences(before[s], after);
     CHECK_MESSAGE(diff.empty(), "ps ", s, " restored: ", diff);
-    CHECK_MESSAGE(cluster.ps(s).log_text().find("restored_from 1)") != std::string::npos,
+    CHECK_MESSAGE(cluster.ps(s).log_text().find("restored_from 1, ") != std::string::npos,
                   cluster.ps(s).log_text());
   }
 }
@@ -190,7 +190,7 @@ TEST_CASE("checkpoints: a damaged newest file is named and the next older one re
   const auto log = ps.log_text();
   CHECK_MESSAGE(log.find("checkpoint " + damaged.string() + " is unusable") != std::string::npos,
                 log);
-  CHECK_MESSAGE(log.find("restored_from 1)") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("restored_from 1, ") != std::string::npos, log);
   CHECK(ps.wait_for(0s) == std::nullopt);
 }
 
@@ -201,5 +201,5 @@ TEST_CASE("checkpoints: --restore latest without any checkpoint starts fresh, sa
   CHECK(tool.stats(0).find("\"chunks\":0") != std::string::npos);
   const auto log = ps.log_text();
   CHECK_MESSAGE(log.find("no usable checkpoint of ps 0") != std::string::npos, log);
-  CHECK_MESSAGE(log.find("restored_from 0)") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("restored_from 0, ") != std::string::npos, log);
 }
