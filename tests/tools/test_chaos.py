@@ -55,7 +55,7 @@ def chaos_cluster():
         # until its restart says hello.
         net={"heartbeat": 0.2, "worker_timeout": 4, "request_timeout": 6,
              "retry_interval": 0.5},
-        train={"batch_size": 32, "epochs": 30, "eval_every": 0, "seed": 7,
+        train={"batch_size": 32, "epochs": 36, "eval_every": 0, "seed": 7,
                "on_worker_loss": "continue"},
         checkpoint={"every_s": 1, "keep": 3})
 
@@ -223,6 +223,17 @@ class ChaosTest(unittest.TestCase):
                 self.assertGreaterEqual(len(restored), 2, context)
                 self.assertGreater(int(restored[a["attempt"]]), 0,
                                    f"{name} restarted without a checkpoint\n" + context)
+                # ... and its log file (appended by every attempt) says so too.
+                logged = re.findall(r"restored_from (\d+)", support.read_text(
+                    os.path.join(chaos.run_dir, f"{name}.log")))
+                self.assertEqual(logged, restored, context)
+        # The kills were the only failures: no process failed because of
+        # another's death (a worker giving up on a restarted ps, say).
+        killed_pids = {k["pid"] for k in kills}
+        others = [f"{n} attempt {a['attempt']} exit {a.get('exit')}"
+                  for n, p in by_name.items() for a in p["attempts"]
+                  if a.get("exit") != 0 and a["pid"] not in killed_pids]
+        self.assertEqual(others, [], "failures the test did not cause\n" + context)
         # Every process ended with 0 at last.
         self.assertEqual({n: p["exit"] for n, p in by_name.items()},
                          {n: 0 for n in by_name}, context)
