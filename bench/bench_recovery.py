@@ -34,6 +34,11 @@ lost, from the sequence numbers: the bench collects every ps log line that
 says "lost" after a restore and sums the numbers it names. If no line is
 found, the figure is "n/a" (the worker-side report had not landed).
 
+Next to it, an estimate that needs no report: the global samples before the
+kill less those the restarted ps restored (its `restored ... global samples`
+line), in steps of one worker, each of which pushed one update of every
+variable: what the restore rolled back.
+
 (c) Useful samples are the planned ones (epochs x training set, whatever was
 trained twice); time is the launcher's wall time (launch.json start to end).
 Goodput = useful samples/s of the run with failures / the clean run's = clean
@@ -223,6 +228,25 @@ def recovery(run, kill, stall):
 
 
 LOST = re.compile(r"lost", re.I)
+RESTORED = re.compile(r"restored .* and (\d+) global samples from")
+
+
+def steps_rolled_back(run, kill, batch):
+    """An estimate independent of the ps's own report: the global samples
+    the workers saw (ps 0's count) just before the kill, less those the
+    restarted ps restored, in steps of one worker (each step pushes one
+    update of every variable). ps 0 and ps 1 count the same reports, so the
+    difference is what the restore rolled back, give or take one heartbeat."""
+    t0 = kill["time"]
+    before = [r["global_samples"] for w in range(WORKERS) for r in run.metrics(w)
+              if r["time"] <= t0]
+    lines = run.log_lines(kill["name"])
+    restored = [int(m[1]) for m in map(RESTORED.search, lines) if m]
+    # The n-th restore line belongs to the n-th restart.
+    n = sum(1 for k in run.kills if k["name"] == kill["name"] and k["time"] <= t0)
+    if not before or len(restored) < n:
+        return None
+    return max(0, (max(before) - restored[n - 1])) / batch
 
 
 def lost_updates(run, kill):
@@ -297,8 +321,9 @@ def main():
         code = ps_run.wait(300)
         rec = [recovery(ps_run, k, args.stall) for k in ps_run.kills]
         lost = [lost_updates(ps_run, k) for k in ps_run.kills]
-        for r, l in zip(rec, lost):
+        for r, l, k in zip(rec, lost, ps_run.kills):
             r["lost"] = l
+            r["steps_rolled_back_est"] = steps_rolled_back(ps_run, k, 32)
         result["runs"]["ps"] = {"exit": code, "wall_s": ps_run.wall(),
                                 "accuracy": ps_run.accuracy(), "kills": ps_run.kills,
                                 "recoveries": rec}
@@ -329,6 +354,8 @@ def main():
         "restart_backoff_s": args.restart_backoff,
         "updates_lost_per_ps_restart": lost_all if any(v is not None for v in lost_all)
         else "n/a",
+        "steps_rolled_back_per_ps_restart_est": [
+            r.get("steps_rolled_back_est") for r in result["runs"]["ps"]["recoveries"]],
         "goodput_ps_kills": result["runs"]["ps"]["goodput"],
         "goodput_mixed_kills": result["runs"]["mixed"]["goodput"],
     }
@@ -337,15 +364,18 @@ def main():
           f"checkpoint.every_s 1, net.retry_interval {args.retry_interval:g} s, "
           f"--restart-backoff {args.restart_backoff:g} s\n")
     print(f"{'ps kill':<10} {'seen dead':>9} {'backoff':>8} {'restarted':>9} {'serving':>8} "
-          f"{'resumed (per worker)':>24} {'lost updates':>13}")
+          f"{'resumed (per worker)':>24} {'lost updates':>13} {'rolled back (est.)':>19}")
     for r in result["runs"]["ps"]["recoveries"]:
         per = " ".join(fmt(v, "", 2) for v in r.get("workers_resumed_s", []))
         lost_v = r["lost"]["updates"]
         print(f"{r['ps'] + ' @' + format(r['at_s'], '.1f'):<10} {fmt(r['seen_dead_s']):>9} "
               f"{fmt(r['backoff_s']):>8} {fmt(r.get('restarted_s')):>9} "
               f"{fmt(r.get('serving_s')):>8} {fmt(r.get('resumed_s')) + ' (' + per + ')':>24} "
-              f"{'n/a' if lost_v is None else lost_v:>13}")
-    print("\n(seconds after the kill; resumed: every worker stepping again)\n")
+              f"{'n/a' if lost_v is None else lost_v:>13} "
+              f"{fmt(r.get('steps_rolled_back_est'), ' steps', 0):>19}")
+    print("\n(seconds after the kill; resumed: every worker stepping again; lost updates: as "
+          "the ps reports them; rolled back: global samples before the kill less those "
+          "restored, in worker steps)\n")
     print(f"{'run':<8} {'exit':>4} {'wall (s)':>9} {'accuracy':>9} {'goodput':>8}  kills")
     for key in ("clean", "ps", "mixed"):
         r = result["runs"][key]
@@ -358,6 +388,8 @@ def main():
     print(f"updates lost per ps restart: {s['updates_lost_per_ps_restart']}"
           + ("  (no ps log line reports lost updates)" if s['updates_lost_per_ps_restart'] == "n/a"
              else ""))
+    print("ps restore rolled back (est.): " + ", ".join(
+        fmt(v, " steps", 0) for v in s["steps_rolled_back_per_ps_restart_est"]))
     print(f"goodput: {fmt(s['goodput_ps_kills'])} (3 ps kills), "
           f"{fmt(s['goodput_mixed_kills'])} (2 workers + 1 ps)  (target >= 0.8)")
     if args.out:
