@@ -8,6 +8,7 @@
 #include "client/backend.h"
 #include "client/model.h"
 #include "client/ps_client.h"
+#include "client/ps_restarts.h"
 
 namespace pstrain {
 namespace {
@@ -20,7 +21,7 @@ double seconds_since(Clock::time_point t) {
 
 }  // namespace
 
-TrainSummary train_async(const TrainContext& context) {
+TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) {
   auto& [config, index, backend, model, ps, shard, metrics, registry, hook] = context;
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
@@ -31,8 +32,11 @@ TrainSummary train_async(const TrainContext& context) {
   BatchFeeder feeder(backend, model, shard, config.train.batch_size);
   const std::uint64_t steps = total_steps(config, shard);
 
-  for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
-  ps.wait_all();
+  const auto pull_all = [&] {
+    for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
+    ps.wait_all();
+  };
+  pull_all();
 
   ProgressReporter reporter(context);
   auto& push_pull = reporter.mean_ms(
@@ -52,7 +56,8 @@ TrainSummary train_async(const TrainContext& context) {
   };
   std::deque<Pending> pending;
 
-  for (std::uint64_t step = 0; step < steps; ++step) {
+  for (std::uint64_t step = first_step; step < steps; ++step) {
+    if (rejoin_restarted_servers(ps)) pull_all();
     if (!direct)
       for (std::size_t i = 0; i < nv; ++i)
         backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());
@@ -83,7 +88,14 @@ TrainSummary train_async(const TrainContext& context) {
       backend.synchronize();
     }
     const auto t_wait = Clock::now();
-    ps.wait_all();
+    try {
+      ps.wait_all();
+    } catch (const PsError&) {
+      // A ps that restarted without its checkpoint answers with errors (it
+      // has no chunks): say that rather than what the errors say.
+      rejoin_restarted_servers(ps);
+      throw;
+    }
 
     double stale = 0;
     for (const auto& v : vars) stale += ps.last_staleness(v.name);

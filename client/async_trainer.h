@@ -9,10 +9,15 @@
 // (CUDA), gradients are downloaded into pinned buffers and pushed as each
 // download's fence completes, and the pulled weights are uploaded before the
 // next forward.
+//
+// A ps that restarts (client/ps_restarts.h) is met before the next step: the
+// worker says hello again and re-pulls every variable, or stops with an
+// error naming a ps that restarted without its checkpoint.
 #include "client/train_loop.h"
 
 namespace pstrain {
 
-TrainSummary train_async(const TrainContext& context);
+// `first_step`: where a restarted worker resumes (steps_for_samples).
+TrainSummary train_async(const TrainContext& context, std::uint64_t first_step = 0);
 
 }  // namespace pstrain

@@ -115,6 +115,9 @@ struct PsClient::Impl {
   std::vector<double> staleness;              // per variable
   std::vector<std::uint64_t> generations;     // per ps: the latest its replies carried
   std::vector<bool> generation_changed;       // per ps: since take_generation_change
+  // Per ps: chunk updates (push, push_pull, assign) it acknowledged, which
+  // hello reports so a restored ps can count what its restore lost.
+  std::vector<std::uint64_t> acked;
   std::uint64_t incarnation = process_incarnation();
   FaultInjector faults;
   Ticket next_ticket = 1;
@@ -132,6 +135,7 @@ struct PsClient::Impl {
         staleness(map.variables().size(), 0.0),
         generations(addresses.size(), 0),
         generation_changed(addresses.size(), false),
+        acked(addresses.size(), 0),
         faults(options.fault, options.fault_seed),
         context(1) {
     if (addresses.size() != map.servers())
@@ -481,6 +485,7 @@ struct PsClient::Impl {
     const auto& c = *r.chunk;
     const auto g = static_cast<std::size_t>(&c - map.all_chunks().data());
     const auto version = wire::ChunkReply::read(h).version;
+    if (t.op == Op::push || t.op == Op::push_pull || t.op == Op::assign) ++acked[c.server];
     if (t.op == Op::push || t.op == Op::push_pull) {
       const auto before = version == 0 ? 0 : version - 1;
       t.staleness_sum += static_cast<double>(before - std::min(before, pulled_version[g]));
@@ -524,10 +529,21 @@ PsClient::~PsClient() = default;
 
 const ShardMap& PsClient::map() const { return impl_->map; }
 
-void PsClient::hello() {
+std::vector<std::uint64_t> PsClient::hello() {
+  std::vector<std::uint64_t> updates(impl_->addresses.size());
+  for (std::uint32_t s = 0; s < updates.size(); ++s) updates[s] = hello(s);
+  return updates;
+}
+
+std::uint64_t PsClient::hello(std::uint32_t server) {
   Header h;
-  wire::Hello{impl_->options.config_yaml}.write(h);
-  impl_->control(Op::hello, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
+  wire::Hello{impl_->options.config_yaml, impl_->acked.at(server)}.write(h);
+  const auto replies = impl_->control(Op::hello, {server}, std::move(h), impl_->options.timeout_s);
+  return wire::HelloReply::read(replies.front().header).state_updates;
+}
+
+std::uint64_t PsClient::acked_updates(std::uint32_t server) const {
+  return impl_->acked.at(server);
 }
 
 void PsClient::init(std::uint64_t seed) {
@@ -617,6 +633,13 @@ std::uint64_t PsClient::heartbeat(std::uint64_t samples_since_last) {
   const auto replies =
       impl_->control(Op::heartbeat, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
   return wire::GlobalSamples::read(replies.front().header).global_samples;
+}
+
+std::uint64_t PsClient::samples_counted() {
+  Header h;
+  wire::Heartbeat{0}.write(h);
+  const auto replies = impl_->control(Op::heartbeat, {0}, std::move(h), impl_->options.timeout_s);
+  return wire::GlobalSamples::read(replies.front().header).sender_samples;
 }
 
 void PsClient::done(std::uint64_t total_samples) {

@@ -82,8 +82,14 @@ class PsClient {
   const ShardMap& map() const;
 
   // Protocol version and run id handshake with every ps; throws PsError
-  // naming the ps and what differs.
-  void hello();
+  // naming the ps and what differs. Returns, per ps, the updates its chunks
+  // hold (0: fresh values). Each hello also tells the ps how many updates it
+  // acknowledged to this client, so a ps restored from a checkpoint logs
+  // and counts the ones its restore lost.
+  std::vector<std::uint64_t> hello();
+  std::uint64_t hello(std::uint32_t server);  // the same with one ps
+  // Chunk updates (push, push_pull, assign) ps `server` acknowledged.
+  std::uint64_t acked_updates(std::uint32_t server) const;
   // Creates every chunk that does not exist yet from the counter-based
   // generator (seed, variable, element); waits.
   void init(std::uint64_t seed);
@@ -117,6 +123,9 @@ class PsClient {
   // Liveness and progress, sent to every ps; returns the global samples
   // counted by ps 0 so far (this call's samples included).
   std::uint64_t heartbeat(std::uint64_t samples_since_last);
+  // This worker's samples as ps 0 counted them (restored from a checkpoint
+  // included): where a restarted worker resumes its shard.
+  std::uint64_t samples_counted();
   void done(std::uint64_t total_samples);  // tells every ps this worker finished
   void kv_set(const std::string& key, std::span<const std::uint8_t> value);
   // Waits up to `timeout_s` (>= 0, at most a day; whole milliseconds on the

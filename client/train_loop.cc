@@ -15,6 +15,13 @@ std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard)
       std::ceil(config.train.epochs * static_cast<double>(batches)));
 }
 
+std::uint64_t steps_for_samples(const WorkerShard& shard, std::uint64_t samples,
+                                std::size_t batch_size) {
+  const std::uint64_t per_epoch = shard.size();
+  return samples / per_epoch * shard.batches_per_epoch(batch_size) +
+         samples % per_epoch / batch_size;
+}
+
 HostViews::HostViews(Backend& backend, Model& model, bool grads)
     : direct_(backend.host_accessible()) {
   const auto& vars = model.variables();

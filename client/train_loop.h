@@ -71,6 +71,11 @@ class HostViews {
 // Steps of `config.train.epochs` passes over the shard, rounded up. Every
 // worker of a run gets the same number (shards are equal).
 std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard);
+// The whole steps behind `samples` of a worker's samples: epochs end in a
+// shorter batch (WorkerShard::next_batch), and a partly counted batch is
+// done again. Where a restarted worker resumes (WorkerShard::seek).
+std::uint64_t steps_for_samples(const WorkerShard& shard, std::uint64_t samples,
+                                std::size_t batch_size);
 
 // Puts batches into the model's input and reads back their losses. On
 // backends the host cannot reach, batches are assembled in two pinned buffers

@@ -12,6 +12,7 @@
 #include "client/model_io.h"
 #include "client/progress.h"
 #include "client/ps_client.h"
+#include "client/ps_restarts.h"
 #include "client/sync/sync_trainer.h"
 #include "shared/log.h"
 
@@ -64,8 +65,21 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
       train.size(), ", batch ", config.train.batch_size);
 
   PsClient ps(config, index, shard_map_for(config, model.variables()));
-  ps.hello();
+  const auto state_updates = ps.hello();
+  // ps 0 has counted samples once the run is under way: then no ps may
+  // serve fresh values (one restarted without its checkpoint).
+  refuse_fresh_servers(ps, state_updates, ps.heartbeat(0) > 0);
   ps.init(config.train.seed);
+  // A restarted async worker goes on where ps 0 counted it (a restored ps 0:
+  // as of its checkpoint); sync workers join the step their peers recorded.
+  std::uint64_t first_step = 0;
+  if (config.mode == Mode::async) {
+    if (const auto done = ps.samples_counted(); done > 0) {
+      first_step = steps_for_samples(shard, done, config.train.batch_size);
+      shard.seek(first_step, config.train.batch_size);
+      log("resuming after ", done, " samples ps 0 counted of this worker: step ", first_step);
+    }
+  }
 
   MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
   MetricsRegistry registry;
@@ -98,7 +112,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
   const TrainSummary summary =
-      config.mode == Mode::sync ? train_sync(context) : train_async(context);
+      config.mode == Mode::sync ? train_sync(context) : train_async(context, first_step);
 
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
       summary.seconds, " s; waiting for the other workers");

@@ -15,6 +15,9 @@
 // folder, so a restarted ps never overwrites a generation, and the servers of
 // one run, started together, number theirs alike.
 //
+// The writer runs at a lower priority (nice 10) than the request loop, so
+// on a busy host a checkpoint costs serving as little CPU as possible.
+//
 // Thread rules: tick(), finish() and the destructor run on the ps thread.
 // At most one writer thread exists, so one checkpoint at a time; it touches
 // only its cut (moved to it when it starts) and the files, and says it is

@@ -25,7 +25,10 @@ Coordinator::Coordinator(CoordinatorOptions options, ReplySink& sink)
     : options_(std::move(options)),
       sink_(sink),
       workers_(options_.workers),
-      worker_samples_(options_.workers, 0) {}
+      worker_samples_(options_.workers, 0),
+      worker_incarnations_(options_.workers, 0),
+      worker_updates_(options_.workers, 0),
+      updates_lost_(options_.workers, 0) {}
 
 void Coordinator::add_handlers(Handlers& handlers) {
   handlers.on(Op::hello, [this](const Request& r) { hello(r); });
@@ -38,8 +41,26 @@ void Coordinator::add_handlers(Handlers& handlers) {
 }
 
 void Coordinator::hello(const Request& request) {
+  const auto& h = request.header;
+  const auto acked = wire::Hello::read(h).acked_updates;
+  if (h.sender < options_.workers && h.incarnation != 0) {
+    auto& counted = worker_updates_[h.sender];
+    if (worker_incarnations_[h.sender] != h.incarnation) {
+      // A new process of this worker: its count starts with it.
+      worker_incarnations_[h.sender] = h.incarnation;
+      counted = acked;
+    } else if (acked > counted) {
+      // The same process saw more acknowledged than this ps holds: a
+      // restore of this ps went back past them.
+      const auto lost = acked - counted;
+      updates_lost_[h.sender] += lost;
+      log(options_.name, ": the restore lost ", lost, " of worker ", h.sender,
+          "'s acknowledged updates (it saw ", acked, ", the checkpoint held ", counted, ")");
+      counted = acked;
+    }
+  }
   Reply reply{wire::reply_to(request.header), {}};
-  wire::HelloReply{options_.workers}.write(reply.header);
+  wire::HelloReply{options_.workers, state_updates_}.write(reply.header);
   sink_.send(request.from, std::move(reply));
 }
 
@@ -133,7 +154,8 @@ void Coordinator::heartbeat(const Request& request) {
   global_samples_ += beat.samples;
   worker_samples_[request.header.sender] += beat.samples;
   Reply reply{wire::reply_to(request.header), {}};
-  wire::GlobalSamples{global_samples_}.write(reply.header);
+  wire::GlobalSamples{global_samples_, worker_samples_[request.header.sender]}.write(
+      reply.header);
   sink_.send(request.from, std::move(reply));
 }
 
@@ -146,7 +168,7 @@ void Coordinator::done(const Request& request) {
   workers_[sender].state = Liveness::done;
   worker_samples_[sender] = std::max(worker_samples_[sender], total);
   Reply reply{wire::reply_to(request.header), {}};
-  wire::GlobalSamples{global_samples_}.write(reply.header);
+  wire::GlobalSamples{global_samples_, worker_samples_[sender]}.write(reply.header);
   sink_.send(request.from, std::move(reply));
   // It cannot enter a barrier any more.
   release_complete_barriers();
@@ -266,10 +288,36 @@ std::optional<Clock::time_point> Coordinator::next_deadline() const {
   return std::ranges::min_element(kv_waiting_, {}, &Parked::deadline)->deadline;
 }
 
-void Coordinator::restore_samples(std::uint64_t global,
-                                  const std::vector<std::uint64_t>& per_worker) {
-  global_samples_ = global;
-  if (per_worker.size() == worker_samples_.size()) worker_samples_ = per_worker;
+void Coordinator::fill_progress(SnapshotInfo& info) const {
+  info.global_samples = global_samples_;
+  info.worker_samples = worker_samples_;
+  info.worker_incarnations = worker_incarnations_;
+  info.worker_updates = worker_updates_;
+}
+
+void Coordinator::restore_progress(const SnapshotInfo& info, std::uint64_t state_updates) {
+  global_samples_ = info.global_samples;
+  state_updates_ = state_updates;
+  const auto workers = worker_samples_.size();
+  // An end-of-run snapshot seeds a new run, whose workers start their
+  // shards afresh; a checkpoint resumes its own run, where they go on.
+  if (info.kind != SnapshotKind::checkpoint || info.worker_samples.size() != workers) return;
+  worker_samples_ = info.worker_samples;
+  // Format 1 files and snapshots of older builds have no update counts.
+  if (info.worker_incarnations.size() == workers && info.worker_updates.size() == workers) {
+    worker_incarnations_ = info.worker_incarnations;
+    worker_updates_ = info.worker_updates;
+  }
+}
+
+void Coordinator::applied_update(const wire::Header& request) {
+  ++state_updates_;
+  const auto w = request.sender;
+  if (w >= worker_updates_.size() || request.incarnation == 0) return;
+  // A process whose hello this ps has not seen (this ps restarted since):
+  // its count starts here, and its next hello settles what was lost.
+  if (worker_incarnations_[w] != request.incarnation) return;
+  ++worker_updates_[w];
 }
 
 Coordinator::Figures Coordinator::figures() const {
@@ -277,6 +325,7 @@ Coordinator::Figures Coordinator::figures() const {
   f.global_samples = global_samples_;
   for (const auto& [name, b] : barriers_) f.parked_barrier += b.waiting.size();
   f.parked_kv_get = kv_waiting_.size();
+  f.updates_lost = updates_lost_;
   return f;
 }
 

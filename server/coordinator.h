@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "server/request.h"
+#include "shared/snapshot.h"
 #include "shared/config.h"
 
 namespace pstrain::ps {
@@ -59,7 +60,11 @@ class Coordinator {
 
   // The handlers (requests read through shared/messages.h). Each throws
   // std::invalid_argument for a request it refuses, before changing anything.
-  void hello(const Request& request);      // replies with the number of workers
+  // Replies with the number of workers and the updates the chunks hold. A
+  // worker's hello also says how many of its updates it saw acknowledged:
+  // after a restore, those beyond the restored count were lost, which is
+  // logged and counted (Figures::updates_lost).
+  void hello(const Request& request);
   void barrier(const Request& request);    // parks until `count` senders entered
   void kv_set(const Request& request);     // replies, then answers parked kv_gets
   void kv_get(const Request& request);     // replies, or parks until set or deadline
@@ -86,15 +91,23 @@ class Coordinator {
     std::uint64_t global_samples = 0;
     std::size_t parked_barrier = 0;  // requests waiting in barriers
     std::size_t parked_kv_get = 0;   // kv_gets waiting for their key
+    // Per worker: its acknowledged updates that restores of this ps lost.
+    std::vector<std::uint64_t> updates_lost;
   };
   Figures figures() const;
   std::uint64_t global_samples() const { return global_samples_; }
-  // Samples each worker trained as this ps knows them: its heartbeats' sum,
-  // or its done's total when larger. What a checkpoint records of progress.
-  const std::vector<std::uint64_t>& worker_samples() const { return worker_samples_; }
-  // Progress read back from a snapshot; `per_worker` is taken when it has
-  // one entry per worker (a snapshot of another cluster may not).
-  void restore_samples(std::uint64_t global, const std::vector<std::uint64_t>& per_worker);
+  // What a checkpoint records of progress: the global samples and, per
+  // worker, its samples (its heartbeats' sum, or its done's total when
+  // larger), its incarnation and the updates of it this ps applied.
+  void fill_progress(SnapshotInfo& info) const;
+  // Progress read back from a checkpoint or snapshot, and the updates the
+  // restored chunks hold. The per-worker entries are taken from a checkpoint
+  // with one per worker only: an end-of-run snapshot seeds a new run, whose
+  // workers start their shards afresh.
+  void restore_progress(const SnapshotInfo& info, std::uint64_t state_updates);
+  // The data handlers applied one chunk update (push, push_pull, assign) of
+  // `request`; a resend answered from the record is not applied again.
+  void applied_update(const wire::Header& request);
 
  private:
   // A request waiting for its answer.
@@ -136,6 +149,10 @@ class Coordinator {
   std::vector<Worker> workers_;
   std::optional<Clock::time_point> started_;
   std::vector<std::uint64_t> worker_samples_;  // per worker
+  // Per worker: the incarnation whose updates worker_updates_ counts, and
+  // the updates lost to restores (hello compares counts).
+  std::vector<std::uint64_t> worker_incarnations_, worker_updates_, updates_lost_;
+  std::uint64_t state_updates_ = 0;  // updates the chunks hold: HelloReply
   std::uint64_t global_samples_ = 0;
   std::optional<int> exit_code_;
 };

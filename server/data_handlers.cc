@@ -36,7 +36,7 @@ class FloatPayload {
 
 }  // namespace
 
-DataHandlers::DataHandlers(ChunkStore& store, const Coordinator& coordinator, ReplySink& sink,
+DataHandlers::DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
                            std::filesystem::path run_dir, std::uint32_t ps_index,
                            std::uint64_t config_hash)
     : store_(store),
@@ -85,6 +85,7 @@ void DataHandlers::push(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
   const FloatPayload grad(request);
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
+  coordinator_.applied_update(request.header);
   if (request.header.op == Op::push_pull) return reply_values(request, c);
   reply_version(request, c);
 }
@@ -92,7 +93,9 @@ void DataHandlers::push(const Request& request) {
 void DataHandlers::assign(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
   const FloatPayload values(request);
-  reply_version(request, store_.assign(id.variable, id.chunk, values.get()));
+  const Chunk& c = store_.assign(id.variable, id.chunk, values.get());
+  coordinator_.applied_update(request.header);
+  reply_version(request, c);
 }
 
 void DataHandlers::snapshot(const Request& request) {

@@ -21,7 +21,8 @@ class DataHandlers {
  public:
   // `run_dir` and `ps_index` place the snapshot file; `config_hash` is
   // written in it.
-  DataHandlers(ChunkStore& store, const Coordinator& coordinator, ReplySink& sink,
+  // `coordinator` counts the updates applied (Coordinator::applied_update).
+  DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
                std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash);
 
   // Registers init, pull, push, push_pull, assign and snapshot.
@@ -40,7 +41,7 @@ class DataHandlers {
   void reply_values(const Request& request, const Chunk& chunk);
 
   ChunkStore& store_;
-  const Coordinator& coordinator_;
+  Coordinator& coordinator_;
   ReplySink& sink_;
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;

@@ -63,7 +63,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                                std::chrono::duration<double>(config.net.worker_timeout),
                                config.train.on_worker_loss},
                               loop);
-  if (restored) coordinator.restore_samples(restored->info.global_samples, restored->info.worker_samples);
+  if (restored) coordinator.restore_progress(restored->info, store.version_sum());
   ps::DataHandlers data(store, coordinator, loop, config.run_dir, index, hash);
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());

@@ -55,6 +55,9 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                       {"wait"})),
       parked_barrier_(parked_.with({"barrier"})),
       parked_kv_get_(parked_.with({"kv_get"})),
+      updates_lost_(r.counter("pstrain_ps_updates_lost_total",
+                              "Acknowledged updates of a worker that a restore of this ps lost.",
+                              {"worker"})),
       start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.")
                       .with()) {
   auto& requests = r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"});
@@ -77,6 +80,9 @@ void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coord
   global_samples_.set(double(coordinator.global_samples));
   parked_barrier_.set(double(coordinator.parked_barrier));
   parked_kv_get_.set(double(coordinator.parked_kv_get));
+  for (std::size_t w = 0; w < coordinator.updates_lost.size(); ++w)
+    catch_up(updates_lost_.with({std::to_string(w)}), double(coordinator.updates_lost[w]));
+  workers_ = coordinator.updates_lost.size();
 }
 
 std::string PsStats::json(double now_unix) const {
@@ -99,7 +105,10 @@ std::string PsStats::json(double now_unix) const {
     << ",\"version_max\":" << whole(version_max_.value())
     << ",\"global_samples\":" << whole(global_samples_.value())
     << ",\"parked_barrier\":" << whole(parked_barrier_.value())
-    << ",\"parked_kv_get\":" << whole(parked_kv_get_.value())
+    << ",\"parked_kv_get\":" << whole(parked_kv_get_.value()) << ",\"updates_lost\":[";
+  for (std::size_t w = 0; w < workers_; ++w)
+    j << (w ? "," : "") << whole(updates_lost_.with({std::to_string(w)}).value());
+  j << "]"
     << ",\"uptime_seconds\":" << now_unix - start_time_.value() << "}";
   return j.str();
 }

@@ -9,7 +9,8 @@
 //   resends_answered, requests_too_old, fault_drops,
 //   bytes_in, bytes_out, optimizer_seconds, updates, copies_on_write,
 //   chunks, elements, version_sum, version_max, global_samples,
-//   parked_barrier, parked_kv_get, uptime_seconds.
+//   parked_barrier, parked_kv_get, updates_lost (per worker: acknowledged
+//   updates a restore of this ps lost), uptime_seconds.
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
 //
@@ -20,6 +21,7 @@
 //   pstrain_ps_received_bytes_total,
 //   pstrain_ps_sent_bytes_total, pstrain_ps_updates_total,
 //   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
+//   pstrain_ps_updates_lost_total{worker},
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
 //   pstrain_ps_version_sum, pstrain_ps_version_max, pstrain_ps_global_samples,
 //   pstrain_ps_parked_requests{wait}, pstrain_ps_start_time_seconds.
@@ -85,6 +87,8 @@ class PsStats {
   MetricFamily<Gauge>& parked_;  // by what the requests wait in
   Gauge& parked_barrier_;
   Gauge& parked_kv_get_;
+  MetricFamily<Counter>& updates_lost_;  // by worker
+  std::size_t workers_ = 0;              // updates_lost_'s series, as of refresh()
   Gauge& start_time_;
 };
 

@@ -50,8 +50,7 @@ ShardCut cut_shard(const ChunkStore& store, const Coordinator& coordinator,
   cut.info.kind = kind;
   cut.info.config_hash = config_hash;
   cut.info.optimizer = to_string(store.optimizer().kind);
-  cut.info.global_samples = coordinator.global_samples();
-  cut.info.worker_samples = coordinator.worker_samples();
+  coordinator.fill_progress(cut.info);
   cut.chunks = store.refs();
   return cut;
 }

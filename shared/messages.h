@@ -36,16 +36,23 @@ struct ChunkReply {
 };
 
 // hello: the sender's resolved config, so a ps whose config hash differs can
-// name the keys that differ.
+// name the keys that differ; and the updates (chunk pushes and assigns) of
+// this sender that this ps acknowledged, as the sender counted them, so a ps
+// restored from a checkpoint can say how many of them the restore lost.
 struct Hello {
   std::string config_yaml;
-  void write(Header& h) const { h.text = config_yaml; }
-  static Hello read(const Header& h) { return {h.text}; }
+  std::uint64_t acked_updates = 0;
+  void write(Header& h) const { h.text = config_yaml; h.arg = acked_updates; }
+  static Hello read(const Header& h) { return {h.text, h.arg}; }
 };
+// The reply: the number of workers in the ps's cluster, and the updates its
+// chunks hold (the sum of their versions, restored ones included): 0 for a ps
+// that serves fresh values, which a worker of a run under way refuses.
 struct HelloReply {
-  std::uint64_t workers = 0;  // workers in the ps's cluster
-  void write(Header& h) const { h.arg = workers; }
-  static HelloReply read(const Header& h) { return {h.arg}; }
+  std::uint64_t workers = 0;
+  std::uint64_t state_updates = 0;
+  void write(Header& h) const { h.arg = workers; h.version = state_updates; }
+  static HelloReply read(const Header& h) { return {h.arg, h.version}; }
 };
 
 // barrier: released once `count` distinct senders have entered `name`.
@@ -90,11 +97,13 @@ struct Done {
 };
 
 // The reply to heartbeat and done: samples all workers trained, as this ps
-// counted them.
+// counted them, and the sender's own share of them (restored from a
+// checkpoint included), from which a restarted worker resumes its shard.
 struct GlobalSamples {
   std::uint64_t global_samples = 0;
-  void write(Header& h) const { h.arg = global_samples; }
-  static GlobalSamples read(const Header& h) { return {h.arg}; }
+  std::uint64_t sender_samples = 0;
+  void write(Header& h) const { h.arg = global_samples; h.version = sender_samples; }
+  static GlobalSamples read(const Header& h) { return {h.arg, h.version}; }
 };
 
 // snapshot's reply: the file the ps wrote.

@@ -105,6 +105,10 @@ void read_info(Reader& r, SnapshotInfo& info) {
   const auto workers = r.scalar<std::uint32_t>("worker count");
   for (std::uint32_t w = 0; w < workers; ++w)
     info.worker_samples.push_back(r.scalar<std::uint64_t>("worker samples"));
+  for (std::uint32_t w = 0; w < workers; ++w)
+    info.worker_incarnations.push_back(r.scalar<std::uint64_t>("worker incarnation"));
+  for (std::uint32_t w = 0; w < workers; ++w)
+    info.worker_updates.push_back(r.scalar<std::uint64_t>("worker updates"));
   const auto expected = r.crc_of(start, r.pos());
   if (r.scalar<std::uint32_t>("crc") != expected) r.fail("crc mismatch in the header");
 }
@@ -126,7 +130,12 @@ void write_snapshot(const std::filesystem::path& path, const SnapshotInfo& info,
       w.bytes(info.optimizer.data(), info.optimizer.size());
       w.scalar(info.global_samples);
       w.scalar(static_cast<std::uint32_t>(info.worker_samples.size()));
-      w.bytes(info.worker_samples.data(), info.worker_samples.size() * sizeof(std::uint64_t));
+      const auto workers = info.worker_samples.size();
+      w.bytes(info.worker_samples.data(), workers * sizeof(std::uint64_t));
+      // Parallel to worker_samples; missing entries are written as 0.
+      for (const auto* per_worker : {&info.worker_incarnations, &info.worker_updates})
+        for (std::size_t i = 0; i < workers; ++i)
+          w.scalar(i < per_worker->size() ? (*per_worker)[i] : std::uint64_t{0});
       w.end_record();
       const std::uint64_t count = records.size();
       file.write(&count, sizeof(count));

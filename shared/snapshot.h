@@ -9,6 +9,7 @@
 //   "PSTRSNAP" | u32 format version
 //   | u32 kind | u64 config hash | u32 optimizer name length | name
 //   | u64 global samples | u32 workers | u64 samples per worker
+//   | u64 incarnation per worker | u64 updates per worker
 //   | u32 crc32 (zlib) of the header's bytes after the format version
 //   | u64 record count
 //   per record: u32 name length | name | u32 chunk | u64 version
@@ -60,6 +61,13 @@ struct SnapshotInfo {
   std::string optimizer;          // the optimizer's name; "": unknown
   std::uint64_t global_samples = 0;
   std::vector<std::uint64_t> worker_samples;  // samples trained, per worker index
+  // Per worker, as many entries as worker_samples: the incarnation (process
+  // start) whose updates `worker_updates` counts, and how many chunk updates
+  // (pushes, assigns) of it this ps had applied. A worker that reconnects to
+  // a restored ps says how many it had acknowledged; the difference is what
+  // the restore lost (server/coordinator.h).
+  std::vector<std::uint64_t> worker_incarnations;
+  std::vector<std::uint64_t> worker_updates;
 };
 
 struct Snapshot : SnapshotInfo {

@@ -1,10 +1,13 @@
 // Asynchronous training end to end with the real binary: accuracy on
 // Fashion-MNIST, determinism of a single worker, a missing data directory,
-// a worker killed mid-run (train.on_worker_loss continue and fail), and steps
-// and a final evaluation longer than net.worker_timeout.
+// a worker killed mid-run (train.on_worker_loss continue and fail), steps
+// and a final evaluation longer than net.worker_timeout, and restarts: a ps
+// restored from its checkpoint, one restarted without it, and a worker
+// that resumes its shard.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -147,13 +150,18 @@ TEST_CASE("async: a missing data directory is named, with the package that provi
 
 namespace {
 
-// Waits until `worker` is training (its metrics file appears), then kills it.
-void kill_when_training(Run& run, int worker) {
+// Waits until `worker` is training (its metrics file has `reports` lines,
+// each written after a report of its samples to the ps), then kills it.
+void kill_when_training(Run& run, int worker, int reports = 1) {
   const auto metrics = run.run_dir() / ("worker" + std::to_string(worker) + ".metrics.jsonl");
+  const auto lines = [&] {
+    const auto text = read_file(metrics);
+    return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  };
   const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!std::filesystem::exists(metrics) && std::chrono::steady_clock::now() < deadline)
+  while (lines() < reports && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(50ms);
-  REQUIRE(std::filesystem::exists(metrics));
+  REQUIRE(lines() >= reports);
   run.workers[worker]->kill(SIGKILL);
 }
 
@@ -275,4 +283,110 @@ TEST_CASE("async: a run continues from the snapshot the previous run left") {
   const std::string out = second.workers[0]->log_text();
   REQUIRE_MESSAGE(std::regex_search(out, m, std::regex("after ([0-9]+) global samples")), out);
   CHECK(std::stoull(m[1]) == 4000);
+}
+
+namespace {
+
+// A run long enough to kill and restart a process in (2 epochs of 30,000
+// synthetic samples), with checkpoints every 0.5 s and resends that outlast
+// a restart.
+const char* const kRestartRun =
+    "data: {name: synthetic, synthetic_train: 30000, synthetic_test: 200}\n"
+    "train: {epochs: 2, eval_every: 0}\n"
+    "checkpoint: {every_s: 0.5}\n"
+    "net: {worker_timeout: 5, heartbeat: 0.25, request_timeout: 15, retry_interval: 0.5}\n";
+
+// Waits until every worker is training and ps `index` has written a
+// checkpoint, then kills that ps.
+void kill_ps_after_checkpoint(Run& run, int index) {
+  for (int w = 0; w < run.n_workers; ++w) {
+    const auto metrics = run.run_dir() / ("worker" + std::to_string(w) + ".metrics.jsonl");
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!std::filesystem::exists(metrics) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+    REQUIRE(std::filesystem::exists(metrics));
+  }
+  const auto file = "ps" + std::to_string(index) + ".bin";
+  const auto has_checkpoint = [&] {
+    std::error_code ec;
+    for (const auto& g : std::filesystem::directory_iterator(run.run_dir() / "checkpoints", ec))
+      if (std::filesystem::exists(g.path() / file)) return true;
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!has_checkpoint() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  REQUIRE(has_checkpoint());
+  std::this_thread::sleep_for(700ms);  // past the next checkpoint, mid-period
+  run.ps[index]->kill(SIGKILL);
+  REQUIRE(run.ps[index]->wait_for(10s).has_value());
+}
+
+std::uint64_t final_global_samples(const std::string& worker0_output) {
+  std::smatch m;
+  static const std::regex re("after ([0-9]+) global samples");
+  return std::regex_search(worker0_output, m, re) ? std::stoull(m[1]) : 0;
+}
+
+}  // namespace
+
+TEST_CASE("async: a ps killed and restarted from its checkpoint: workers re-pull, losses counted") {
+  Run run(2, 2, kRestartRun);
+  run.start();
+  kill_ps_after_checkpoint(run, 1);
+  run.ps[1] = std::make_unique<ChildProcess>(
+      [&] {
+        auto args = run.argv("ps", 1);
+        args.insert(args.end(), {"--restore", "latest"});
+        return args;
+      }(),
+      run.dir.path() / "ps1.restarted.out");
+  const std::string logs = run.require_success(120s);
+  for (auto& w : run.workers) {
+    CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+    CHECK_MESSAGE(w->log_text().find("ps 1 restarted (generation") != std::string::npos, logs);
+  }
+  for (auto& p : run.ps) CHECK_MESSAGE(p->wait_for(0s) == 0, logs);
+  const std::string restarted = run.ps[1]->log_text();
+  CHECK_MESSAGE(restarted.find("restored_from 0,") == std::string::npos, restarted);
+  // Updates applied after the checkpoint and before the kill are gone, and
+  // the ps says whose and how many.
+  CHECK_MESSAGE(restarted.find("the restore lost") != std::string::npos, restarted);
+  CHECK_MESSAGE(final_accuracy(run.workers[0]->log_text()) >= 0.5, logs);
+}
+
+TEST_CASE("async: a ps restarted without its checkpoint is refused, not mixed in") {
+  Run run(2, 2, kRestartRun);
+  run.start();
+  kill_ps_after_checkpoint(run, 1);
+  run.ps[1] = std::make_unique<ChildProcess>(run.argv("ps", 1),
+                                             run.dir.path() / "ps1.restarted.out");
+  for (auto& w : run.workers) {
+    const auto code = w->wait_for(60s);
+    REQUIRE_MESSAGE(code.has_value(), w->log_text());
+    CHECK(*code != 0);
+    CHECK_MESSAGE(w->log_text().find("ps 1 restarted without its checkpoint") != std::string::npos,
+                  w->log_text());
+  }
+}
+
+TEST_CASE("async: a restarted worker resumes its shard where ps 0 counted it") {
+  Run run(1, 2, kRestartRun);
+  run.start();
+  kill_when_training(run, 1, 4);
+  REQUIRE(run.workers[1]->wait_for(10s).has_value());
+  run.workers[1] = std::make_unique<ChildProcess>(run.argv("worker", 1),
+                                                  run.dir.path() / "worker1.restarted.out");
+  const std::string logs = run.require_success(120s);
+  CHECK_MESSAGE(run.workers[1]->wait_for(0s) == 0, logs);
+  const std::string restarted = run.workers[1]->log_text();
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(restarted, m, std::regex("resuming after ([0-9]+) samples")),
+                  restarted);
+  CHECK(std::stoull(m[1]) > 0);
+  // Each worker's share of 2 epochs over 30,000 samples, trained once: only
+  // the samples since the killed worker's last report are trained twice.
+  const auto global = final_global_samples(run.workers[0]->log_text());
+  CHECK_MESSAGE(global >= 60000, logs);
+  CHECK_MESSAGE(global <= 61000, logs);
 }

@@ -321,3 +321,60 @@ TEST_CASE("coordinator: shutdown exits 0 after replying; hello tells the number 
   CHECK(f.sink.sent.back().header.op == Op::shutdown);
   CHECK(f.coordinator.exit_code() == 0);
 }
+
+TEST_CASE("coordinator: a restored ps counts the acknowledged updates its restore lost") {
+  // Worker 1's process (incarnation 77) says hello and has 5 chunk updates
+  // applied; a checkpoint is cut after those 5.
+  Fixture before(2);
+  auto hello = [](std::uint64_t incarnation, std::uint64_t acked) {
+    Request r = request(Op::hello, 1, t0, wire::Hello{"", acked});
+    r.header.incarnation = incarnation;
+    return r;
+  };
+  before.coordinator.hello(hello(77, 0));
+  Request push = request(Op::push, 1, t0);
+  push.header.incarnation = 77;
+  for (int i = 0; i < 5; ++i) before.coordinator.applied_update(push.header);
+  before.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{640}));
+  SnapshotInfo checkpoint;
+  before.coordinator.fill_progress(checkpoint);
+  CHECK(checkpoint.worker_updates == std::vector<std::uint64_t>{0, 5});
+  CHECK(checkpoint.worker_incarnations == std::vector<std::uint64_t>{0, 77});
+
+  // The ps restarts from it; two more updates arrive (resends) before the
+  // worker, which had 9 acknowledged, says hello again: 9 - (5 + 2) were lost.
+  checkpoint.kind = SnapshotKind::checkpoint;
+  // An end-of-run snapshot of the same state seeds a new run: its workers
+  // start afresh.
+  Fixture seeded(2);
+  SnapshotInfo snapshot = checkpoint;
+  snapshot.kind = SnapshotKind::snapshot;
+  seeded.coordinator.restore_progress(snapshot, 5);
+  seeded.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{0}));
+  const auto seeded_reply = wire::GlobalSamples::read(seeded.sink.sent.back().header);
+  CHECK(seeded_reply.global_samples == 640);
+  CHECK(seeded_reply.sender_samples == 0);
+
+  Fixture after(2);
+  after.coordinator.restore_progress(checkpoint, 5);
+  after.coordinator.applied_update(push.header);
+  after.coordinator.applied_update(push.header);
+  after.coordinator.hello(hello(77, 9));
+  CHECK(after.coordinator.figures().updates_lost == std::vector<std::uint64_t>{0, 2});
+  const auto reply = wire::HelloReply::read(after.sink.sent.back().header);
+  CHECK(reply.state_updates == 7);
+  // The restarted worker resumes from the samples ps 0 counted of it.
+  after.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{0}));
+  CHECK(wire::GlobalSamples::read(after.sink.sent.back().header).sender_samples == 640);
+
+  // A hello in step with the ps loses nothing; a new process of the worker
+  // starts its own count.
+  after.coordinator.hello(hello(77, 9));
+  after.coordinator.hello(hello(78, 0));
+  after.coordinator.applied_update(push.header);  // incarnation 77's: no longer counted
+  CHECK(after.coordinator.figures().updates_lost == std::vector<std::uint64_t>{0, 2});
+  SnapshotInfo later;
+  after.coordinator.fill_progress(later);
+  CHECK(later.worker_updates == std::vector<std::uint64_t>{0, 0});
+  CHECK(later.worker_incarnations == std::vector<std::uint64_t>{0, 78});
+}

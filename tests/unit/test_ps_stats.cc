@@ -39,7 +39,10 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   stats.received(100);
   stats.sent(40);
   stats.sent(2);
-  stats.refresh(store, {.global_samples = 640, .parked_barrier = 2, .parked_kv_get = 1});
+  stats.refresh(store, {.global_samples = 640,
+                        .parked_barrier = 2,
+                        .parked_kv_get = 1,
+                        .updates_lost = {0, 7}});
 
   const auto json = stats.json(unix_time());
   CHECK(json.starts_with("{\"ps\":3,\"requests\":{\"hello\":0,"));
@@ -48,7 +51,7 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
         "\"resends_answered\":2", "\"requests_too_old\":1", "\"fault_drops\":1",
         "\"bytes_out\":42", "\"updates\":3", "\"chunks\":2", "\"elements\":20",
         "\"version_sum\":3", "\"version_max\":2", "\"global_samples\":640",
-        "\"parked_barrier\":2", "\"parked_kv_get\":1"})
+        "\"parked_barrier\":2", "\"parked_kv_get\":1", "\"updates_lost\":[0,7]"})
     CHECK_MESSAGE(contains(json, part), part, " in ", json);
 
   const auto text = registry.prometheus_text();
@@ -59,13 +62,18 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
         "pstrain_ps_received_bytes_total 100\n",
         "pstrain_ps_sent_bytes_total 42\n", "pstrain_ps_updates_total 3\n",
         "pstrain_ps_elements 20\n", "pstrain_ps_global_samples 640\n",
-        "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n"})
+        "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n",
+        "pstrain_ps_updates_lost_total{worker=\"1\"} 7\n"})
     CHECK_MESSAGE(contains(text, line), line, " in\n", text);
 
   // A second refresh adds only what accrued since the first.
   store.push("w", 1, grad);
-  stats.refresh(store, {.global_samples = 700, .parked_barrier = 0, .parked_kv_get = 0});
+  stats.refresh(store, {.global_samples = 700,
+                        .parked_barrier = 0,
+                        .parked_kv_get = 0,
+                        .updates_lost = {0, 9}});
   CHECK(contains(registry.prometheus_text(), "pstrain_ps_updates_total 4\n"));
   CHECK(contains(stats.json(unix_time()), "\"updates\":4,"));
   CHECK(contains(stats.json(unix_time()), "\"parked_barrier\":0,"));
+  CHECK(contains(registry.prometheus_text(), "pstrain_ps_updates_lost_total{worker=\"1\"} 9\n"));
 }

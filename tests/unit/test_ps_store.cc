@@ -33,6 +33,8 @@ Snapshot sample_snapshot() {
   s.optimizer = "momentum";
   s.global_samples = 123456789;
   s.worker_samples = {5, 70000000000ull};
+  s.worker_incarnations = {0xfeedull, 0xbeefull};
+  s.worker_updates = {3, 90000000000ull};
   s.records.push_back({"dense0/w", 3, 17, {1.5f, -2.25f, 3.0f}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}});
   s.records.push_back({"b", 0, 0, {42.0f}, {}});
   return s;
@@ -149,6 +151,8 @@ TEST_CASE("snapshot: a written file reads back identically") {
   CHECK(r.optimizer == s.optimizer);
   CHECK(r.global_samples == s.global_samples);
   CHECK(r.worker_samples == s.worker_samples);
+  CHECK(r.worker_incarnations == s.worker_incarnations);
+  CHECK(r.worker_updates == s.worker_updates);
   REQUIRE(r.records.size() == s.records.size());
   for (std::size_t i = 0; i < s.records.size(); ++i) {
     CHECK(r.records[i].name == s.records[i].name);
@@ -212,10 +216,10 @@ TEST_CASE("snapshot: damaged files give errors naming the file and the problem")
   }
   SUBCASE("huge declared value count") {
     auto bad = good;
-    // File header (76 B with optimizer "momentum" and 2 workers), then name
-    // length, name "dense0/w", chunk, version: the value count starts at
-    // 100; make it about 2^39.
-    bad[100 + 4] = '\x7f';
+    // File header (108 B with optimizer "momentum" and 2 workers), then
+    // name length, name "dense0/w", chunk, version: the value count starts
+    // at 132; make it about 2^39.
+    bad[132 + 4] = '\x7f';
     write_bytes(path, bad);
     CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("more than the file holds"),
                          SnapshotError);
