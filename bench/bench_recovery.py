@@ -31,10 +31,10 @@ process starting until its `serving on` line (restore included), and the
 workers' first step after that. Resolution: about one step plus one
 heartbeat.
 
-(b) A restarted ps reports per worker how many of its updates the restore
-lost, from the sequence numbers: the bench collects every ps log line that
-says "lost" after a restore and sums the numbers it names. If no line is
-found, the figure is "n/a" (the worker-side report had not landed).
+(b) A restarted ps reports per worker how many of its acknowledged updates
+the restore lost (`the restore lost N of worker W's acknowledged updates`,
+logged when N > 0): the bench sums those lines of each restart. A binary
+without that report gives "n/a".
 
 Next to it, an estimate that needs no report: the global samples before the
 kill less those the restarted ps restored (its `restored ... global samples`
@@ -251,7 +251,10 @@ def recovery(run, kill, stall):
     return out
 
 
-LOST = re.compile(r"lost", re.I)
+# The restarted ps's report, one line per worker that lost any
+# (server/coordinator.cc): "the restore lost 37 of worker 0's acknowledged
+# updates (it saw ..., the checkpoint held ...)".
+LOST_LINE = re.compile(r"the restore lost (\d+) of worker (\d+)'s acknowledged updates")
 RESTORED = re.compile(r"restored .* and (\d+) global samples from")
 
 
@@ -277,7 +280,7 @@ def steps_rolled_back(run, kill, batch):
     return max(0, (max(before) - restored[n - 1])) / batch
 
 
-def lost_updates(run, kill):
+def lost_updates(run, kill, reported):
     """Lines of the killed ps's log that report lost updates after its
     restart, and the numbers they name (per worker)."""
     lines = run.log_lines(kill["name"])
@@ -289,14 +292,16 @@ def lost_updates(run, kill):
     end = restored[ordinal + 1] if len(restored) > ordinal + 1 else len(lines)
     if start is None:
         return {"lines": [], "updates": None}
-    found = [line for line in lines[max(start, 0):end]
-             if LOST.search(line) and "update" in line.lower()]
-    numbers = []
+    found = [line for line in lines[max(start, 0):end] if LOST_LINE.search(line)]
+    per_worker = {}
     for line in found:
-        m = re.search(r"(\d+) (?:\w+ )?updates?", line) or re.search(r"updates?\D*(\d+)", line)
-        if m:
-            numbers.append(int(m[1]))
-    return {"lines": found, "updates": sum(numbers) if numbers else None}
+        m = LOST_LINE.search(line)
+        per_worker[int(m[2])] = per_worker.get(int(m[2]), 0) + int(m[1])
+    numbers = list(per_worker.values())
+    # A restore that lost nothing logs nothing: with the report in place, no
+    # line means 0 (the hellos that would report it came: the run went on).
+    return {"lines": found, "per_worker": per_worker,
+            "updates": sum(numbers) if numbers else (0 if reported else None)}
 
 
 def fmt(value, unit="", digits=2):
@@ -348,7 +353,11 @@ def main():
             ps_run.kill(frac * planned, name, ps_checkpoint=True)
         code = ps_run.wait(300)
         rec = [recovery(ps_run, k, args.stall) for k in ps_run.kills]
-        lost = [lost_updates(ps_run, k) for k in ps_run.kills]
+        # Whether this binary reports lost updates at all (the worker side of
+        # ps restarts): a line of the report's text in it.
+        with open(support.PSTRAIN, "rb") as f:
+            reported = b"the restore lost " in f.read()
+        lost = [lost_updates(ps_run, k, reported) for k in ps_run.kills]
         for r, l, k in zip(rec, lost, ps_run.kills):
             r["lost"] = l
             r["steps_rolled_back_est"] = steps_rolled_back(ps_run, k, 32)
