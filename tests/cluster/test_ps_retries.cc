@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "client/ps_client.h"
+#include "tests/support/exact_pushes.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/raw_peer.h"
 
@@ -34,10 +35,6 @@ std::uint64_t stat_sum(PsClient& ps, std::uint32_t servers, const std::string& k
   std::uint64_t sum = 0;
   for (std::uint32_t s = 0; s < servers; ++s) sum += stat(ps.stats(s), key);
   return sum;
-}
-
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 double seconds_since(Clock::time_point t) {
@@ -82,63 +79,8 @@ TEST_CASE("retries: integer updates stay exact with 10% of messages dropped and 
                      .fault_drop = 0.1});
   cluster.start_all();
   const auto& config = cluster.config();
-  const std::vector<VariableSpec> vars = {{"w", 40000, {InitKind::zeros, 0}},
-                                          {"b", 10, {InitKind::zeros, 0}}};
-  constexpr std::uint32_t kClients = 3, kSteps = 150;
-  auto grad = [](std::uint32_t k, std::uint32_t s, std::size_t i) {
-    return static_cast<float>((k * 7 + s * 3 + i) % 5) - 1.0f;  // integers in [-1, 3]
-  };
-  std::vector<float> w0(40000), b0(10);
-  for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = static_cast<float>(i % 1000) - 500;
-  for (std::size_t i = 0; i < b0.size(); ++i) b0[i] = static_cast<float>(i) * 3;
-  {
-    PsClient setup(config, 0, shard_map_for(config, vars));
-    setup.hello();
-    setup.init(1);
-    setup.wait(setup.assign("w", w0));
-    setup.wait(setup.assign("b", b0));
-  }
-
-  std::vector<std::unique_ptr<ForkedClient>> clients;
-  for (std::uint32_t k = 0; k < kClients; ++k) {
-    clients.push_back(std::make_unique<ForkedClient>([&, k] {
-      PsClient ps(config, k, shard_map_for(config, vars));
-      ps.hello();
-      // Two steps in flight, push and push_pull alternating, so resends of
-      // one ticket interleave with replies of the other.
-      std::vector<float> gw[2] = {std::vector<float>(40000), std::vector<float>(40000)};
-      std::vector<float> gb[2] = {std::vector<float>(10), std::vector<float>(10)};
-      std::vector<float> out(40000);
-      PsClient::Ticket pending[2][2] = {};
-      for (std::uint32_t s = 0; s < kSteps; ++s) {
-        const auto slot = s % 2;
-        if (pending[slot][0]) {
-          ps.wait(pending[slot][0]);
-          ps.wait(pending[slot][1]);
-        }
-        for (std::size_t i = 0; i < gw[slot].size(); ++i) gw[slot][i] = grad(k, s, i);
-        for (std::size_t i = 0; i < gb[slot].size(); ++i) gb[slot][i] = grad(k, s, i);
-        pending[slot][0] = s % 3 == 1 ? ps.push_pull("w", gw[slot], out) : ps.push("w", gw[slot]);
-        pending[slot][1] = s % 3 == 2 ? ps.push_pull("b", gb[slot], gb[slot]) : ps.push("b", gb[slot]);
-      }
-      ps.wait_all();
-    }));
-  }
-  for (auto& c : clients) REQUIRE(c->wait_for(std::chrono::seconds(120)) == 0);
-
-  std::vector<float> w_expect = w0, b_expect = b0;
-  for (std::uint32_t k = 0; k < kClients; ++k)
-    for (std::uint32_t s = 0; s < kSteps; ++s) {
-      for (std::size_t i = 0; i < w_expect.size(); ++i) w_expect[i] -= grad(k, s, i);
-      for (std::size_t i = 0; i < b_expect.size(); ++i) b_expect[i] -= grad(k, s, i);
-    }
-  PsClient check(config, 0, shard_map_for(config, vars));
-  std::vector<float> w(40000), b(10);
-  check.wait(check.pull("w", w));
-  check.wait(check.pull("b", b));
-  CHECK(bit_equal(w, w_expect));
-  CHECK(bit_equal(b, b_expect));
-  CHECK_FALSE(bit_equal(w_expect, w0));
+  check_exact_pushes(config, 3, 150);
+  PsClient check(config, 0, shard_map_for(config, exact_push_variables()));
   // Replies were lost after their updates were applied, and the resends
   // were answered from the record; nothing was refused.
   const auto answered = stat_sum(check, 2, "resends_answered");
