@@ -215,6 +215,21 @@ TEST_CASE("async: on_worker_loss fail: a killed worker makes the ps exit 3 namin
   }
 }
 
+namespace {
+
+// Trains `run` (1 ps, 2 workers) and requires that every process ended 0
+// and the ps never took a worker for lost.
+void train_without_losing_a_worker(Run& run) {
+  const std::string logs = run.train(120s);
+  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+  CHECK_MESSAGE(run.ps[0]->wait_for(0s) == 0, logs);
+  const std::string ps_log = run.ps[0]->log_text();
+  CHECK_MESSAGE(ps_log.find("no message from worker") == std::string::npos, ps_log);
+  CHECK_MESSAGE(ps_log.find("all 2 workers done") != std::string::npos, ps_log);
+}
+
+}  // namespace
+
 TEST_CASE("async: steps longer than worker_timeout do not make a worker lost") {
   // Worker 1's steps each take 2.5 s (the straggler delay) against a
   // worker_timeout of 1.5 s: only its heartbeat thread keeps it live.
@@ -223,12 +238,7 @@ TEST_CASE("async: steps longer than worker_timeout do not make a worker lost") {
           "train: {epochs: 1, batch_size: 128, eval_every: 0, straggler_worker: 1, "
           "straggler_delay_ms: 2500}\n"
           "net: {worker_timeout: 1.5, heartbeat: 0.25, request_timeout: 5}\n");
-  const std::string logs = run.train(120s);
-  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
-  CHECK_MESSAGE(run.ps[0]->wait_for(0s) == 0, logs);
-  const std::string ps_log = run.ps[0]->log_text();
-  CHECK_MESSAGE(ps_log.find("no message from worker") == std::string::npos, ps_log);
-  CHECK_MESSAGE(ps_log.find("all 2 workers done") != std::string::npos, ps_log);
+  train_without_losing_a_worker(run);
   // Every sample of both workers was counted before the final evaluation.
   std::smatch m;
   const std::string out = run.workers[0]->log_text();
@@ -245,12 +255,7 @@ TEST_CASE("async: a final evaluation longer than worker_timeout does not make wo
           "data: {name: synthetic, synthetic_train: 256, synthetic_test: 12000}\n"
           "train: {epochs: 1, batch_size: 128, eval_every: 0}\n"
           "net: {worker_timeout: 1, heartbeat: 0.25, request_timeout: 5}\n");
-  const std::string logs = run.train(120s);
-  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
-  CHECK_MESSAGE(run.ps[0]->wait_for(0s) == 0, logs);
-  const std::string ps_log = run.ps[0]->log_text();
-  CHECK_MESSAGE(ps_log.find("no message from worker") == std::string::npos, ps_log);
-  CHECK_MESSAGE(ps_log.find("all 2 workers done") != std::string::npos, ps_log);
+  train_without_losing_a_worker(run);
   CHECK(final_accuracy(run.workers[0]->log_text()) >= 0);
   CHECK(std::filesystem::exists(run.run_dir() / "snapshot" / "ps0.bin"));
   // The evaluation did outlast worker_timeout, or this test shows nothing.
