@@ -98,12 +98,49 @@ void DataHandlers::assign(const Request& request) {
   reply_version(request, c);
 }
 
+DataHandlers::~DataHandlers() { finish(); }
+
 void DataHandlers::snapshot(const Request& request) {
-  const auto path = shard_file(run_dir_ / "snapshot", ps_index_);
-  write_shard(path, cut_shard(store_, coordinator_, config_hash_, SnapshotKind::snapshot));
-  log("snapshot of ", store_.size(), " chunks written to ", path.string());
+  finish();
+  auto write = std::make_unique<SnapshotWrite>();
+  write->request = request;
+  write->request.payload = {};  // a snapshot request has none; keep no frame alive
+  write->path = shard_file(run_dir_ / "snapshot", ps_index_);
+  write->chunks = store_.size();
+  write->writer = std::thread(
+      [w = write.get(), cut = cut_shard(store_, coordinator_, config_hash_,
+                                         SnapshotKind::snapshot)]() mutable {
+        try {
+          write_shard(w->path, cut);
+        } catch (const std::exception& e) {
+          w->error = e.what();
+        }
+        cut.chunks.clear();  // let go of the buffers before saying so
+        w->done.store(true, std::memory_order_release);
+      });
+  snapshot_ = std::move(write);
+}
+
+void DataHandlers::tick() {
+  if (snapshot_ && snapshot_->done.load(std::memory_order_acquire)) answer_snapshot();
+}
+
+void DataHandlers::finish() {
+  if (snapshot_) answer_snapshot();
+}
+
+void DataHandlers::answer_snapshot() {
+  auto write = std::move(snapshot_);
+  write->writer.join();
+  const auto& request = write->request;
+  if (!write->error.empty()) {
+    log("snapshot failed: ", write->error);
+    sink_.send(request.from, {wire::error_reply(request.header, "snapshot: " + write->error), {}});
+    return;
+  }
+  log("snapshot of ", write->chunks, " chunks written to ", write->path.string());
   Reply reply{wire::reply_to(request.header), {}};
-  wire::SnapshotReply{path.string()}.write(reply.header);
+  wire::SnapshotReply{write->path.string()}.write(reply.header);
   sink_.send(request.from, std::move(reply));
 }
 

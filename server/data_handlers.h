@@ -7,9 +7,20 @@
 // Pulled values go out without a copy (ReplyPayload holds the chunk's
 // buffer); incoming values and gradients are read in place from the frame.
 //
-// Thread rules: single-threaded, like the whole ps (server/request.h).
+// A snapshot takes a cut of the shard (references to the chunks, which
+// updates then copy on write) and a thread of its own writes it, so serving
+// goes on however large the store; tick() replies once the file is written.
+//
+// Thread rules: single-threaded, like the whole ps (server/request.h), but
+// for the snapshot writer, which touches only its cut and its own result
+// until it sets `done`; the ps thread reads the result after that, or after
+// joining it.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
 
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
@@ -34,9 +45,30 @@ class DataHandlers {
   void pull(const Request& request);
   void push(const Request& request);  // push and push_pull
   void assign(const Request& request);
+  // Replies when the file is written (tick()); a snapshot requested while
+  // one is written waits for that one first.
   void snapshot(const Request& request);
 
+  // On the ps thread, between requests: answers a snapshot whose file is
+  // written (or whose write failed).
+  void tick();
+  // Waits for a snapshot being written and answers it; the destructor too.
+  void finish();
+  ~DataHandlers();
+  DataHandlers(const DataHandlers&) = delete;
+  DataHandlers& operator=(const DataHandlers&) = delete;
+
  private:
+  struct SnapshotWrite {
+    Request request;
+    std::filesystem::path path;
+    std::size_t chunks = 0;
+    std::string error;              // the writer's, read once `done`
+    std::atomic<bool> done{false};
+    std::thread writer;
+  };
+  void answer_snapshot();
+
   void reply_version(const Request& request, const Chunk& chunk);
   void reply_values(const Request& request, const Chunk& chunk);
 
@@ -46,6 +78,7 @@ class DataHandlers {
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;
   std::uint64_t config_hash_;
+  std::unique_ptr<SnapshotWrite> snapshot_;  // the one being written, if any
 };
 
 }  // namespace pstrain::ps

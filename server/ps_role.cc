@@ -88,12 +88,14 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   int code = 1;
   try {
     code = loop.run(coordinator, [&](ps::Clock::time_point now) {
+      data.tick();
       if (checkpointer) checkpointer->tick(now);
     });
   } catch (const ps::NetworkError& e) {
     log(e.what());
   }
   // Whatever ended the serving, what was applied is saved.
+  data.finish();
   if (checkpointer) checkpointer->finish();
   return code;
 }
