@@ -6,6 +6,7 @@
 
 #include <boost/program_options.hpp>
 #include <charconv>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -200,6 +201,11 @@ int run(const Args& args, const pstrain::ClusterConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Gloo writes to its peers with writev, which cannot ask for MSG_NOSIGNAL:
+  // a sync peer killed mid-step would take this process down with SIGPIPE
+  // instead of letting the all-reduce fail and the step restart. A closed
+  // connection is an error return (EPIPE) everywhere we handle it.
+  std::signal(SIGPIPE, SIG_IGN);
   Args args;
   pstrain::ClusterConfig config;
   try {
