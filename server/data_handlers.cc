@@ -1,5 +1,6 @@
 #include "server/data_handlers.h"
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -11,6 +12,10 @@ namespace pstrain::ps {
 namespace {
 
 using wire::Op;
+
+// Senders logged by name at their first refused update; a peer cycling
+// through made-up sender ids cannot grow the set beyond this.
+constexpr std::size_t kMaxLoggedPoisoners = 1024;
 
 // The float payload of a request, read in place when the frame is suitably
 // aligned (ZeroMQ's buffers are, for every frame but the tiny inline ones).
@@ -37,11 +42,13 @@ class FloatPayload {
 }  // namespace
 
 DataHandlers::DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
+                           PsStats& stats,
                            std::filesystem::path run_dir, std::uint32_t ps_index,
                            std::uint64_t config_hash)
     : store_(store),
       coordinator_(coordinator),
       sink_(sink),
+      stats_(stats),
       run_dir_(std::move(run_dir)),
       ps_index_(ps_index),
       config_hash_(config_hash) {}
@@ -84,6 +91,7 @@ void DataHandlers::pull(const Request& request) {
 void DataHandlers::push(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
   const FloatPayload grad(request);
+  refuse_nonfinite(request, grad.get());
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
   coordinator_.applied_update(request.header);
   if (request.header.op == Op::push_pull) return reply_values(request, c);
@@ -93,9 +101,23 @@ void DataHandlers::push(const Request& request) {
 void DataHandlers::assign(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
   const FloatPayload values(request);
+  refuse_nonfinite(request, values.get());
   const Chunk& c = store_.assign(id.variable, id.chunk, values.get());
   coordinator_.applied_update(request.header);
   reply_version(request, c);
+}
+
+void DataHandlers::refuse_nonfinite(const Request& request, std::span<const float> values) {
+  // One pass the compiler vectorizes; cheaper than the optimizer after it.
+  bool finite = true;
+  for (const float v : values) finite &= std::isfinite(v);
+  if (finite) return;
+  stats_.nonfinite_refused();
+  const auto sender = request.header.sender;
+  if (poisoners_.size() < kMaxLoggedPoisoners && poisoners_.insert(sender).second)
+    log("refused a ", wire::to_string(request.header.op), " with NaN or infinite values from sender ",
+        sender, "; later ones from it are only counted (stats: nonfinite_refused)");
+  throw std::invalid_argument("NaN or infinite values; nothing was stored");
 }
 
 DataHandlers::~DataHandlers() { finish(); }

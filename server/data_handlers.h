@@ -4,6 +4,11 @@
 // chunk (with the coordinator's progress) to run_dir/snapshot/ps<index>.bin
 // (server/shard_file.h).
 //
+// A push, push_pull or assign carrying a NaN or an infinity is refused
+// before anything is stored (one poisoned gradient would spoil the chunk for
+// the rest of the run), counted in the stats and logged with its sender (the
+// first from each sender; the count has the rest).
+//
 // Pulled values go out without a copy (ReplyPayload holds the chunk's
 // buffer); incoming values and gradients are read in place from the frame.
 //
@@ -19,11 +24,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <thread>
 
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
+#include "server/ps_stats.h"
 #include "server/request.h"
 
 namespace pstrain::ps {
@@ -33,7 +41,8 @@ class DataHandlers {
   // `run_dir` and `ps_index` place the snapshot file; `config_hash` is
   // written in it.
   // `coordinator` counts the updates applied (Coordinator::applied_update).
-  DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
+  // `stats` counts refused updates.
+  DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink, PsStats& stats,
                std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash);
 
   // Registers init, pull, push, push_pull, assign and snapshot.
@@ -68,6 +77,9 @@ class DataHandlers {
     std::thread writer;
   };
   void answer_snapshot();
+  // Throws std::invalid_argument (after counting and logging) unless every
+  // value of an update is finite.
+  void refuse_nonfinite(const Request& request, std::span<const float> values);
 
   void reply_version(const Request& request, const Chunk& chunk);
   void reply_values(const Request& request, const Chunk& chunk);
@@ -75,6 +87,8 @@ class DataHandlers {
   ChunkStore& store_;
   Coordinator& coordinator_;
   ReplySink& sink_;
+  PsStats& stats_;
+  std::set<std::uint32_t> poisoners_;  // senders whose refusal was logged
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;
   std::uint64_t config_hash_;

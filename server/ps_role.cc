@@ -64,7 +64,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                                config.train.on_worker_loss},
                               loop);
   if (restored) coordinator.restore_progress(restored->info, store.version_sum());
-  ps::DataHandlers data(store, coordinator, loop, config.run_dir, index, hash);
+  ps::DataHandlers data(store, coordinator, loop, stats, config.run_dir, index, hash);
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
   stats.add_handler(loop.handlers(), loop, store, coordinator);

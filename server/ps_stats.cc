@@ -33,6 +33,9 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
       fault_drops_(r.counter("pstrain_ps_fault_drops_total",
                              "Replies dropped by fault injection (net.fault.drop, for tests).")
                        .with()),
+      nonfinite_(r.counter("pstrain_ps_nonfinite_refused_total",
+                           "Pushes and assigns refused for NaN or infinite values; nothing stored.")
+                     .with()),
       bytes_in_(r.counter("pstrain_ps_received_bytes_total", "Bytes of every frame received.")
                     .with()),
       bytes_out_(r.counter("pstrain_ps_sent_bytes_total", "Bytes of every frame sent.").with()),
@@ -95,6 +98,7 @@ std::string PsStats::json(double now_unix) const {
     << ",\"resends_answered\":" << whole(resends_answered_.value())
     << ",\"requests_too_old\":" << whole(too_old_.value())
     << ",\"fault_drops\":" << whole(fault_drops_.value())
+    << ",\"nonfinite_refused\":" << whole(nonfinite_.value())
     << ",\"bytes_in\":" << whole(bytes_in_.value())
     << ",\"bytes_out\":" << whole(bytes_out_.value())
     << ",\"optimizer_seconds\":" << optimizer_seconds_.value()

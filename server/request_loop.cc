@@ -115,6 +115,7 @@ struct RequestLoop::Impl {
       : options(std::move(opts)), stats(s), faults(options.fault, options.fault_seed) {
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
+    socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
     // Replies to `done` and `shutdown` are the last messages; let them leave.
     socket.set(zmq::sockopt::linger, 2000);
   }

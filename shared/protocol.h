@@ -22,6 +22,7 @@
 // The Header is the frame's fixed set of slots; which slot holds what depends
 // on the op. Code does not read the slots directly: shared/messages.h gives
 // every op's request and reply a typed view.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -42,6 +43,10 @@ inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, b
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
 inline constexpr std::size_t kMaxPayloadBytes = 16 * 1024 * 1024;  // per payload frame (kv values too)
 inline constexpr std::size_t kMaxPayloadFrames = 2;
+// The largest frame of any legal message: sockets set ZMQ_MAXMSGSIZE to it,
+// so a peer announcing a larger one is disconnected before anything is
+// allocated for it.
+inline constexpr std::size_t kMaxFrameBytes = std::max(kMaxHeaderBytes, kMaxPayloadBytes);
 
 // Each op's request and reply are described by its view in shared/messages.h.
 enum class Op : std::uint8_t {

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <random>
 
 #include "client/ps_client.h"
@@ -122,6 +124,18 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     cases.push_back({"kv_get waiting for ages", {wire::encode_header(h)}, "timeout"});
   }
 
+  {
+    auto nan = floats(16, 1.0f);
+    const float q = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(nan.data() + 7 * 4, &q, 4);
+    cases.push_back({"push of a NaN", {good, nan}, "NaN or infinite"});
+    Header h = push;
+    h.op = Op::assign;
+    cases.push_back({"assign of infinities",
+                     {wire::encode_header(h), floats(16, std::numeric_limits<float>::infinity())},
+                     "NaN or infinite"});
+  }
+
   for (const auto& c : cases) {
     CAPTURE(c.name);
     const auto reply = raw.exchange(c.frames);
@@ -144,6 +158,52 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
 
   const auto stats = client.stats(0);
   CHECK(stats.find("\"updates\":1,") != std::string::npos);
+  CHECK(stats.find("\"nonfinite_refused\":2,") != std::string::npos);
+  CHECK(server.log_text().find("refused a push with NaN or infinite values from sender 0") !=
+        std::string::npos);
+}
+
+namespace {
+
+// A figure of /proc/<pid>/status in kB (VmHWM: the peak resident set).
+std::uint64_t status_kb(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with(field + ":")) return std::stoull(line.substr(field.size() + 1));
+  throw std::runtime_error("no " + field + " for PID " + std::to_string(pid));
+}
+
+}  // namespace
+
+TEST_CASE("ps: a frame larger than any legal message is dropped before it is held") {
+  PsCluster cluster({.ps = 1, .workers = 1});
+  auto& server = cluster.start_ps(0);
+  const auto& config = cluster.config();
+  const ShardMap map({{"w", 16, {InitKind::uniform, 1.0f}}}, 1);
+  PsClient client(config, 0, map);
+  client.hello();
+  client.init(3);
+  const auto peak_before = status_kb(server.pid(), "VmHWM");
+
+  // 256 MiB in one frame: without ZMQ_MAXMSGSIZE the ps would receive all
+  // of it before its decoder could refuse it.
+  {
+    zmq::context_t context;
+    zmq::socket_t socket(context, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 3000);
+    socket.connect(config.ps[0].connect_address());
+    std::vector<std::uint8_t> huge(256u << 20, 7);
+    socket.send(zmq::buffer(huge), zmq::send_flags::none);
+  }  // the context waits up to the linger for the frame to go out
+  const auto peak_after = status_kb(server.pid(), "VmHWM");
+  MESSAGE("ps peak resident set: ", peak_before / 1024, " MB before, ", peak_after / 1024,
+          " MB after");
+  CHECK(peak_after < peak_before + 64 * 1024);
+
+  // It serves on.
+  std::vector<float> w(16);
+  client.wait(client.pull("w", w));
+  CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
 }
 
 TEST_CASE("ps: a client with another config is refused, naming the keys that differ") {
