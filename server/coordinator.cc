@@ -112,6 +112,17 @@ bool Coordinator::release_if_complete(std::map<std::string, Barrier, std::less<>
 void Coordinator::kv_set(const Request& request) {
   const auto set = wire::KvSet::read(request.header);
   const auto value = request.payload_of(wire::DType::bytes);
+  const auto it = kv_.find(set.key);
+  if (it == kv_.end() && kv_.size() >= kMaxKvKeys)
+    throw std::invalid_argument("the key-value store holds " + std::to_string(kv_.size()) +
+                                " keys, its limit; '" + set.key + "' is not stored");
+  const std::size_t replaced = it == kv_.end() ? 0 : it->second.size();
+  if (kv_bytes_ - replaced + value.size() > kMaxKvBytes)
+    throw std::invalid_argument("a value of " + std::to_string(value.size()) +
+                                " bytes would take the key-value store past its limit of " +
+                                std::to_string(kMaxKvBytes) + " bytes; '" + set.key +
+                                "' is not stored");
+  kv_bytes_ = kv_bytes_ - replaced + value.size();
   kv_[set.key].assign(value.begin(), value.end());
   sink_.send(request.from, {wire::reply_to(request.header), {}});
   std::erase_if(kv_waiting_, [&](const Parked& p) {

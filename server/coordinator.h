@@ -52,6 +52,11 @@ class Coordinator {
  public:
   // The longest a kv_get may wait.
   static constexpr std::uint64_t kMaxKvGetTimeoutMs = 86'400'000;
+  // What the key-value store may hold, so that no peer can make the ps grow
+  // without bound through kv_set: rendezvous needs a few keys per worker and
+  // attempt, of a few bytes (Gloo addresses, NCCL's 128-byte id).
+  static constexpr std::size_t kMaxKvKeys = 4096;
+  static constexpr std::size_t kMaxKvBytes = 64 << 20;  // values, all keys together
 
   Coordinator(CoordinatorOptions options, ReplySink& sink);
 
@@ -66,7 +71,9 @@ class Coordinator {
   // logged and counted (Figures::updates_lost).
   void hello(const Request& request);
   void barrier(const Request& request);    // parks until `count` senders entered
-  void kv_set(const Request& request);     // replies, then answers parked kv_gets
+  // Replies, then answers parked kv_gets; refuses a new key beyond
+  // kMaxKvKeys and a value that would take the store past kMaxKvBytes.
+  void kv_set(const Request& request);
   void kv_get(const Request& request);     // replies, or parks until set or deadline
   void heartbeat(const Request& request);  // workers only; adds to global samples
   void done(const Request& request);       // workers only
@@ -145,6 +152,7 @@ class Coordinator {
   ReplySink& sink_;
   std::map<std::string, Barrier, std::less<>> barriers_;
   std::map<std::string, std::vector<std::uint8_t>, std::less<>> kv_;
+  std::size_t kv_bytes_ = 0;  // of kv_'s values
   std::vector<Parked> kv_waiting_;
   std::vector<Worker> workers_;
   std::optional<Clock::time_point> started_;

@@ -378,3 +378,28 @@ TEST_CASE("coordinator: a restored ps counts the acknowledged updates its restor
   CHECK(later.worker_updates == std::vector<std::uint64_t>{0, 0});
   CHECK(later.worker_incarnations == std::vector<std::uint64_t>{0, 78});
 }
+
+TEST_CASE("coordinator: the key-value store refuses keys and bytes beyond its limits") {
+  Fixture f(1);
+  // Keys up to the limit; one more is refused and not stored.
+  for (std::size_t k = 0; k < Coordinator::kMaxKvKeys; ++k)
+    f.coordinator.kv_set(kv_set(0, t0, "k" + std::to_string(k), {1}));
+  CHECK_THROWS_WITH_AS(f.coordinator.kv_set(kv_set(0, t0, "one more", {1})),
+                       doctest::Contains("limit"), std::invalid_argument);
+  f.coordinator.kv_get(request(Op::kv_get, 0, t0, wire::KvGet{"one more", 0}));
+  f.coordinator.tick(t0 + 1ms);
+  CHECK(f.sink.sent.back().header.status == wire::Status::error);
+  // An existing key may still change.
+  f.coordinator.kv_set(kv_set(0, t0, "k0", {2, 3}));
+
+  // Bytes: 16 MiB values (the frame limit) fill the 64 MiB budget, counted
+  // net of the values they replace.
+  Fixture g(1);
+  const std::vector<std::uint8_t> big(16 << 20, 7);
+  for (int k = 0; k < 4; ++k) g.coordinator.kv_set(kv_set(0, t0, "big" + std::to_string(k), big));
+  CHECK_THROWS_WITH_AS(g.coordinator.kv_set(kv_set(0, t0, "big4", {1})),
+                       doctest::Contains("bytes"), std::invalid_argument);
+  g.coordinator.kv_set(kv_set(0, t0, "big0", big));  // replaces as many bytes
+  g.coordinator.kv_set(kv_set(0, t0, "big1", {}));   // frees 16 MiB ...
+  g.coordinator.kv_set(kv_set(0, t0, "big4", big));  // ... which fit again
+}
