@@ -13,7 +13,7 @@
 // naming it, and the run stops rather than silently mixing generations.
 //
 //   const auto updates = ps.hello();
-//   refuse_fresh_servers(ps, updates, ps.heartbeat(0) > 0);  // at start
+//   refuse_fresh_servers(ps, updates, ps.report_samples(0) > 0);  // at start
 //   ...
 //   if (rejoin_restarted_servers(ps)) { re-pull every variable }  // each step
 //

@@ -43,8 +43,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     log("cannot restore: ", e.what());
     return 2;
   }
-  // The generation this ps continues: a later step reports it to clients, so
-  // that they notice a restarted ps and re-pull before pushing.
+  // Logged, so that a restart's log says which checkpoint it continues.
   const std::uint64_t restored_from = restored ? restored->checkpoint_seq : 0;
   MetricsRegistry metrics;
   ps::PsStats stats(metrics, index);
@@ -53,7 +52,6 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                         .run_id = hash,
                         .config_yaml = config.to_yaml(),
                         .bind_address = address,
-                        .restored_from = restored_from,
                         .generation = generation,
                         .fault = config.net.fault,
                         .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1))},

@@ -47,10 +47,6 @@ struct RequestLoopOptions {
   std::uint64_t run_id = 0;     // the config hash every request must carry
   std::string config_yaml;      // ours, to name the keys a hello's config differs in
   std::string bind_address;     // "tcp://host:port"
-  // The checkpoint generation this ps restored (server/shard_file.h), 0 when
-  // it started fresh or from a snapshot: what tells a restarted ps from the
-  // one clients knew.
-  std::uint64_t restored_from = 0;
   // Stamped on every reply (wire::Header::generation): nonzero, new for
   // every state this ps serves that may differ from what clients saw.
   std::uint64_t generation = 1;

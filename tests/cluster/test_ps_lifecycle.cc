@@ -85,6 +85,20 @@ TEST_CASE("ps: on_worker_loss fail: a silent worker makes the ps exit 3 naming i
   CHECK(std::chrono::steady_clock::now() - start >= 900ms);
 }
 
+namespace {
+
+// Worker `w` heartbeats every 100 ms for `how_long`: past a worker_timeout
+// of 1 s, so its silent peers are given up on while it stays live.
+void keep_talking(PsClient& w, std::chrono::milliseconds how_long) {
+  const auto until = std::chrono::steady_clock::now() + how_long;
+  while (std::chrono::steady_clock::now() < until) {
+    w.heartbeat(1);
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("ps: on_worker_loss continue: a silent worker is absent, the ps exits 0 after the rest") {
   PsCluster cluster({.ps = 2, .workers = 2, .worker_timeout = 1.0, .on_worker_loss = "continue"});
   cluster.start_all();
@@ -92,11 +106,7 @@ TEST_CASE("ps: on_worker_loss continue: a silent worker is absent, the ps exits 
   PsClient w0(config, 0, small_map(config));
   w0.hello();
   // Worker 1 never shows up; worker 0 keeps talking past the timeout.
-  const auto until = std::chrono::steady_clock::now() + 2500ms;
-  while (std::chrono::steady_clock::now() < until) {
-    w0.heartbeat(1);
-    std::this_thread::sleep_for(100ms);
-  }
+  keep_talking(w0, 2500ms);
   for (std::uint32_t s = 0; s < 2; ++s) {
     CHECK_FALSE(cluster.ps(s).wait_for(0s).has_value());
     CHECK(cluster.ps(s).log_text().find("no message from worker(s) 1 for 1.0 s "
@@ -116,11 +126,7 @@ TEST_CASE("ps: a worker starting later than worker_timeout joins while the other
   const auto& config = cluster.config();
   PsClient w0(config, 0, small_map(config));
   w0.hello();
-  const auto until = std::chrono::steady_clock::now() + 2500ms;
-  while (std::chrono::steady_clock::now() < until) {
-    w0.heartbeat(1);
-    std::this_thread::sleep_for(100ms);
-  }
+  keep_talking(w0, 2500ms);
   // Worker 1 was given up on, but comes now: it is live, the final barrier
   // waits for it, and the ps ends as after a run without loss.
   PsClient w1(config, 1, small_map(config));

@@ -21,6 +21,9 @@ using wire::Op;
 
 namespace {
 
+// "w": 16 values in one chunk on the one ps.
+ShardMap one_chunk_map() { return ShardMap({{"w", 16, {InitKind::uniform, 1.0f}}}, 1); }
+
 std::vector<std::uint8_t> floats(std::size_t n, float value) {
   std::vector<std::uint8_t> b(n * sizeof(float));
   for (std::size_t i = 0; i < n; ++i) std::memcpy(b.data() + i * 4, &value, 4);
@@ -33,8 +36,7 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
   PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1});
   auto& server = cluster.start_ps(0);
   const auto& config = cluster.config();
-  const ShardMap map({{"w", 16, {InitKind::uniform, 1.0f}}}, 1);
-  PsClient client(config, 0, map);
+  PsClient client(config, 0, one_chunk_map());
   client.hello();
   client.init(3);
   std::vector<float> before(16);
@@ -179,8 +181,7 @@ TEST_CASE("ps: a frame larger than any legal message is dropped before it is hel
   PsCluster cluster({.ps = 1, .workers = 1});
   auto& server = cluster.start_ps(0);
   const auto& config = cluster.config();
-  const ShardMap map({{"w", 16, {InitKind::uniform, 1.0f}}}, 1);
-  PsClient client(config, 0, map);
+  PsClient client(config, 0, one_chunk_map());
   client.hello();
   client.init(3);
   const auto peak_before = status_kb(server.pid(), "VmHWM");
