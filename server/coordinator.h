@@ -57,6 +57,14 @@ class Coordinator {
   // attempt, of a few bytes (Gloo addresses, NCCL's 128-byte id).
   static constexpr std::size_t kMaxKvKeys = 4096;
   static constexpr std::size_t kMaxKvBytes = 64 << 20;  // values, all keys together
+  // Requests parked at once (barrier entries and kv_gets together), per peer
+  // (one client connection) and for the whole ps, and barriers open at once
+  // (entered, not yet released): a worker parks one barrier entry and a few
+  // kv_gets at a time. A request beyond them is refused with an error naming
+  // the limit, and parks nothing.
+  static constexpr std::size_t kMaxParkedPerPeer = 64;
+  static constexpr std::size_t kMaxParked = 4096;
+  static constexpr std::size_t kMaxBarriers = 256;
 
   Coordinator(CoordinatorOptions options, ReplySink& sink);
 
@@ -70,11 +78,17 @@ class Coordinator {
   // after a restore, those beyond the restored count were lost, which is
   // logged and counted (Figures::updates_lost).
   void hello(const Request& request);
-  void barrier(const Request& request);    // parks until `count` senders entered
-  // Replies, then answers parked kv_gets; refuses a new key beyond
-  // kMaxKvKeys and a value that would take the store past kMaxKvBytes.
+  // Parks until `count` senders entered; refuses a new barrier beyond
+  // kMaxBarriers and an entry beyond the kMaxParked* limits.
+  void barrier(const Request& request);
+  // Replies, then answers the kv_gets parked for its key (and no others);
+  // refuses a new key beyond kMaxKvKeys and a value that would take the
+  // store past kMaxKvBytes. The value is stored once and every kv_get's
+  // reply shares it (SharedBytes).
   void kv_set(const Request& request);
-  void kv_get(const Request& request);     // replies, or parks until set or deadline
+  // Replies, or parks until set or deadline; refuses to park beyond the
+  // kMaxParked* limits.
+  void kv_get(const Request& request);
   void heartbeat(const Request& request);  // workers only; adds to global samples
   void done(const Request& request);       // workers only
   void shutdown(const Request& request);
@@ -86,10 +100,10 @@ class Coordinator {
   // Notes that `sender` was heard from at `at`; the request loop calls it
   // for every well-formed request, whatever its op.
   void heard(std::uint32_t sender, Clock::time_point at);
-  // Answers the kv_gets whose deadline is past `now`, then applies the
-  // worker timeout.
+  // Answers the kv_gets whose deadline is past `now` (in deadline order,
+  // touching none other), then applies the worker timeout.
   void tick(Clock::time_point now);
-  // The earliest deadline of a parked kv_get, if any.
+  // The earliest deadline of a parked kv_get, if any (no scan).
   std::optional<Clock::time_point> next_deadline() const;
   std::optional<int> exit_code() const { return exit_code_; }
 
@@ -134,8 +148,21 @@ class Coordinator {
     Clock::time_point last{};  // last heard; live and absent workers only
   };
 
-  void send_value(const Peer& to, const wire::Header& request, const std::string& key);
+  // A parked kv_get, indexed by its key (what kv_set looks up) and by its
+  // deadline (what tick looks up) so that neither scans the others.
+  struct KvWait {
+    Parked parked;
+    std::string key;
+  };
+
   void fail(const Parked& parked, const std::string& why);
+  // Throws unless one more request of `peer` may be parked; park() counts
+  // it, unpark() when it is answered.
+  void check_can_park(const Peer& peer) const;
+  void park(const Peer& peer);
+  void unpark(const Peer& peer);
+  // Removes parked kv_get `id` from every index; returns it.
+  Parked take_kv_wait(std::uint64_t id);
   void check_worker(std::uint32_t sender, const char* op) const;
   void expire_kv_gets(Clock::time_point now);
   void check_worker_timeout(Clock::time_point now);
@@ -151,9 +178,17 @@ class Coordinator {
   CoordinatorOptions options_;
   ReplySink& sink_;
   std::map<std::string, Barrier, std::less<>> barriers_;
-  std::map<std::string, std::vector<std::uint8_t>, std::less<>> kv_;
+  std::map<std::string, SharedBytes, std::less<>> kv_;
   std::size_t kv_bytes_ = 0;  // of kv_'s values
-  std::vector<Parked> kv_waiting_;
+  // Parked kv_gets by id (arrival order), by key and by deadline.
+  std::uint64_t next_kv_wait_ = 0;
+  std::map<std::uint64_t, KvWait> kv_waits_;
+  std::map<std::string, std::set<std::uint64_t>, std::less<>> kv_waits_by_key_;
+  std::set<std::pair<Clock::time_point, std::uint64_t>> kv_deadlines_;
+  // Parked requests (barrier entries and kv_gets): per peer (peers with
+  // none are not listed) and in all.
+  std::map<Peer, std::size_t> parked_by_peer_;
+  std::size_t parked_ = 0;
   std::vector<Worker> workers_;
   std::optional<Clock::time_point> started_;
   std::vector<std::uint64_t> worker_samples_;  // per worker

@@ -129,14 +129,14 @@ TEST_CASE("coordinator: a kv_get is parked until the key is set") {
   CHECK(f.sink.sent[0].header.op == Op::kv_set);
   CHECK(f.sink.sent[1].to == "w1");  // the parked getter's value
   CHECK(f.sink.sent[1].header.op == Op::kv_get);
-  CHECK(std::get<std::vector<std::uint8_t>>(f.sink.sent[1].payload) == value);
+  CHECK(*std::get<SharedBytes>(f.sink.sent[1].payload) == value);
   CHECK(f.coordinator.figures().parked_kv_get == 0);
   CHECK_FALSE(f.coordinator.next_deadline().has_value());
 
   // Once set, a kv_get is answered at once, even with no time to wait.
   f.coordinator.kv_get(request(Op::kv_get, 1, t0 + 6s, wire::KvGet{"gloo/rank0", 0}));
   REQUIRE(f.sink.sent.size() == 3);
-  CHECK(std::get<std::vector<std::uint8_t>>(f.sink.sent[2].payload) == value);
+  CHECK(*std::get<SharedBytes>(f.sink.sent[2].payload) == value);
 }
 
 TEST_CASE("coordinator: a parked kv_get expires at its deadline, naming the key and the wait") {
