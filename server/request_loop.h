@@ -3,8 +3,11 @@
 // it. Each message is decoded and checked (header, protocol version, config
 // hash, payload frames against the header), handed to the handler its op has
 // in handlers(), and answered through this loop, the ReplySink of every
-// handler. Chunk values leave without a copy. A message that cannot be
-// decoded or a handler that throws gets an error reply; the loop goes on.
+// handler. Reply frames leave without a copy, each holding a claim on the
+// send budget (server/send_budget.h) until ZeroMQ has sent it; a reply with
+// no room in the budget is dropped, counted and its peer logged once. A
+// message that cannot be decoded or a handler that throws gets an error
+// reply; the loop goes on.
 //
 // The loop also keeps the record of applied updates (server/dedup.h): a
 // resent update is answered from it (push_pull through the pull handler)
@@ -22,8 +25,8 @@
 // Thread rules: the ps is single-threaded and this is where that holds: run()
 // reads, dispatches and sends on its caller's thread, one request at a time,
 // so handlers need no locks. The only other thread is ZeroMQ's I/O thread,
-// which merely drops its reference to a sent chunk buffer (an atomic
-// shared_ptr count) once the bytes are on the wire.
+// which merely drops its references to a sent frame's buffer and budget
+// claim (atomic counts) once the bytes are on the wire.
 #include <cstdint>
 #include <functional>
 #include <memory>
