@@ -121,9 +121,14 @@ struct StatsReply {
 };
 
 // Any reply with status=error (wire::error_reply makes them).
+// `retry_after_ms` nonzero: the refusal is temporary (a worker index held by
+// a process that may have just died, server/coordinator.h), and asking again
+// after that long may succeed; 0 for every other error.
 struct ErrorReply {
   std::string text;
-  static ErrorReply read(const Header& h) { return {h.text}; }
+  std::uint64_t retry_after_ms = 0;
+  void write(Header& h) const { h.text = text; h.arg = retry_after_ms; }
+  static ErrorReply read(const Header& h) { return {h.text, h.arg}; }
 };
 
 }  // namespace pstrain::wire
