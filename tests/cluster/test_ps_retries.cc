@@ -223,7 +223,8 @@ TEST_CASE("retries: a resend on the wire is answered from the record, never appl
   CHECK(refused->header.status == wire::Status::error);
   CHECK(refused->header.generation == generation);
 
-  PsClient client(config, 0, shard_map_for(config, {{"v", 4, {InitKind::zeros, 0}}}));
+  // A tool: the raw peer above held worker index 0.
+  PsClient client(config, kTool, shard_map_for(config, {{"v", 4, {InitKind::zeros, 0}}}));
   const auto stats = client.stats(0);
   CHECK(stat(stats, "resends_answered") == 2);
   CHECK(stat(stats, "requests_too_old") == 0);
