@@ -145,10 +145,12 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual([p["exit"] for p in record["processes"]], [0, 0, 0, 0])
         self.assertLessEqual(record["start"], record["end"])
         # Every process read the resolved file the launcher wrote, and that
-        # file is pstrain's own canonical form of it.
+        # file is pstrain's own canonical form of it; all had the launch's
+        # run id.
         cluster_file = os.path.join(run_dir, "cluster.yaml")
         for p in record["processes"]:
-            self.assertEqual(p["command"][-2:], ["--cluster", cluster_file])
+            self.assertEqual(p["command"][-4:],
+                             ["--cluster", cluster_file, "--run-id", record["run_id"]])
         canonical = subprocess.run([support.PSTRAIN, "--check", "--cluster", cluster_file],
                                    capture_output=True, text=True, check=True).stdout
         written = support.read_text(cluster_file)
