@@ -38,8 +38,8 @@ constexpr const char* kUsage =
     "  pstrain --role eval   --model FILE [options] print the test accuracy of a saved model\n"
     "\n"
     "Every process of a run must be given the same cluster file and --set overrides\n"
-    "(their hash is checked when a worker connects). tools/launch starts a whole\n"
-    "cluster from one file.\n"
+    "(their hash is checked when a worker connects) and the same --run-id.\n"
+    "tools/launch starts a whole cluster from one file, with a new run id.\n"
     "\n";
 
 // A bad command line: reported with exit code 2 before anything starts.
