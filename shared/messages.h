@@ -35,7 +35,8 @@ struct ChunkReply {
   static ChunkReply read(const Header& h) { return {h.version}; }
 };
 
-// hello: the sender's resolved config, so a ps whose config hash differs can
+// hello: the sender's resolved config, so a ps refusing its run id can tell
+// another launch of the same config (same hash) from a different config and
 // name the keys that differ; and the updates (chunk pushes and assigns) of
 // this sender that this ps acknowledged, as the sender counted them, so a ps
 // restored from a checkpoint can say how many of them the restore lost.
