@@ -19,6 +19,12 @@ std::string seconds_text(double seconds, const char* format) {
   return buf;
 }
 
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, ReplySink& sink)
@@ -240,6 +246,58 @@ void Coordinator::shutdown(const Request& request) {
 }
 
 void Coordinator::start(Clock::time_point now) { started_ = now; }
+
+bool Coordinator::admit(const Request& request) {
+  const auto& h = request.header;
+  if (h.sender < workers_.size() && h.incarnation != 0 &&
+      workers_[h.sender].incarnation != h.incarnation) {
+    auto& w = workers_[h.sender];
+    const std::string index = "worker index " + std::to_string(h.sender);
+    if (std::ranges::find(w.replaced, h.incarnation) != w.replaced.end()) {
+      refuse(request, w,
+             index + ": this process (incarnation " + hex(h.incarnation) +
+                 ") was replaced by a newer one (incarnation " + hex(w.incarnation) +
+                 "); its requests are refused",
+             std::chrono::milliseconds(0));
+      return false;
+    }
+    const std::chrono::duration<double> silent = request.received - w.last;
+    if (w.incarnation != 0 && w.state == Liveness::live && silent < options_.takeover_silence) {
+      const auto retry = std::chrono::ceil<std::chrono::milliseconds>(
+          options_.takeover_silence - silent);
+      refuse(request, w,
+             index + " is taken by a live process (incarnation " + hex(w.incarnation) +
+                 ", heard " + seconds_text(silent.count(), "%.1f") +
+                 " s ago); a restart is accepted once the old process has been silent for " +
+                 seconds_text(options_.takeover_silence.count(), "%.1f") +
+                 " s (three liveness heartbeat intervals)",
+             retry);
+      return false;
+    }
+    if (w.incarnation != 0) {
+      log(options_.name, ": ", index, " taken over by a new process (incarnation ",
+          hex(h.incarnation), ") from incarnation ", hex(w.incarnation), ", silent for ",
+          seconds_text(silent.count(), "%.1f"), " s: a restart");
+      w.replaced.push_back(w.incarnation);
+      if (w.replaced.size() > kReplacedKept) w.replaced.erase(w.replaced.begin());
+    }
+    w.incarnation = h.incarnation;
+  }
+  heard(h.sender, request.received);
+  return true;
+}
+
+void Coordinator::refuse(const Request& request, Worker& w, const std::string& why,
+                         std::chrono::milliseconds retry_after) {
+  if (w.last_refused != request.header.incarnation) {
+    log(options_.name, ": refused ", wire::to_string(request.header.op), ": ", why);
+    w.last_refused = request.header.incarnation;
+  }
+  Reply reply{wire::error_reply(request.header, options_.name + ": " + why), {}};
+  wire::ErrorReply{reply.header.text, static_cast<std::uint64_t>(retry_after.count())}.write(
+      reply.header);
+  sink_.send(request.from, std::move(reply));
+}
 
 void Coordinator::heard(std::uint32_t sender, Clock::time_point at) {
   if (sender >= workers_.size()) return;  // tools and benchmarks are not workers

@@ -19,6 +19,17 @@
 //   (absent and done ones cannot). An absent worker heard again (a restart
 //   saying hello, a late heartbeat) is live again.
 //
+// One process per worker index: each worker process has an incarnation
+// (random, new at every start; 0 for tools speaking the protocol by hand,
+// which are not checked). The first incarnation heard for an index holds
+// it. Another one is refused while the holder is live and was heard within
+// takeover_silence (it heartbeats every liveness interval), with a reply
+// that says when to ask again; once the holder is silent that long (killed),
+// absent or done, the newcomer takes the index over: a restart. A taken-over
+// incarnation stays refused for good, so a process that was only stopped
+// cannot act for the index again. A refused request changes nothing and
+// does not count as hearing from the worker.
+//
 // Exit policy (exit_code()): 0 after a shutdown request, or once no worker is
 // live or pending and at least one sent done (all of them, unless some were
 // lost under `continue`); 3 on a loss under `fail`, or once every worker is
@@ -46,6 +57,9 @@ struct CoordinatorOptions {
   std::uint32_t workers = 0;   // senders 0 .. workers-1 are workers; others are tools
   std::chrono::duration<double> worker_timeout{60};  // net.worker_timeout
   WorkerLoss on_worker_loss = WorkerLoss::fail;      // train.on_worker_loss
+  // How long a worker index's holder must be silent before another process
+  // may take it over (shared/config.h, takeover_silence).
+  std::chrono::duration<double> takeover_silence{3};
 };
 
 class Coordinator {
@@ -97,8 +111,12 @@ class Coordinator {
   // here. The request loop calls it once, before its first request; no
   // worker is timed out before.
   void start(Clock::time_point now);
-  // Notes that `sender` was heard from at `at`; the request loop calls it
-  // for every well-formed request, whatever its op.
+  // Whether `request` may act for its sender (one process per worker index,
+  // above); the request loop asks for every well-formed request of the run,
+  // whatever its op, before its handler. Admitted: the sender is heard.
+  // Refused: the error reply is sent, and false returned.
+  bool admit(const Request& request);
+  // Notes that `sender` was heard from at `at` (admit's liveness half).
   void heard(std::uint32_t sender, Clock::time_point at);
   // Answers the kv_gets whose deadline is past `now` (in deadline order,
   // touching none other), then applies the worker timeout.
@@ -143,9 +161,14 @@ class Coordinator {
     std::vector<Parked> waiting;
   };
   enum class Liveness { pending, live, absent, done };
+  // Taken-over incarnations remembered per worker index (refused for good).
+  static constexpr std::size_t kReplacedKept = 16;
   struct Worker {
     Liveness state = Liveness::pending;
     Clock::time_point last{};  // last heard; live and absent workers only
+    std::uint64_t incarnation = 0;  // the process holding the index; 0: none yet
+    std::vector<std::uint64_t> replaced;  // oldest first, at most kReplacedKept
+    std::uint64_t last_refused = 0;  // the newcomer whose refusal was logged last
   };
 
   // A parked kv_get, indexed by its key (what kv_set looks up) and by its
@@ -164,6 +187,9 @@ class Coordinator {
   // Removes parked kv_get `id` from every index; returns it.
   Parked take_kv_wait(std::uint64_t id);
   void check_worker(std::uint32_t sender, const char* op) const;
+  // admit()'s refusal: logged once per newcomer, answered with `why`.
+  void refuse(const Request& request, Worker& w, const std::string& why,
+              std::chrono::milliseconds retry_after);
   void expire_kv_gets(Clock::time_point now);
   void check_worker_timeout(Clock::time_point now);
   // Releases barrier `it` if count senders, or every worker that can still

@@ -11,6 +11,7 @@
 #include "server/dedup.h"
 #include "server/send_budget.h"
 #include "shared/config.h"
+#include "shared/init.h"
 #include "shared/log.h"
 #include "shared/messages.h"
 
@@ -146,6 +147,7 @@ struct RequestLoop::Impl {
   // While a resent push_pull is answered through the pull handler: the op
   // its reply must carry.
   std::optional<Op> answering_as;
+  std::size_t refusals_logged = 0;  // check_run
   zmq::context_t context;
   zmq::socket_t socket{context, zmq::socket_type::router};
 
@@ -205,9 +207,10 @@ struct RequestLoop::Impl {
     stats.request(request.header.op);
     try {
       check(request.header, frames);
+      check_run(request.header);
       if (request.header.payload_frames == 1)
         request.payload = {frames[2].data<std::uint8_t>(), frames[2].size()};
-      coordinator.heard(request.header.sender, request.received);
+      if (!coordinator.admit(request)) return stats.error();
       const Handler* handler = handlers.find(request.header.op);
       if (!handler) throw wire::ProtocolError("this ps does not serve the op");
       if (request.header.op == Op::hello) dedup.hello(request.header);
@@ -252,6 +255,35 @@ struct RequestLoop::Impl {
     answering_as.reset();
   }
 
+  // A request of another run is refused with what kind of mismatch it is;
+  // the values go to our log only (request_loop.h).
+  void check_run(const Header& request) {
+    if (request.run_id == options.run_id) return;
+    std::string reply, logged;
+    const auto hello = request.op == Op::hello ? wire::Hello::read(request).config_yaml : "";
+    if (hello.empty()) {
+      reply = "run id differs: the sender belongs to another launch or uses a different config";
+      logged = "sent run id " + hex(request.run_id) + ", this run's is " + hex(options.run_id);
+    } else if (fnv1a64(hello) == options.config_hash) {
+      reply = "run id differs: the sender is a process of another launch of this config (a "
+              "stale process of an earlier run, or one started without this launch's --run-id); "
+              "it is not part of this run";
+      logged = "same config, run id " + hex(request.run_id) + " of another launch (this one's is " +
+               hex(options.run_id) + ")";
+    } else {
+      reply = "config differs in: " + config_difference_keys(options.config_yaml, hello) +
+              " — all processes must use the same cluster.yaml and --set overrides";
+      logged = "config differs (ps vs sender: " +
+               config_differences(options.config_yaml, hello) + ")";
+    }
+    if (refusals_logged < RequestLoop::kMaxLoggedRefusals)
+      log(prefix(), "refused ", describe(request), " from sender ", request.sender, ": ", logged,
+          ++refusals_logged == RequestLoop::kMaxLoggedRefusals
+              ? "; further refusals of other runs are not logged (stats: errors)"
+              : "");
+    throw wire::ProtocolError(reply);
+  }
+
   // What every request must satisfy before its handler sees it.
   void check(const Header& request, const std::vector<zmq::message_t>& frames) const {
     if (request.protocol != wire::kProtocolVersion)
@@ -259,19 +291,6 @@ struct RequestLoop::Impl {
                                 std::to_string(wire::kProtocolVersion) + ", sender " +
                                 std::to_string(request.sender) + " speaks " +
                                 std::to_string(request.protocol));
-    if (request.run_id != options.run_id) {
-      std::string which;
-      if (request.op == Op::hello) {
-        const auto hello = wire::Hello::read(request);
-        if (!hello.config_yaml.empty())
-          which = " (ps vs sender: " + config_differences(options.config_yaml, hello.config_yaml) + ")";
-      }
-      throw wire::ProtocolError("config hash differs: ps has " + hex(options.run_id) + ", sender " +
-                                std::to_string(request.sender) + " sent " + hex(request.run_id) +
-                                which +
-                                " — all processes must use the same cluster.yaml and --set "
-                                "overrides");
-    }
     if (frames.size() != 2 + request.payload_frames)
       throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
                                 " payload frames, the message has " +

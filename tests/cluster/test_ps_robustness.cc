@@ -113,7 +113,7 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     h.op = Op::hello;
     h.request_id = 4242;
     h.run_id = config.hash() ^ 1;
-    cases.push_back({"wrong config hash", {wire::encode_header(h)}, "config hash differs"});
+    cases.push_back({"wrong run id", {wire::encode_header(h)}, "run id differs"});
   }
   {
     Header h = push;
@@ -211,24 +211,36 @@ TEST_CASE("ps: a frame larger than any legal message is dropped before it is hel
   CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
 }
 
-TEST_CASE("ps: a client with another config is refused, naming the keys that differ") {
+TEST_CASE("ps: a client with another config is refused, naming the keys that differ, not values") {
   PsCluster cluster({.ps = 1});
-  cluster.start_ps(0);
+  auto& server = cluster.start_ps(0);
   const auto& config = cluster.config();
   const ShardMap map({{"w", 4, {}}}, 1);
   ClusterConfig other = config;
   other.optimizer.lr = 0.5f;
   other.train.batch_size = 32;
+  other.run_dir = "/elsewhere/other-run";
   PsClient wrong(other, 0, map);
   try {
     wrong.hello();
     FAIL("hello with another config was accepted");
   } catch (const PsError& e) {
     const std::string what = e.what();
-    CHECK_MESSAGE(what.find("config hash differs") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("optimizer.lr: 1 vs 0.5") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("train.batch_size: 64 vs 32") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("config differs in: run_dir, optimizer.lr, train.batch_size") !=
+                      std::string::npos,
+                  what);
+    // Nothing of the ps's config or run id reaches a peer that is not of
+    // the run: not its run directory, not any value.
+    CHECK_MESSAGE(what.find(config.run_dir.string()) == std::string::npos, what);
+    CHECK_MESSAGE(what.find(" vs ") == std::string::npos, what);
+    CHECK_MESSAGE(what.find("0x") == std::string::npos, what);
   }
+  // The ps's own log names the values.
+  const auto log = server.log_text();
+  CHECK_MESSAGE(log.find("optimizer.lr: 1 vs 0.5") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("run_dir: " + config.run_dir.string() + " vs /elsewhere/other-run") !=
+                    std::string::npos,
+                log);
   PsClient right(config, 0, map);
   CHECK_NOTHROW(right.hello());
   // Errors name the ps, its address, the op and the variable.
@@ -413,4 +425,41 @@ TEST_CASE("ps: one peer cannot park more than its share of barrier entries and k
   waiter.join();
   CHECK(got == std::vector<std::uint8_t>{1, 2, 3});
   CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
+
+TEST_CASE("ps: a process of another launch of the same config is refused as stale, changing nothing") {
+  PsCluster cluster({.ps = 1, .workers = 1});
+  ClusterConfig launch = cluster.config();
+  launch.launch_nonce = 0x5eed;
+  auto& server = cluster.start_ps(0, {"--run-id", "5eed"});
+  PsClient client(launch, 0, one_chunk_map());
+  client.hello();
+  client.init(3);
+  std::vector<float> before(16);
+  client.wait(client.pull("w", before));
+
+  // A process of an earlier launch of the same file (its own nonce), and
+  // one started by hand without any: both are refused, as stale.
+  for (const std::uint64_t nonce : {std::uint64_t{0x01d}, std::uint64_t{0}}) {
+    CAPTURE(nonce);
+    ClusterConfig earlier = cluster.config();
+    earlier.launch_nonce = nonce;
+    PsClient stale(earlier, 0, one_chunk_map());
+    try {
+      stale.hello();
+      FAIL("a hello of another launch was accepted");
+    } catch (const PsError& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("a process of another launch of this config") != std::string::npos,
+                    what);
+      CHECK_MESSAGE(what.find("0x") == std::string::npos, what);  // no run id
+    }
+    const std::vector<float> grad(16, 1.0f);
+    CHECK_THROWS_WITH_AS(stale.wait(stale.push("w", grad)), doctest::Contains("run id differs"),
+                         PsError);
+  }
+  std::vector<float> after(16);
+  client.wait(client.pull("w", after));
+  CHECK(after == before);
+  const auto log = server.log_text();
+  CHECK_MESSAGE(log.find("same config, run id") != std::string::npos, log);
 }

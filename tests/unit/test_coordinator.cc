@@ -491,4 +491,50 @@ TEST_CASE("coordinator: parked requests are capped per peer and in all, barriers
   // An open one can still be entered.
   g.coordinator.barrier(from(request(Op::barrier, 9, t0, wire::Barrier{"b0", 5}), "s"));
   CHECK(g.coordinator.figures().parked_barrier == Coordinator::kMaxBarriers + 1);
+
+TEST_CASE("coordinator: one process per worker index; a restart takes over once the old one is silent") {
+  Fixture f(2);  // takeover_silence: 3 s
+  auto from = [](std::uint32_t sender, std::uint64_t incarnation, Clock::time_point at) {
+    Request r = request(Op::heartbeat, sender, at);
+    r.header.incarnation = incarnation;
+    return r;
+  };
+  CHECK(f.coordinator.admit(from(0, 11, t0)));  // the first process holds index 0
+  CHECK(f.coordinator.admit(from(0, 11, t0 + 1s)));
+  CHECK(f.sink.sent.empty());
+
+  // A second process with index 0 while the first is live: refused, with
+  // when to ask again (the holder was heard 1 s ago; 2 s to go).
+  CHECK_FALSE(f.coordinator.admit(from(0, 22, t0 + 2s)));
+  REQUIRE(f.sink.sent.size() == 1);
+  CHECK(f.sink.sent[0].to == "w0");
+  CHECK(error_text(f.sink.sent[0]) ==
+        "ps 0: worker index 0 is taken by a live process (incarnation 0x000000000000000b, heard "
+        "1.0 s ago); a restart is accepted once the old process has been silent for 3.0 s (three "
+        "liveness heartbeat intervals)");
+  CHECK(wire::ErrorReply::read(f.sink.sent[0].header).retry_after_ms == 2000);
+
+  // The refusal did not count as hearing from worker 0: 3.5 s after the
+  // holder's last message the newcomer takes the index over (a restart).
+  CHECK(f.coordinator.admit(from(0, 22, t0 + 4500ms)));
+  // The old process, if it was only stopped, cannot act for the index again.
+  CHECK_FALSE(f.coordinator.admit(from(0, 11, t0 + 10s)));
+  REQUIRE(f.sink.sent.size() == 2);
+  CHECK(error_text(f.sink.sent[1]) ==
+        "ps 0: worker index 0: this process (incarnation 0x000000000000000b) was replaced by a "
+        "newer one (incarnation 0x0000000000000016); its requests are refused");
+  CHECK(wire::ErrorReply::read(f.sink.sent[1].header).retry_after_ms == 0);
+  CHECK(f.coordinator.admit(from(0, 22, t0 + 10s)));
+
+  // Incarnation 0 (a tool speaking the protocol by hand) and non-workers
+  // are not checked.
+  CHECK(f.coordinator.admit(from(0, 0, t0 + 10s)));
+  CHECK(f.coordinator.admit(from(7, 5, t0 + 10s)));
+  CHECK(f.coordinator.admit(from(7, 6, t0 + 10s)));
+
+  // A worker that said done leaves its index to the next process at once.
+  CHECK(f.coordinator.admit(from(1, 33, t0 + 10s)));
+  f.coordinator.done(request(Op::done, 1, t0 + 10s, wire::Done{64}));
+  CHECK(f.coordinator.admit(from(1, 44, t0 + 10s)));
+  CHECK(f.sink.sent.size() == 3);  // done's reply; no refusal
 }
