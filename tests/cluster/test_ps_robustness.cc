@@ -419,12 +419,13 @@ TEST_CASE("ps: one peer cannot park more than its share of barrier entries and k
   // Others still park and are answered.
   std::vector<std::uint8_t> got;
   std::thread waiter([&] { got = client.kv_get("later", 10); });
-  PsClient setter(config, 0, one_chunk_map());
+  PsClient setter(config, kTool, one_chunk_map());
   wait_for_requests(setter, "kv_get", kRequests / 2 + 1);
   setter.kv_set("later", std::vector<std::uint8_t>{1, 2, 3});
   waiter.join();
   CHECK(got == std::vector<std::uint8_t>{1, 2, 3});
   CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
+}
 
 TEST_CASE("ps: a process of another launch of the same config is refused as stale, changing nothing") {
   PsCluster cluster({.ps = 1, .workers = 1});

@@ -491,6 +491,7 @@ TEST_CASE("coordinator: parked requests are capped per peer and in all, barriers
   // An open one can still be entered.
   g.coordinator.barrier(from(request(Op::barrier, 9, t0, wire::Barrier{"b0", 5}), "s"));
   CHECK(g.coordinator.figures().parked_barrier == Coordinator::kMaxBarriers + 1);
+}
 
 TEST_CASE("coordinator: one process per worker index; a restart takes over once the old one is silent") {
   Fixture f(2);  // takeover_silence: 3 s
