@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <csignal>
-#include <cstdio>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "server/dedup.h"
-#include "shared/config.h"
+#include "server/dispatcher.h"
 #include "shared/log.h"
 #include "shared/messages.h"
 
@@ -50,12 +48,6 @@ class StopSignals {
   struct sigaction old_int_ {};
 };
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 // A frame over a chunk's value buffer: ZeroMQ sends straight from it and
 // drops the reference once the bytes are on the wire, which is what lets the
 // store see whether a pull still holds the buffer (copy-on-write).
@@ -69,58 +61,30 @@ zmq::message_t zero_copy(const ValueBuffer& values) {
   return msg;
 }
 
-// "pull of 'w' chunk 3", "barrier 'start'": what an error reply is about.
-std::string describe(const Header& request) {
-  std::string s(wire::to_string(request.op));
-  switch (request.op) {
-    case Op::init:
-    case Op::pull:
-    case Op::push:
-    case Op::push_pull:
-    case Op::assign: {
-      const auto id = wire::ChunkRequest::read(request);
-      return s + " of '" + id.variable + "' chunk " + std::to_string(id.chunk);
-    }
-    default:
-      return request.name.empty() ? s : s + " '" + request.name + "'";
-  }
-}
-
-Header bad_header_reply(std::string text) {
-  Header h;
-  h.status = wire::Status::error;
-  h.text = std::move(text);
-  return h;
-}
-
 }  // namespace
 
-struct RequestLoop::Impl {
+// The loop's wire side is the dispatcher's sink: what the dispatcher passes
+// on is encoded and sent here.
+struct RequestLoop::Impl final : ReplySink {
   RequestLoopOptions options;
   PsStats& stats;
   StopSignals signals;
-  Handlers handlers;
-  Dedup dedup;
+  Dispatcher dispatcher;
   FaultInjector faults;
-  // While a recorded op's handler runs: its request, whose reply send()
-  // records in dedup.
-  const Header* recording = nullptr;
-  // While a resent push_pull is answered through the pull handler: the op
-  // its reply must carry.
-  std::optional<Op> answering_as;
   zmq::context_t context;
   zmq::socket_t socket{context, zmq::socket_type::router};
 
   Impl(RequestLoopOptions opts, PsStats& s)
-      : options(std::move(opts)), stats(s), faults(options.fault, options.fault_seed) {
+      : options(std::move(opts)),
+        stats(s),
+        dispatcher({options.ps_index, options.run_id, options.config_yaml}, stats, *this),
+        faults(options.fault, options.fault_seed) {
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
     // Replies to `done` and `shutdown` are the last messages; let them leave.
     socket.set(zmq::sockopt::linger, 2000);
   }
-
-  std::string prefix() const { return "ps " + std::to_string(options.ps_index) + ": "; }
 
   std::chrono::milliseconds poll_timeout(const Coordinator& coordinator) const {
     std::chrono::milliseconds timeout = kPollInterval;
@@ -133,113 +97,25 @@ struct RequestLoop::Impl {
 
   // Handles the requests that have arrived, without blocking, at most a batch.
   void drain(Coordinator& coordinator) {
-    std::vector<zmq::message_t> frames;
+    std::vector<zmq::message_t> messages;
+    std::vector<Frame> frames;
     for (int n = 0; n < kBatch && !coordinator.exit_code(); ++n) {
-      frames.clear();
-      if (!zmq::recv_multipart(socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
+      messages.clear();
+      if (!zmq::recv_multipart(socket, std::back_inserter(messages), zmq::recv_flags::dontwait))
         return;
-      for (const auto& f : frames) stats.received(f.size());
-      handle(coordinator, frames);
-    }
-  }
-
-  void handle(Coordinator& coordinator, std::vector<zmq::message_t>& frames) {
-    Request request;
-    request.from = frames[0].to_string();
-    request.received = Clock::now();
-    if (frames.size() < 2) {
-      stats.malformed();
-      return send(request.from, {bad_header_reply("message has no header frame"), {}});
-    }
-    try {
-      request.header = wire::decode_header({frames[1].data<std::uint8_t>(), frames[1].size()});
-    } catch (const wire::ProtocolError& e) {
-      stats.malformed();
-      return send(request.from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
-    }
-    stats.request(request.header.op);
-    try {
-      check(request.header, frames);
-      if (request.header.payload_frames == 1)
-        request.payload = {frames[2].data<std::uint8_t>(), frames[2].size()};
-      coordinator.heard(request.header.sender, request.received);
-      const Handler* handler = handlers.find(request.header.op);
-      if (!handler) throw wire::ProtocolError("this ps does not serve the op");
-      if (request.header.op == Op::hello) dedup.hello(request.header);
-      const auto seen = dedup.find(request.header);
-      if (seen.verdict == Dedup::Verdict::resent) return answer_resend(request, seen.version);
-      if (seen.verdict == Dedup::Verdict::too_old) {
-        stats.too_old();
-        throw std::runtime_error("request id " + std::to_string(request.header.request_id) +
-                                 " is older than the last " + std::to_string(Dedup::kWindow) +
-                                 " this ps recorded for the sender; it may have been applied "
-                                 "already, so it is not applied again");
+      frames.clear();
+      for (const auto& m : messages) {
+        stats.received(m.size());
+        frames.emplace_back(m.data<std::uint8_t>(), m.size());
       }
-      recording = &request.header;
-      (*handler)(request);
-      recording = nullptr;
-    } catch (const std::exception& e) {
-      recording = nullptr;
-      answering_as.reset();
-      stats.error();
-      send(request.from,
-           {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
-            {}});
+      dispatcher.handle(coordinator, frames, Clock::now());
     }
   }
 
-  // A resend of an update this ps applied already (server/dedup.h says what
-  // it is answered with).
-  void answer_resend(const Request& request, std::uint64_t version) {
-    stats.resend_answered();
-    if (request.header.op != Op::push_pull) {
-      Reply reply{wire::reply_to(request.header), {}};
-      wire::ChunkReply{version}.write(reply.header);
-      return send(request.from, std::move(reply));
-    }
-    Request as_pull = request;
-    as_pull.header.op = Op::pull;
-    as_pull.header.payload_frames = 0;
-    as_pull.header.elements = 0;
-    as_pull.payload = {};
-    answering_as = Op::push_pull;
-    (*handlers.find(Op::pull))(as_pull);
-    answering_as.reset();
-  }
-
-  // What every request must satisfy before its handler sees it.
-  void check(const Header& request, const std::vector<zmq::message_t>& frames) const {
-    if (request.protocol != wire::kProtocolVersion)
-      throw wire::ProtocolError("protocol version differs: ps speaks " +
-                                std::to_string(wire::kProtocolVersion) + ", sender " +
-                                std::to_string(request.sender) + " speaks " +
-                                std::to_string(request.protocol));
-    if (request.run_id != options.run_id) {
-      std::string which;
-      if (request.op == Op::hello) {
-        const auto hello = wire::Hello::read(request);
-        if (!hello.config_yaml.empty())
-          which = " (ps vs sender: " + config_differences(options.config_yaml, hello.config_yaml) + ")";
-      }
-      throw wire::ProtocolError("config hash differs: ps has " + hex(options.run_id) + ", sender " +
-                                std::to_string(request.sender) + " sent " + hex(request.run_id) +
-                                which +
-                                " — all processes must use the same cluster.yaml and --set "
-                                "overrides");
-    }
-    if (frames.size() != 2 + request.payload_frames)
-      throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
-                                " payload frames, the message has " +
-                                std::to_string(frames.size() - 2));
-    for (std::size_t i = 0; i < request.payload_frames; ++i)
-      wire::check_payload(request, i, frames[2 + i].size());
-  }
-
-  void send(const Peer& to, Reply reply) {
+  // What the dispatcher passes on: dropped by fault injection, or stamped
+  // with the run id and generation, encoded and sent.
+  void send(const Peer& to, Reply reply) override {
     Header& h = reply.header;
-    if (answering_as) h.op = *answering_as;
-    if (recording && h.status == wire::Status::ok && h.request_id == recording->request_id)
-      dedup.record(*recording, h.version);
     if (faults.drop(h.op)) return stats.fault_drop();
     // Replies carry the run id, except hello's (protocol.h) and errors.
     if (h.status == wire::Status::ok && h.op != Op::hello) h.run_id = options.run_id;
@@ -272,7 +148,7 @@ RequestLoop::RequestLoop(RequestLoopOptions options, PsStats& stats)
 
 RequestLoop::~RequestLoop() = default;
 
-Handlers& RequestLoop::handlers() { return impl_->handlers; }
+Handlers& RequestLoop::handlers() { return impl_->dispatcher.handlers(); }
 
 void RequestLoop::bind() {
   try {
@@ -306,6 +182,6 @@ int RequestLoop::run(Coordinator& coordinator,
   }
 }
 
-void RequestLoop::send(const Peer& to, Reply reply) { impl_->send(to, std::move(reply)); }
+void RequestLoop::send(const Peer& to, Reply reply) { impl_->dispatcher.send(to, std::move(reply)); }
 
 }  // namespace pstrain::ps

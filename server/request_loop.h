@@ -1,18 +1,14 @@
 #pragma once
 // The ps's request loop: its ZeroMQ ROUTER socket and everything that touches
-// it. Each message is decoded and checked (header, protocol version, config
-// hash, payload frames against the header), handed to the handler its op has
-// in handlers(), and answered through this loop, the ReplySink of every
-// handler. Chunk values leave without a copy. A message that cannot be
-// decoded or a handler that throws gets an error reply; the loop goes on.
-//
-// The loop also keeps the record of applied updates (server/dedup.h): a
-// resent update is answered from it (push_pull through the pull handler)
-// instead of reaching its handler, and a resend too old to tell is refused.
-// The record lives and dies with the loop, whose generation (stamped on
-// every reply) is fixed: a resend is never answered from the record of
-// another generation. Fault injection (net.fault, for tests) drops or
-// delays data replies as they are sent.
+// it. Each message goes through the dispatcher (server/dispatcher.h), which
+// decodes and checks it, hands it to the handler its op has in handlers(),
+// keeps the record of applied updates and answers resends and bad messages;
+// replies come back through this loop, the ReplySink of every handler, and
+// leave with the run id and the loop's generation stamped on them. Chunk
+// values leave without a copy. The generation is fixed for the loop's
+// lifetime, and so is the dispatcher's record: a resend is never answered
+// from the record of another generation. Fault injection (net.fault, for
+// tests) drops or delays data replies as they are sent.
 //
 //   RequestLoop loop({.ps_index = 0, .run_id = config.hash(), ...}, stats);
 //   coordinator.add_handlers(loop.handlers());   // and the other modules
