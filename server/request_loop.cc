@@ -8,6 +8,7 @@
 #include "server/dispatcher.h"
 #include "shared/log.h"
 #include "shared/messages.h"
+#include "shared/tsan.h"
 
 namespace pstrain::ps {
 namespace {
@@ -51,11 +52,16 @@ class StopSignals {
 // A frame over a chunk's value buffer: ZeroMQ sends straight from it and
 // drops the reference once the bytes are on the wire, which is what lets the
 // store see whether a pull still holds the buffer (copy-on-write).
+// The hint crosses to ZeroMQ's I/O thread inside libzmq (shared/tsan.h).
 zmq::message_t zero_copy(const ValueBuffer& values) {
   auto ref = std::make_unique<ValueBuffer>(values);
+  tsan::handed_over(ref.get());
   zmq::message_t msg(
       values->data(), values->size() * sizeof(float),
-      [](void*, void* hint) { std::unique_ptr<ValueBuffer> owned(static_cast<ValueBuffer*>(hint)); },
+      [](void*, void* hint) {
+        tsan::taken_over(hint);
+        std::unique_ptr<ValueBuffer> owned(static_cast<ValueBuffer*>(hint));
+      },
       ref.get());
   ref.release();  // owned by the message's free function from here on
   return msg;
