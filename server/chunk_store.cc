@@ -1,7 +1,6 @@
 #include "server/chunk_store.h"
 
 #include <algorithm>
-#include <atomic>
 #include <stdexcept>
 
 namespace pstrain {
@@ -51,14 +50,20 @@ Chunk& ChunkStore::existing(std::string_view name, std::uint32_t chunk, std::siz
 }
 
 std::span<float> ChunkStore::writable(ValueBuffer& buffer) {
-  // use_count() is exact here: only this thread creates references, and a
-  // count of 1 means every ZeroMQ message and every checkpoint of this buffer
-  // has let go of it. That release happened on ZeroMQ's I/O thread or the
-  // checkpoint writer after it read the buffer; the fence orders its reads
-  // before our writes (use_count() itself is a relaxed load).
+  // use_count() is exact here: only this thread creates references, so the
+  // count can only fall while we look. Every other holder (a ZeroMQ message,
+  // a checkpoint) lets go on its own thread, ZeroMQ's I/O thread or the
+  // checkpoint writer, after reading the buffer, by a decrement with release
+  // order. The probe's own decrement, an acquire-release on the same count,
+  // orders those reads before our writes when the probe saw nobody else; a
+  // relaxed use_count() and an acquire fence would do the same, but
+  // ThreadSanitizer cannot see fences and would report a race.
   // An empty buffer (SGD's state) is never written, so never copied.
-  const bool shared = buffer.use_count() > 1 && !buffer->empty();
-  std::atomic_thread_fence(std::memory_order_acquire);
+  bool shared = false;
+  {
+    const ValueBuffer probe = buffer;
+    shared = probe.use_count() > 2 && !buffer->empty();
+  }
   if (shared) {
     buffer = std::make_shared<std::vector<float>>(*buffer);
     ++stats_.copies_on_write;

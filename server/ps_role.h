@@ -16,8 +16,9 @@
 // Log lines go to stderr and run_dir/ps<index>.log (the CLI opens the log). The
 // stats op answers JSON (keys in server/ps_stats.h).
 //
-// The ps is built of: server/request_loop.h (socket, decoding, dispatch,
-// replies), server/coordinator.h (barriers, kv store, liveness, exit policy),
+// The ps is built of: server/request_loop.h (socket, replies),
+// server/dispatcher.h (decoding, checks, dispatch, resends),
+// server/coordinator.h (barriers, kv store, liveness, exit policy),
 // server/data_handlers.h (chunk ops, snapshot), server/shard_file.h (files,
 // restore), server/checkpointer.h, server/ps_stats.h.
 #include <cstdint>

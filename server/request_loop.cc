@@ -2,18 +2,17 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <set>
 #include <span>
-#include <cstdio>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "server/dedup.h"
+#include "server/dispatcher.h"
 #include "server/send_budget.h"
-#include "shared/config.h"
-#include "shared/init.h"
 #include "shared/log.h"
 #include "shared/messages.h"
+#include "shared/tsan.h"
 
 namespace pstrain::ps {
 namespace {
@@ -54,12 +53,6 @@ class StopSignals {
   struct sigaction old_int_ {};
 };
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 // The bytes a frame is sent from.
 std::span<const std::uint8_t> bytes_of(const std::vector<std::uint8_t>& b) { return b; }
 std::span<const std::uint8_t> bytes_of(const SharedBytes& b) { return *b; }
@@ -71,7 +64,8 @@ std::span<const std::uint8_t> bytes_of(const ValueBuffer& v) {
 // `keep` and the reply's claim on the send budget until ZeroMQ drops it, on
 // its I/O thread, once the bytes are on the wire: which is what lets the
 // store see whether a pull still holds a chunk's buffer (copy-on-write), and
-// the budget what is still queued.
+// the budget what is still queued. The hint crosses to that thread inside
+// libzmq (shared/tsan.h).
 template <class Keep>
 zmq::message_t held_frame(Keep keep, std::shared_ptr<SendBudget::Claim> claim) {
   struct Held {
@@ -80,9 +74,13 @@ zmq::message_t held_frame(Keep keep, std::shared_ptr<SendBudget::Claim> claim) {
   };
   auto held = std::make_unique<Held>(Held{std::move(keep), std::move(claim)});
   const auto bytes = bytes_of(held->keep);
+  tsan::handed_over(held.get());
   zmq::message_t msg(
       const_cast<std::uint8_t*>(bytes.data()), bytes.size(),
-      [](void*, void* hint) { std::unique_ptr<Held> owned(static_cast<Held*>(hint)); },
+      [](void*, void* hint) {
+        tsan::taken_over(hint);
+        std::unique_ptr<Held> owned(static_cast<Held*>(hint));
+      },
       held.get());
   held.release();  // owned by the message's free function from here on
   return msg;
@@ -101,66 +99,38 @@ std::string hex_bytes(const std::string& bytes) {
 // Peers whose dropped replies are logged; drops to others are only counted.
 constexpr std::size_t kMaxLoggedSlowPeers = 1024;
 
-// "pull of 'w' chunk 3", "barrier 'start'": what an error reply is about.
-std::string describe(const Header& request) {
-  std::string s(wire::to_string(request.op));
-  switch (request.op) {
-    case Op::init:
-    case Op::pull:
-    case Op::push:
-    case Op::push_pull:
-    case Op::assign: {
-      const auto id = wire::ChunkRequest::read(request);
-      return s + " of '" + id.variable + "' chunk " + std::to_string(id.chunk);
-    }
-    default:
-      return request.name.empty() ? s : s + " '" + request.name + "'";
-  }
-}
-
-Header bad_header_reply(std::string text) {
-  Header h;
-  h.status = wire::Status::error;
-  h.text = std::move(text);
-  return h;
-}
-
 }  // namespace
 
-struct RequestLoop::Impl {
+// The loop's wire side is the dispatcher's sink: what the dispatcher passes
+// on is encoded and sent here.
+struct RequestLoop::Impl final : ReplySink {
   RequestLoopOptions options;
   PsStats& stats;
   StopSignals signals;
-  Handlers handlers;
-  Dedup dedup;
+  Dispatcher dispatcher;
   FaultInjector faults;
   // Declared before the context, whose I/O thread releases claims: it is
   // gone by the time the budget is.
   SendBudget budget;
   std::set<Peer> slow_peers;  // logged for dropped replies; bounded
-  // While a request is handled: its sender and the sender's IP address.
-  const Peer* current_peer = nullptr;
+  // While a request is handled: its sender's identity and IP address.
+  std::optional<Peer> current_peer;
   std::string current_address;
-  // While a recorded op's handler runs: its request, whose reply send()
-  // records in dedup.
-  const Header* recording = nullptr;
-  // While a resent push_pull is answered through the pull handler: the op
-  // its reply must carry.
-  std::optional<Op> answering_as;
-  std::size_t refusals_logged = 0;  // check_run
   zmq::context_t context;
   zmq::socket_t socket{context, zmq::socket_type::router};
 
   Impl(RequestLoopOptions opts, PsStats& s)
-      : options(std::move(opts)), stats(s), faults(options.fault, options.fault_seed) {
+      : options(std::move(opts)),
+        stats(s),
+        dispatcher({options.ps_index, options.run_id, options.config_hash, options.config_yaml},
+                   stats, *this),
+        faults(options.fault, options.fault_seed) {
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
     // Replies to `done` and `shutdown` are the last messages; let them leave.
     socket.set(zmq::sockopt::linger, 2000);
   }
-
-  std::string prefix() const { return "ps " + std::to_string(options.ps_index) + ": "; }
 
   std::chrono::milliseconds poll_timeout(const Coordinator& coordinator) const {
     std::chrono::milliseconds timeout = kPollInterval;
@@ -173,137 +143,29 @@ struct RequestLoop::Impl {
 
   // Handles the requests that have arrived, without blocking, at most a batch.
   void drain(Coordinator& coordinator) {
-    std::vector<zmq::message_t> frames;
+    std::vector<zmq::message_t> messages;
+    std::vector<Frame> frames;
     for (int n = 0; n < kBatch && !coordinator.exit_code(); ++n) {
-      frames.clear();
-      if (!zmq::recv_multipart(socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
+      messages.clear();
+      if (!zmq::recv_multipart(socket, std::back_inserter(messages), zmq::recv_flags::dontwait))
         return;
-      for (const auto& f : frames) stats.received(f.size());
-      handle(coordinator, frames);
-    }
-  }
-
-  void handle(Coordinator& coordinator, std::vector<zmq::message_t>& frames) {
-    Request request;
-    request.from = frames[0].to_string();
-    request.received = Clock::now();
-    current_peer = &request.from;
-    const char* address = zmq_msg_gets(frames.back().handle(), "Peer-Address");
-    current_address = address ? address : "";
-    struct Clear {
-      const Peer*& peer;
-      ~Clear() { peer = nullptr; }
-    } clear{current_peer};
-    if (frames.size() < 2) {
-      stats.malformed();
-      return send(request.from, {bad_header_reply("message has no header frame"), {}});
-    }
-    try {
-      request.header = wire::decode_header({frames[1].data<std::uint8_t>(), frames[1].size()});
-    } catch (const wire::ProtocolError& e) {
-      stats.malformed();
-      return send(request.from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
-    }
-    stats.request(request.header.op);
-    try {
-      check(request.header, frames);
-      check_run(request.header);
-      if (request.header.payload_frames == 1)
-        request.payload = {frames[2].data<std::uint8_t>(), frames[2].size()};
-      if (!coordinator.admit(request)) return stats.error();
-      const Handler* handler = handlers.find(request.header.op);
-      if (!handler) throw wire::ProtocolError("this ps does not serve the op");
-      if (request.header.op == Op::hello) dedup.hello(request.header);
-      const auto seen = dedup.find(request.header);
-      if (seen.verdict == Dedup::Verdict::resent) return answer_resend(request, seen.version);
-      if (seen.verdict == Dedup::Verdict::too_old) {
-        stats.too_old();
-        throw std::runtime_error("request id " + std::to_string(request.header.request_id) +
-                                 " is older than the last " + std::to_string(Dedup::kWindow) +
-                                 " this ps recorded for the sender; it may have been applied "
-                                 "already, so it is not applied again");
+      frames.clear();
+      for (const auto& m : messages) {
+        stats.received(m.size());
+        frames.emplace_back(m.data<std::uint8_t>(), m.size());
       }
-      recording = &request.header;
-      (*handler)(request);
-      recording = nullptr;
-    } catch (const std::exception& e) {
-      recording = nullptr;
-      answering_as.reset();
-      stats.error();
-      send(request.from,
-           {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
-            {}});
+      current_peer = messages[0].to_string();
+      const char* address = zmq_msg_gets(messages.back().handle(), "Peer-Address");
+      current_address = address ? address : "";
+      dispatcher.handle(coordinator, frames, Clock::now());
+      current_peer.reset();
     }
   }
 
-  // A resend of an update this ps applied already (server/dedup.h says what
-  // it is answered with).
-  void answer_resend(const Request& request, std::uint64_t version) {
-    stats.resend_answered();
-    if (request.header.op != Op::push_pull) {
-      Reply reply{wire::reply_to(request.header), {}};
-      wire::ChunkReply{version}.write(reply.header);
-      return send(request.from, std::move(reply));
-    }
-    Request as_pull = request;
-    as_pull.header.op = Op::pull;
-    as_pull.header.payload_frames = 0;
-    as_pull.header.elements = 0;
-    as_pull.payload = {};
-    answering_as = Op::push_pull;
-    (*handlers.find(Op::pull))(as_pull);
-    answering_as.reset();
-  }
-
-  // A request of another run is refused with what kind of mismatch it is;
-  // the values go to our log only (request_loop.h).
-  void check_run(const Header& request) {
-    if (request.run_id == options.run_id) return;
-    std::string reply, logged;
-    const auto hello = request.op == Op::hello ? wire::Hello::read(request).config_yaml : "";
-    if (hello.empty()) {
-      reply = "run id differs: the sender belongs to another launch or uses a different config";
-      logged = "sent run id " + hex(request.run_id) + ", this run's is " + hex(options.run_id);
-    } else if (fnv1a64(hello) == options.config_hash) {
-      reply = "run id differs: the sender is a process of another launch of this config (a "
-              "stale process of an earlier run, or one started without this launch's --run-id); "
-              "it is not part of this run";
-      logged = "same config, run id " + hex(request.run_id) + " of another launch (this one's is " +
-               hex(options.run_id) + ")";
-    } else {
-      reply = "config differs in: " + config_difference_keys(options.config_yaml, hello) +
-              " — all processes must use the same cluster.yaml and --set overrides";
-      logged = "config differs (ps vs sender: " +
-               config_differences(options.config_yaml, hello) + ")";
-    }
-    if (refusals_logged < RequestLoop::kMaxLoggedRefusals)
-      log(prefix(), "refused ", describe(request), " from sender ", request.sender, ": ", logged,
-          ++refusals_logged == RequestLoop::kMaxLoggedRefusals
-              ? "; further refusals of other runs are not logged (stats: errors)"
-              : "");
-    throw wire::ProtocolError(reply);
-  }
-
-  // What every request must satisfy before its handler sees it.
-  void check(const Header& request, const std::vector<zmq::message_t>& frames) const {
-    if (request.protocol != wire::kProtocolVersion)
-      throw wire::ProtocolError("protocol version differs: ps speaks " +
-                                std::to_string(wire::kProtocolVersion) + ", sender " +
-                                std::to_string(request.sender) + " speaks " +
-                                std::to_string(request.protocol));
-    if (frames.size() != 2 + request.payload_frames)
-      throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
-                                " payload frames, the message has " +
-                                std::to_string(frames.size() - 2));
-    for (std::size_t i = 0; i < request.payload_frames; ++i)
-      wire::check_payload(request, i, frames[2 + i].size());
-  }
-
-  void send(const Peer& to, Reply reply) {
+  // What the dispatcher passes on: dropped by fault injection, or stamped
+  // with the run id and generation, encoded and sent.
+  void send(const Peer& to, Reply reply) override {
     Header& h = reply.header;
-    if (answering_as) h.op = *answering_as;
-    if (recording && h.status == wire::Status::ok && h.request_id == recording->request_id)
-      dedup.record(*recording, h.version);
     if (faults.drop(h.op)) return stats.fault_drop();
     // Replies carry the run id, except hello's (protocol.h) and errors.
     if (h.status == wire::Status::ok && h.op != Op::hello) h.run_id = options.run_id;
@@ -342,10 +204,9 @@ struct RequestLoop::Impl {
     stats.reply_dropped();
     if (slow_peers.size() >= kMaxLoggedSlowPeers || !slow_peers.insert(to).second) return;
     const std::string address =
-        current_peer && *current_peer == to && !current_address.empty() ? current_address
-                                                                         : "unknown";
-    log(prefix(), "dropped a ", wire::to_string(reply.op), " reply to peer ", hex_bytes(to),
-        " (address ", address, "): it has ", budget.queued(to),
+        current_peer == to && !current_address.empty() ? current_address : "unknown";
+    log("ps ", options.ps_index, ": dropped a ", wire::to_string(reply.op), " reply to peer ",
+        hex_bytes(to), " (address ", address, "): it has ", budget.queued(to),
         " bytes of replies it has not read (the limit is ", SendBudget::kPerPeerBytes,
         " per peer, ", SendBudget::kTotalBytes, " in all, and ", budget.queued(),
         " are queued); its further drops are only counted (stats: replies_dropped)");
@@ -357,7 +218,7 @@ RequestLoop::RequestLoop(RequestLoopOptions options, PsStats& stats)
 
 RequestLoop::~RequestLoop() = default;
 
-Handlers& RequestLoop::handlers() { return impl_->handlers; }
+Handlers& RequestLoop::handlers() { return impl_->dispatcher.handlers(); }
 
 void RequestLoop::bind() {
   try {
@@ -392,6 +253,6 @@ int RequestLoop::run(Coordinator& coordinator,
   }
 }
 
-void RequestLoop::send(const Peer& to, Reply reply) { impl_->send(to, std::move(reply)); }
+void RequestLoop::send(const Peer& to, Reply reply) { impl_->dispatcher.send(to, std::move(reply)); }
 
 }  // namespace pstrain::ps

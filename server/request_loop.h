@@ -1,32 +1,16 @@
 #pragma once
 // The ps's request loop: its ZeroMQ ROUTER socket and everything that touches
-// it. Each message is decoded and checked (header, protocol version, config
-// run id, payload frames against the header), handed to the handler its op has
-// in handlers(), and answered through this loop, the ReplySink of every
-// handler. Reply frames leave without a copy, each holding a claim on the
-// send budget (server/send_budget.h) until ZeroMQ has sent it; a reply with
-// no room in the budget is dropped, counted and its peer logged once. A
-// message that cannot be decoded or a handler that throws gets an error
-// reply; the loop goes on.
-//
-// The loop also keeps the record of applied updates (server/dedup.h): a
-// resent update is answered from it (push_pull through the pull handler)
-// instead of reaching its handler, and a resend too old to tell is refused.
-// The record lives and dies with the loop, whose generation (stamped on
-// every reply) is fixed: a resend is never answered from the record of
-// another generation. Fault injection (net.fault, for tests) drops or
-// delays data replies as they are sent.
-//
-// A request with another run id is refused before anything else looks at
-// it. The reply says which kind of mismatch it is (another launch of this
-// config, a different config naming the differing keys, or neither known:
-// a request without the hello's config) and never the ps's run id or config
-// values: the peer has not shown it belongs to the run. The ps's log names
-// the values, for the first kMaxLoggedRefusals refusals.
-//
-// Every well-formed request of the run is then admitted by the coordinator
-// (Coordinator::admit: a worker index is held by one process at a time)
-// before its handler runs.
+// it. Each message goes through the dispatcher (server/dispatcher.h), which
+// decodes and checks it, hands it to the handler its op has in handlers(),
+// keeps the record of applied updates and answers resends and bad messages;
+// replies come back through this loop, the ReplySink of every handler, and
+// leave with the run id and the loop's generation stamped on them. Reply
+// frames leave without a copy, each holding a claim on the send budget
+// (server/send_budget.h) until ZeroMQ has sent it; a reply with no room in
+// the budget is dropped, counted and its peer logged once. The generation
+// is fixed for the loop's lifetime, and so is the dispatcher's record: a
+// resend is never answered from the record of another generation. Fault injection (net.fault, for
+// tests) drops or delays data replies as they are sent.
 //
 //   RequestLoop loop({.ps_index = 0, .run_id = config.run_id(), ...}, stats);
 //   coordinator.add_handlers(loop.handlers());   // and the other modules
@@ -71,10 +55,6 @@ struct RequestLoopOptions {
 
 class RequestLoop final : public ReplySink {
  public:
-  // Refused run ids logged with their details; later ones only counted
-  // (stats: errors), so that a peer cannot fill the log.
-  static constexpr std::size_t kMaxLoggedRefusals = 32;
-
   // Installs SIGTERM and SIGINT handlers that make run() return 0; the
   // previous handlers come back when the loop is destroyed.
   RequestLoop(RequestLoopOptions options, PsStats& stats);

@@ -1,0 +1,177 @@
+#include "server/dispatcher.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "shared/config.h"
+#include "shared/init.h"
+#include "shared/log.h"
+#include "shared/messages.h"
+
+namespace pstrain::ps {
+namespace {
+
+using wire::Header;
+using wire::Op;
+
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// "pull of 'w' chunk 3", "barrier 'start'": what an error reply is about.
+std::string describe(const Header& request) {
+  std::string s(wire::to_string(request.op));
+  switch (request.op) {
+    case Op::init:
+    case Op::pull:
+    case Op::push:
+    case Op::push_pull:
+    case Op::assign: {
+      const auto id = wire::ChunkRequest::read(request);
+      return s + " of '" + id.variable + "' chunk " + std::to_string(id.chunk);
+    }
+    default:
+      return request.name.empty() ? s : s + " '" + request.name + "'";
+  }
+}
+
+Header bad_header_reply(std::string text) {
+  Header h;
+  h.status = wire::Status::error;
+  h.text = std::move(text);
+  return h;
+}
+
+}  // namespace
+
+Dispatcher::Dispatcher(DispatcherOptions options, PsStats& stats, ReplySink& wire)
+    : options_(std::move(options)), stats_(stats), wire_(wire) {}
+
+std::string Dispatcher::prefix() const { return "ps " + std::to_string(options_.ps_index) + ": "; }
+
+void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
+                        Clock::time_point received) {
+  if (frames.empty()) return stats_.malformed();  // no sender to answer
+  Request request;
+  request.from.assign(frames[0].begin(), frames[0].end());
+  request.received = received;
+  if (frames.size() < 2) {
+    stats_.malformed();
+    return send(request.from, {bad_header_reply("message has no header frame"), {}});
+  }
+  try {
+    request.header = wire::decode_header(frames[1]);
+  } catch (const wire::ProtocolError& e) {
+    stats_.malformed();
+    return send(request.from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
+  }
+  stats_.request(request.header.op);
+  try {
+    dispatch(coordinator, request, frames.subspan(2));
+  } catch (const std::exception& e) {
+    recording_ = nullptr;
+    answering_as_.reset();
+    stats_.error();
+    send(request.from,
+         {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
+          {}});
+  }
+}
+
+void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
+                          std::span<const Frame> payloads) {
+  check(request.header, payloads);
+  check_run(request.header);
+  if (request.header.payload_frames == 1) request.payload = payloads[0];
+  if (!coordinator.admit(request)) return stats_.error();
+  const Handler* handler = handlers_.find(request.header.op);
+  if (!handler) throw wire::ProtocolError("this ps does not serve the op");
+  if (request.header.op == Op::hello) dedup_.hello(request.header);
+  const auto seen = dedup_.find(request.header);
+  if (seen.verdict == Dedup::Verdict::resent) return answer_resend(request, seen.version);
+  if (seen.verdict == Dedup::Verdict::too_old) {
+    stats_.too_old();
+    throw std::runtime_error("request id " + std::to_string(request.header.request_id) +
+                             " is older than the last " + std::to_string(Dedup::kWindow) +
+                             " this ps recorded for the sender; it may have been applied "
+                             "already, so it is not applied again");
+  }
+  recording_ = &request.header;
+  (*handler)(request);
+  recording_ = nullptr;
+}
+
+// A resend of an update this ps applied already (server/dedup.h says what it
+// is answered with).
+void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
+  stats_.resend_answered();
+  if (request.header.op != Op::push_pull) {
+    Reply reply{wire::reply_to(request.header), {}};
+    wire::ChunkReply{version}.write(reply.header);
+    return send(request.from, std::move(reply));
+  }
+  Request as_pull = request;
+  as_pull.header.op = Op::pull;
+  as_pull.header.payload_frames = 0;
+  as_pull.header.elements = 0;
+  as_pull.payload = {};
+  answering_as_ = Op::push_pull;
+  (*handlers_.find(Op::pull))(as_pull);
+  answering_as_.reset();
+}
+
+// What every request must satisfy before its handler sees it.
+void Dispatcher::check(const Header& request, std::span<const Frame> payloads) const {
+  if (request.protocol != wire::kProtocolVersion)
+    throw wire::ProtocolError("protocol version differs: ps speaks " +
+                              std::to_string(wire::kProtocolVersion) + ", sender " +
+                              std::to_string(request.sender) + " speaks " +
+                              std::to_string(request.protocol));
+  if (payloads.size() != request.payload_frames)
+    throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
+                              " payload frames, the message has " +
+                              std::to_string(payloads.size()));
+  for (std::size_t i = 0; i < request.payload_frames; ++i)
+    wire::check_payload(request, i, payloads[i].size());
+}
+
+// A request of another run is refused with what kind of mismatch it is;
+// the values go to our log only (dispatcher.h).
+void Dispatcher::check_run(const Header& request) {
+  if (request.run_id == options_.run_id) return;
+  std::string reply, logged;
+  const auto hello = request.op == Op::hello ? wire::Hello::read(request).config_yaml : "";
+  if (hello.empty()) {
+    reply = "run id differs: the sender belongs to another launch or uses a different config";
+    logged = "sent run id " + hex(request.run_id) + ", this run's is " + hex(options_.run_id);
+  } else if (fnv1a64(hello) == options_.config_hash) {
+    reply = "run id differs: the sender is a process of another launch of this config (a "
+            "stale process of an earlier run, or one started without this launch's --run-id); "
+            "it is not part of this run";
+    logged = "same config, run id " + hex(request.run_id) + " of another launch (this one's is " +
+             hex(options_.run_id) + ")";
+  } else {
+    reply = "config differs in: " + config_difference_keys(options_.config_yaml, hello) +
+            " — all processes must use the same cluster.yaml and --set overrides";
+    logged = "config differs (ps vs sender: " + config_differences(options_.config_yaml, hello) +
+             ")";
+  }
+  if (refusals_logged_ < kMaxLoggedRefusals)
+    log(prefix(), "refused ", describe(request), " from sender ", request.sender, ": ", logged,
+        ++refusals_logged_ == kMaxLoggedRefusals
+            ? "; further refusals of other runs are not logged (stats: errors)"
+            : "");
+  throw wire::ProtocolError(reply);
+}
+
+void Dispatcher::send(const Peer& to, Reply reply) {
+  Header& h = reply.header;
+  if (answering_as_) h.op = *answering_as_;
+  if (recording_ && h.status == wire::Status::ok && h.request_id == recording_->request_id)
+    dedup_.record(*recording_, h.version);
+  wire_.send(to, std::move(reply));
+}
+
+}  // namespace pstrain::ps

@@ -1,0 +1,95 @@
+#pragma once
+// The ps's request path without its socket: one received message (its
+// frames as bytes) is decoded and checked (header, protocol version, config
+// run id, payload frames against the header), handed to the handler its op has
+// in handlers(), and every reply on its way out passes send(). A message that
+// cannot be decoded or a handler that throws gets an error reply.
+//
+// A request with another run id is refused before anything else looks at
+// it. The reply says which kind of mismatch it is (another launch of this
+// config, a different config naming the differing keys, or neither known:
+// a request without the hello's config) and never the ps's run id or config
+// values: the peer has not shown it belongs to the run. The ps's log names
+// the values, for the first kMaxLoggedRefusals refusals. Every well-formed
+// request of the run is then admitted by the coordinator
+// (Coordinator::admit: a worker index is held by one process at a time)
+// before its handler runs.
+//
+// The dispatcher also keeps the record of applied updates (server/dedup.h): a
+// resent update is answered from it (push_pull through the pull handler)
+// instead of reaching its handler, and a resend too old to tell is refused.
+//
+// The request loop (server/request_loop.h) feeds it what its ROUTER socket
+// receives and sends what it passes on; the fuzzer (tests/fuzz) feeds it
+// made-up messages and records the replies, so both exercise one path.
+//
+//   Dispatcher dispatcher({.ps_index = 0, .run_id = hash}, stats, wire_sink);
+//   coordinator.add_handlers(dispatcher.handlers());  // handlers reply to `dispatcher`
+//   dispatcher.handle(coordinator, frames, Clock::now());
+//
+// Thread rules: single-threaded, like the whole ps (server/request.h).
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "server/coordinator.h"
+#include "server/dedup.h"
+#include "server/ps_stats.h"
+#include "server/request.h"
+
+namespace pstrain::ps {
+
+// One frame of a received message, valid while handle() runs.
+using Frame = std::span<const std::uint8_t>;
+
+struct DispatcherOptions {
+  std::uint32_t ps_index = 0;
+  std::uint64_t run_id = 0;       // every request must carry it (ClusterConfig::run_id)
+  std::uint64_t config_hash = 0;  // ClusterConfig::hash: a hello of another launch has it
+  std::string config_yaml;   // ours, to name the keys a hello's config differs in
+};
+
+class Dispatcher final : public ReplySink {
+ public:
+  // Refused run ids logged with their details; later ones only counted
+  // (stats: errors), so that a peer cannot fill the log.
+  static constexpr std::size_t kMaxLoggedRefusals = 32;
+
+  // Replies leave through `wire` once send() has looked at them.
+  Dispatcher(DispatcherOptions options, PsStats& stats, ReplySink& wire);
+
+  Handlers& handlers() { return handlers_; }
+
+  // Handles one message: frames[0] is the sender's identity (where replies
+  // go; a ROUTER socket always puts it there), frames[1] the header, then the
+  // payload frames. Anything else in them gets an error reply; nothing
+  // throws. `received` is the request's arrival time.
+  void handle(Coordinator& coordinator, std::span<const Frame> frames, Clock::time_point received);
+
+  // Every reply, the handlers' included: records an applied update's reply
+  // in the dedup record, then passes it to the wire sink.
+  void send(const Peer& to, Reply reply) override;
+
+ private:
+  void dispatch(Coordinator& coordinator, Request& request, std::span<const Frame> payloads);
+  void answer_resend(const Request& request, std::uint64_t version);
+  void check(const wire::Header& request, std::span<const Frame> payloads) const;
+  void check_run(const wire::Header& request);
+  std::string prefix() const;
+
+  DispatcherOptions options_;
+  PsStats& stats_;
+  ReplySink& wire_;
+  Handlers handlers_;
+  Dedup dedup_;
+  // While a recorded op's handler runs: its request, whose reply send()
+  // records in the dedup record.
+  const wire::Header* recording_ = nullptr;
+  // While a resent push_pull is answered through the pull handler: the op
+  // its reply must carry.
+  std::optional<wire::Op> answering_as_;
+  std::size_t refusals_logged_ = 0;  // check_run
+};
+
+}  // namespace pstrain::ps
