@@ -36,6 +36,10 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
       nonfinite_(r.counter("pstrain_ps_nonfinite_refused_total",
                            "Pushes and assigns refused for NaN or infinite values; nothing stored.")
                      .with()),
+      refused_(r.counter("pstrain_ps_refused_total",
+                         "Requests refused because the sender's CURVE key lacks the right "
+                         "(security.curve).")
+                   .with()),
       bytes_in_(r.counter("pstrain_ps_received_bytes_total", "Bytes of every frame received.")
                     .with()),
       bytes_out_(r.counter("pstrain_ps_sent_bytes_total", "Bytes of every frame sent.").with()),
@@ -99,6 +103,7 @@ std::string PsStats::json(double now_unix) const {
     << ",\"requests_too_old\":" << whole(too_old_.value())
     << ",\"fault_drops\":" << whole(fault_drops_.value())
     << ",\"nonfinite_refused\":" << whole(nonfinite_.value())
+    << ",\"refused\":" << whole(refused_.value())
     << ",\"bytes_in\":" << whole(bytes_in_.value())
     << ",\"bytes_out\":" << whole(bytes_out_.value())
     << ",\"optimizer_seconds\":" << optimizer_seconds_.value()

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <csignal>
+#include <set>
 #include <cstdio>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "server/dedup.h"
+#include "server/zap_handler.h"
 #include "shared/config.h"
 #include "shared/log.h"
 #include "shared/messages.h"
@@ -108,11 +110,23 @@ struct RequestLoop::Impl {
   // While a resent push_pull is answered through the pull handler: the op
   // its reply must carry.
   std::optional<Op> answering_as;
+  // (peer address, op) pairs whose refusal was logged; bounded, the count
+  // (PsStats::refused) has the rest.
+  std::set<std::pair<std::string, Op>> refusals_logged;
+  static constexpr std::size_t kMaxRefusalsLogged = 256;
   zmq::context_t context;
+  // Bound before the socket, so that no handshake is ever decided without it.
+  std::optional<ZapHandler> zap;
   zmq::socket_t socket{context, zmq::socket_type::router};
 
   Impl(RequestLoopOptions opts, PsStats& s)
       : options(std::move(opts)), stats(s), faults(options.fault, options.fault_seed) {
+    if (options.curve) {
+      zap.emplace(context, options.curve->allowed, prefix() + "CURVE");
+      socket.set(zmq::sockopt::curve_server, true);
+      socket.set(zmq::sockopt::curve_secretkey, options.curve->own.secret_key);
+      socket.set(zmq::sockopt::zap_domain, "pstrain");
+    }
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
@@ -162,6 +176,14 @@ struct RequestLoop::Impl {
       check(request.header, frames);
       if (request.header.payload_frames == 1)
         request.payload = {frames[2].data<std::uint8_t>(), frames[2].size()};
+      if (options.curve) {
+        if (const auto why = refusal_of(frames[1], request.header)) {
+          stats.refused();
+          stats.error();
+          return send(request.from,
+                      {wire::error_reply(request.header, prefix() + "refused: " + *why), {}});
+        }
+      }
       coordinator.heard(request.header.sender, request.received);
       const Handler* handler = handlers.find(request.header.op);
       if (!handler) throw wire::ProtocolError("this ps does not serve the op");
@@ -205,6 +227,22 @@ struct RequestLoop::Impl {
     answering_as = Op::push_pull;
     (*handlers.find(Op::pull))(as_pull);
     answering_as.reset();
+  }
+
+  // Why the identity of the connection `frame` came on may not send
+  // `request` (nullopt: it may); logs the first refusal per peer and op.
+  std::optional<std::string> refusal_of(zmq::message_t& frame, const Header& request) {
+    const char* user_id = zmq_msg_gets(frame.handle(), "User-Id");
+    const auto who = user_id ? Identity::parse(user_id) : std::nullopt;
+    auto why = who ? refusal(*who, request, options.curve->rights)
+                   : std::optional<std::string>("the connection has no identity");
+    if (why && refusals_logged.size() < kMaxRefusalsLogged) {
+      const char* address = zmq_msg_gets(frame.handle(), "Peer-Address");
+      if (refusals_logged.emplace(address ? address : "?", request.op).second)
+        log(prefix(), "refused ", wire::to_string(request.op), " from ",
+            address ? address : "?", ": ", *why);
+    }
+    return why;
   }
 
   // What every request must satisfy before its handler sees it.

@@ -98,6 +98,12 @@ struct CheckpointConfig {
   std::uint32_t keep = 3;  // generations each ps keeps
 };
 
+// Who may talk to a ps (docs/security.md).
+struct SecurityConfig {
+  bool curve = false;              // ZeroMQ CURVE on every pstrain socket, keys per identity
+  std::filesystem::path keys = "keys";  // pstrain keygen's directory (shared/curve_keys.h)
+};
+
 struct ClusterConfig {
   std::string job = "pstrain";
   std::filesystem::path run_dir;  // default runs/<job>
@@ -111,6 +117,7 @@ struct ClusterConfig {
   TrainConfig train;
   NetConfig net;
   CheckpointConfig checkpoint;
+  SecurityConfig security;
 
   // Hash of the canonical resolved configuration; all processes of a run must
   // agree on it (checked in hello).
