@@ -697,7 +697,9 @@ std::vector<std::uint8_t> PsClient::kv_get(std::uint32_t writer, const std::stri
   // Whole milliseconds on the wire; a wait too long to count is the ps's to refuse.
   const double ms = std::round(timeout_s * 1000);
   Header h;
-  wire::KvGet{wire::kv_key(writer, key), ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}.write(h);
+  wire::KvGet{wire::kv_key(writer, key),
+              ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}
+      .write(h);
   auto replies = impl_->control(Op::kv_get, {0}, std::move(h),
                                 timeout_s + impl_->options.timeout_s);
   return std::move(replies.front().bytes);

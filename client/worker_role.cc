@@ -89,7 +89,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     // Under security.curve a request's sender is its key's, and this process
     // holds worker 0's key only: the evaluator speaks as worker 0 (its pulls
     // count as worker 0 being heard, which it is).
-    evaluator = std::make_unique<Evaluator>(config, config.security.curve ? index : kEvaluatorSender,
+    const auto evaluator_sender = config.security.curve ? index : kEvaluatorSender;
+    evaluator = std::make_unique<Evaluator>(config, evaluator_sender,
                                             load_dataset(config.data, false), metrics);
     progress = std::make_unique<ProgressDisplay>();
   }

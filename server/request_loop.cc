@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <csignal>
-#include <set>
 #include <cstdio>
+#include <set>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 

@@ -70,7 +70,8 @@ TEST_CASE("keygen: missing, malformed and readable keys are named") {
   std::filesystem::permissions(dir / "k" / "ps-0.key", std::filesystem::perms::group_read,
                                std::filesystem::perm_options::add);
   CHECK_THROWS_WITH_AS(read_key_pair(dir / "k", {Role::ps, 0}),
-                       doctest::Contains("ps-0.key: the secret key is readable by others (mode 640)"),
+                       doctest::Contains("ps-0.key: the secret key is readable by others "
+                                         "(mode 640)"),
                        CurveKeyError);
 }
 
