@@ -79,6 +79,17 @@ class CurveLaunchTest(unittest.TestCase):
         self.assertIn("PSTRAIN_KEYS=" + os.path.join(os.path.abspath(keys), "worker1"),
                       started[0])
 
+    def test_a_sync_run_under_curve_refuses_nothing(self):
+        # Sync mode uses every right a worker has: assign (worker 0), kv_set
+        # in its own namespace and kv_get of the others' (Gloo's rendezvous).
+        w = support.Workspace(support.cluster(security={"curve": True}))
+        self.addCleanup(w.cleanup)
+        run_dir = os.path.join(w.path, "run")
+        r = support.run_tool("launch", [w.cluster, "--mode", "sync", "--run-dir", run_dir])
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        self.assertRegex(r.stdout, r"\[worker0\] final test accuracy 0\.\d+")
+        self.assertNotIn("refused", r.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
