@@ -40,8 +40,8 @@ constexpr const char* kUsage =
     "  pstrain --keygen DIR  [options]              write the cluster's CURVE keys into DIR\n"
     "\n"
     "Every process of a run must be given the same cluster file and --set overrides\n"
-    "(their hash is checked when a worker connects). tools/launch starts a whole\n"
-    "cluster from one file.\n"
+    "(their hash is checked when a worker connects) and the same --run-id.\n"
+    "tools/launch starts a whole cluster from one file, with a new run id.\n"
     "\n"
     "With security.curve, each process reads its secret key and the public list from\n"
     "$PSTRAIN_KEYS, else from security.keys (docs/security.md).\n"
@@ -61,6 +61,7 @@ struct Args {
   std::vector<std::string> overrides;
   std::optional<std::filesystem::path> restore;
   std::optional<std::filesystem::path> model;
+  std::uint64_t run_nonce = 0;  // --run-id; 0: none
 };
 
 po::options_description options() {
@@ -80,6 +81,11 @@ po::options_description options() {
        "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
        "checkpoint in run_dir/checkpoints (fresh values when there is none); DIR: the "
        "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>)")
+      ("run-id", po::value<std::string>()->value_name("HEX"),
+       "ps and worker: this launch's nonce (1 to 16 hex digits, not 0), the same for every "
+       "process of the launch; tools/launch draws a new one per launch. Without it the run id "
+       "is the config hash alone, and a stale process of an earlier run of the same config is "
+       "accepted")
       ("model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")
       ("check", "validate the cluster file and overrides, print the resolved config, and exit "
                 "(no --role needed; tools/launch runs this before starting anything)")
@@ -90,6 +96,14 @@ po::options_description options() {
       ("help,h", "print this help")
       ("version", "print the version");
   return desc;
+}
+
+std::uint64_t parse_run_id(const std::string& text) {
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  if (ec != std::errc() || end != text.data() + text.size() || text.size() > 16 || value == 0)
+    throw UsageError("--run-id: expected 1 to 16 hex digits, not all 0, got '" + text + "'");
+  return value;
 }
 
 std::uint32_t parse_index(const std::string& text) {
@@ -165,6 +179,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
     if (args.role != "ps") throw UsageError("--restore applies only to --role ps");
     args.restore = vm["restore"].as<std::string>();
   }
+  if (vm.count("run-id")) {
+    if (!indexed) throw UsageError("--run-id applies only to --role ps and worker");
+    args.run_nonce = parse_run_id(vm["run-id"].as<std::string>());
+  }
   if (vm.count("model")) {
     if (args.role != "eval") throw UsageError("--model applies only to --role eval");
     args.model = vm["model"].as<std::string>();
@@ -228,6 +246,9 @@ int run(const Args& args, const pstrain::ClusterConfig& config) {
   const std::string name = args.role + std::to_string(args.index);
   pstrain::log_open(name, config.run_dir / (name + ".log"));
   if (args.index == 0) write_resolved_config(config);
+  if (config.launch_nonce == 0)
+    pstrain::log("no --run-id: the run id is the config hash alone, so a stale process of an "
+                 "earlier run of this config is accepted (tools/launch gives every launch its own)");
   if (args.role == "ps") return pstrain::run_ps_role(config, args.index, args.restore);
   return pstrain::run_worker_role(config, args.index);
 }
@@ -256,6 +277,7 @@ int main(int argc, char** argv) {
     }
     if (args.keygen) return keygen(*args.keygen, args.cluster, config);
     check_index(args, config);
+    config.launch_nonce = args.run_nonce;
   } catch (const po::error& e) {
     std::cerr << "pstrain: " << e.what() << " (see --help)\n";
     return 2;

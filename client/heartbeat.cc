@@ -23,9 +23,9 @@ PsClientOptions heartbeat_options(const ClusterConfig& config, std::uint32_t wor
 }  // namespace
 
 HeartbeatThread::HeartbeatThread(const ClusterConfig& config, std::uint32_t worker)
-    : ps_(ps_addresses(config), shard_map_for(config, {}), config.hash(),
+    : ps_(ps_addresses(config), shard_map_for(config, {}), config.run_id(),
           heartbeat_options(config, worker)),
-      interval_s_(interval_s(config.net)),
+      interval_s_(liveness_interval(config.net)),
       thread_([this] { loop(); }) {}
 
 HeartbeatThread::~HeartbeatThread() {
@@ -35,10 +35,6 @@ HeartbeatThread::~HeartbeatThread() {
   }
   wake_.notify_all();
   thread_.join();
-}
-
-double HeartbeatThread::interval_s(const NetConfig& net) {
-  return std::min(net.heartbeat, net.worker_timeout / 4);
 }
 
 void HeartbeatThread::loop() {

@@ -32,15 +32,14 @@ namespace pstrain {
 
 class HeartbeatThread {
  public:
-  // Starts heartbeating every ps of `config` as worker `worker` right away.
+  // Starts heartbeating every ps of `config` as worker `worker` right away,
+  // every liveness_interval(config.net) (shared/config.h): net.heartbeat,
+  // but at most a quarter of worker_timeout, so a heartbeat or two may be
+  // late or lost before the servers give up.
   HeartbeatThread(const ClusterConfig& config, std::uint32_t worker);
   ~HeartbeatThread();
   HeartbeatThread(const HeartbeatThread&) = delete;
   HeartbeatThread& operator=(const HeartbeatThread&) = delete;
-
-  // The interval: net.heartbeat, but at most a quarter of worker_timeout, so
-  // a heartbeat or two may be late or lost before the servers give up.
-  static double interval_s(const NetConfig& net);
 
  private:
   void loop();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unistd.h>
@@ -59,6 +60,12 @@ bool resendable(Op op) {
          op == Op::assign;
 }
 
+// An error reply that said when to ask again (wire::ErrorReply).
+struct RetryLater : PsError {
+  RetryLater(const std::string& what, std::chrono::milliseconds wait) : PsError(what), after(wait) {}
+  std::chrono::milliseconds after;
+};
+
 }  // namespace
 
 struct PsClient::Impl {
@@ -78,6 +85,7 @@ struct PsClient::Impl {
     double timeout_s = 0;
     std::size_t replies_left = 0;
     std::string error;
+    std::uint64_t retry_after_ms = 0;  // of an error reply that says so
     double staleness_sum = 0;
     std::size_t staleness_chunks = 0;
     std::vector<Reply> control;  // replies of control operations
@@ -351,7 +359,9 @@ struct PsClient::Impl {
       staleness[t.variable] = t.staleness_sum / static_cast<double>(t.staleness_chunks);
     auto error = std::move(t.error);
     auto replies = std::move(t.control);
+    const std::chrono::milliseconds retry_after(t.retry_after_ms);
     tickets.erase(id);
+    if (!error.empty() && retry_after.count() > 0) throw RetryLater(error, retry_after);
     if (!error.empty()) throw PsError(error);
     return replies;
   }
@@ -464,7 +474,11 @@ struct PsClient::Impl {
     auto& t = *tickets.at(r.ticket);
     --t.replies_left;
     try {
-      if (h.status == wire::Status::error) throw PsError(wire::ErrorReply::read(h).text);
+      if (h.status == wire::Status::error) {
+        const auto refusal = wire::ErrorReply::read(h);
+        t.retry_after_ms = std::max(t.retry_after_ms, refusal.retry_after_ms);
+        throw PsError(refusal.text);
+      }
       if (h.op != t.op)
         throw PsError("reply is for " + std::string(wire::to_string(h.op)));
       if (frames.size() != 1 + h.payload_frames)
@@ -542,13 +556,14 @@ PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender
           .timeout_s = config.net.request_timeout,
           .retry_interval_s = config.net.retry_interval,
           .config_yaml = config.to_yaml(),
+          .takeover_grace_s = 2 * takeover_silence(config.net),
           .fault = config.net.fault,
           .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1)),
           .curve = std::move(curve)};
 }
 
 PsClient::PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map)
-    : PsClient(ps_addresses(config), std::move(map), config.hash(),
+    : PsClient(ps_addresses(config), std::move(map), config.run_id(),
                client_options(config, sender)) {}
 
 PsClient::~PsClient() = default;
@@ -562,10 +577,22 @@ std::vector<std::uint64_t> PsClient::hello() {
 }
 
 std::uint64_t PsClient::hello(std::uint32_t server) {
-  Header h;
-  wire::Hello{impl_->options.config_yaml, impl_->acked.at(server)}.write(h);
-  const auto replies = impl_->control(Op::hello, {server}, std::move(h), impl_->options.timeout_s);
-  return wire::HelloReply::read(replies.front().header).state_updates;
+  auto& impl = *impl_;
+  std::optional<Clock::time_point> give_up;  // from the first temporary refusal
+  while (true) {
+    Header h;
+    wire::Hello{impl.options.config_yaml, impl.acked.at(server)}.write(h);
+    try {
+      const auto replies = impl.control(Op::hello, {server}, std::move(h), impl.options.timeout_s);
+      return wire::HelloReply::read(replies.front().header).state_updates;
+    } catch (const RetryLater& refused) {
+      const auto now = Clock::now();
+      if (!give_up) give_up = now + Impl::seconds(impl.options.takeover_grace_s);
+      if (now >= *give_up) throw;
+      const auto until = std::min<Clock::time_point>(*give_up, now + refused.after);
+      while (Clock::now() < until) impl.poll(until - Clock::now());
+    }
+  }
 }
 
 std::uint64_t PsClient::acked_updates(std::uint32_t server) const {

@@ -61,6 +61,10 @@ struct PsClientOptions {
   // The resolved config (ClusterConfig::to_yaml), sent with hello so a ps
   // whose config differs can say which keys differ.
   std::string config_yaml;
+  // How long hello asks again after a temporary refusal (a worker index
+  // whose previous process the ps has not yet seen silent: a restart right
+  // after a crash), counted from the first; 0: it does not.
+  double takeover_grace_s = 0;
   FaultConfig fault;             // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;
   // security.curve: this client's key pair and every ps's public key (by ps
@@ -86,7 +90,7 @@ class PsClient {
 
   PsClient(std::vector<std::string> ps_addresses, ShardMap map,
            std::uint64_t run_id, PsClientOptions options = {});
-  // Addresses, run id (config hash) and client_options() from the config.
+  // Addresses, run id (ClusterConfig::run_id) and client_options() from the config.
   PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map);
   ~PsClient();
   PsClient(const PsClient&) = delete;
@@ -95,7 +99,9 @@ class PsClient {
   const ShardMap& map() const;
 
   // Protocol version and run id handshake with every ps; throws PsError
-  // naming the ps and what differs. Returns, per ps, the updates its chunks
+  // naming the ps and what differs, or why the ps refuses this worker
+  // index: held by another live process, asked again meanwhile for up to
+  // takeover_grace_s (server/coordinator.h). Returns, per ps, the updates its chunks
   // hold (0: fresh values). Each hello also tells the ps how many updates it
   // acknowledged to this client, so a ps restored from a checkpoint logs
   // and counts the ones its restore lost.

@@ -19,6 +19,12 @@ std::string seconds_text(double seconds, const char* format) {
   return buf;
 }
 
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, ReplySink& sink)
@@ -72,9 +78,15 @@ void Coordinator::barrier(const Request& request) {
     throw std::invalid_argument("barrier '" + entry.name + "' was entered with count " +
                                 std::to_string(it->second.count) + ", this request says " +
                                 std::to_string(entry.count));
+  if (it == barriers_.end() && barriers_.size() >= kMaxBarriers)
+    throw std::invalid_argument(std::to_string(barriers_.size()) +
+                                " barriers are open, the limit; '" + entry.name +
+                                "' is not opened");
+  check_can_park(request.from);
   if (it == barriers_.end()) it = barriers_.emplace(entry.name, Barrier{entry.count, {}, {}}).first;
   it->second.senders.insert(request.header.sender);
   it->second.waiting.push_back({request.from, request.header});
+  park(request.from);
   release_if_complete(it);
 }
 
@@ -102,6 +114,7 @@ bool Coordinator::release_if_complete(std::map<std::string, Barrier, std::less<>
   const auto released = std::move(b.waiting);
   barriers_.erase(it);
   for (const auto& p : released) {
+    unpark(p.from);
     Reply reply{wire::reply_to(p.request), {}};
     wire::BarrierReply{released.size()}.write(reply.header);
     sink_.send(p.from, std::move(reply));
@@ -116,20 +129,23 @@ void Coordinator::kv_set(const Request& request) {
   if (it == kv_.end() && kv_.size() >= kMaxKvKeys)
     throw std::invalid_argument("the key-value store holds " + std::to_string(kv_.size()) +
                                 " keys, its limit; '" + set.key + "' is not stored");
-  const std::size_t replaced = it == kv_.end() ? 0 : it->second.size();
+  const std::size_t replaced = it == kv_.end() ? 0 : it->second->size();
   if (kv_bytes_ - replaced + value.size() > kMaxKvBytes)
     throw std::invalid_argument("a value of " + std::to_string(value.size()) +
                                 " bytes would take the key-value store past its limit of " +
                                 std::to_string(kMaxKvBytes) + " bytes; '" + set.key +
                                 "' is not stored");
   kv_bytes_ = kv_bytes_ - replaced + value.size();
-  kv_[set.key].assign(value.begin(), value.end());
+  const auto stored = std::make_shared<const std::vector<std::uint8_t>>(value.begin(), value.end());
+  kv_[set.key] = stored;
   sink_.send(request.from, {wire::reply_to(request.header), {}});
-  std::erase_if(kv_waiting_, [&](const Parked& p) {
-    if (wire::KvGet::read(p.request).key != set.key) return false;
-    send_value(p.from, p.request, set.key);
-    return true;
-  });
+  const auto waiting = kv_waits_by_key_.find(set.key);
+  if (waiting == kv_waits_by_key_.end()) return;
+  const auto ids = waiting->second;  // take_kv_wait erases from it
+  for (const auto id : ids) {
+    const auto p = take_kv_wait(id);
+    sink_.send(p.from, {wire::reply_to(p.request), stored});
+  }
 }
 
 void Coordinator::kv_get(const Request& request) {
@@ -138,13 +154,50 @@ void Coordinator::kv_get(const Request& request) {
     throw std::invalid_argument("kv_get timeout of " + std::to_string(get.timeout_ms) +
                                 " ms is more than the limit of " +
                                 std::to_string(kMaxKvGetTimeoutMs) + " ms");
-  if (kv_.contains(get.key)) return send_value(request.from, request.header, get.key);
-  kv_waiting_.push_back(
-      {request.from, request.header, request.received + std::chrono::milliseconds(get.timeout_ms)});
+  if (const auto it = kv_.find(get.key); it != kv_.end())
+    return sink_.send(request.from, {wire::reply_to(request.header), it->second});
+  check_can_park(request.from);
+  const auto id = next_kv_wait_++;
+  const auto deadline = request.received + std::chrono::milliseconds(get.timeout_ms);
+  kv_waits_.emplace(id, KvWait{{request.from, request.header, deadline}, get.key});
+  kv_waits_by_key_[get.key].insert(id);
+  kv_deadlines_.emplace(deadline, id);
+  park(request.from);
 }
 
-void Coordinator::send_value(const Peer& to, const wire::Header& request, const std::string& key) {
-  sink_.send(to, {wire::reply_to(request), kv_.at(key)});
+Coordinator::Parked Coordinator::take_kv_wait(std::uint64_t id) {
+  const auto it = kv_waits_.find(id);
+  auto wait = std::move(it->second);
+  kv_waits_.erase(it);
+  kv_deadlines_.erase({wait.parked.deadline, id});
+  const auto by_key = kv_waits_by_key_.find(wait.key);
+  by_key->second.erase(id);
+  if (by_key->second.empty()) kv_waits_by_key_.erase(by_key);
+  unpark(wait.parked.from);
+  return std::move(wait.parked);
+}
+
+void Coordinator::check_can_park(const Peer& peer) const {
+  if (parked_ >= kMaxParked)
+    throw std::invalid_argument(std::to_string(parked_) +
+                                " requests are parked on this ps (barriers and kv_gets), the "
+                                "limit; this one is not parked");
+  const auto it = parked_by_peer_.find(peer);
+  if (it != parked_by_peer_.end() && it->second >= kMaxParkedPerPeer)
+    throw std::invalid_argument(std::to_string(it->second) +
+                                " requests of this connection are parked (barriers and kv_gets), "
+                                "the limit per peer; this one is not parked");
+}
+
+void Coordinator::park(const Peer& peer) {
+  ++parked_by_peer_[peer];
+  ++parked_;
+}
+
+void Coordinator::unpark(const Peer& peer) {
+  const auto it = parked_by_peer_.find(peer);
+  if (--it->second == 0) parked_by_peer_.erase(it);
+  --parked_;
 }
 
 void Coordinator::check_worker(std::uint32_t sender, const char* op) const {
@@ -194,6 +247,58 @@ void Coordinator::shutdown(const Request& request) {
 
 void Coordinator::start(Clock::time_point now) { started_ = now; }
 
+bool Coordinator::admit(const Request& request) {
+  const auto& h = request.header;
+  if (h.sender < workers_.size() && h.incarnation != 0 &&
+      workers_[h.sender].incarnation != h.incarnation) {
+    auto& w = workers_[h.sender];
+    const std::string index = "worker index " + std::to_string(h.sender);
+    if (std::ranges::find(w.replaced, h.incarnation) != w.replaced.end()) {
+      refuse(request, w,
+             index + ": this process (incarnation " + hex(h.incarnation) +
+                 ") was replaced by a newer one (incarnation " + hex(w.incarnation) +
+                 "); its requests are refused",
+             std::chrono::milliseconds(0));
+      return false;
+    }
+    const std::chrono::duration<double> silent = request.received - w.last;
+    if (w.incarnation != 0 && w.state == Liveness::live && silent < options_.takeover_silence) {
+      const auto retry = std::chrono::ceil<std::chrono::milliseconds>(
+          options_.takeover_silence - silent);
+      refuse(request, w,
+             index + " is taken by a live process (incarnation " + hex(w.incarnation) +
+                 ", heard " + seconds_text(silent.count(), "%.1f") +
+                 " s ago); a restart is accepted once the old process has been silent for " +
+                 seconds_text(options_.takeover_silence.count(), "%.1f") +
+                 " s (three liveness heartbeat intervals)",
+             retry);
+      return false;
+    }
+    if (w.incarnation != 0) {
+      log(options_.name, ": ", index, " taken over by a new process (incarnation ",
+          hex(h.incarnation), ") from incarnation ", hex(w.incarnation), ", silent for ",
+          seconds_text(silent.count(), "%.1f"), " s: a restart");
+      w.replaced.push_back(w.incarnation);
+      if (w.replaced.size() > kReplacedKept) w.replaced.erase(w.replaced.begin());
+    }
+    w.incarnation = h.incarnation;
+  }
+  heard(h.sender, request.received);
+  return true;
+}
+
+void Coordinator::refuse(const Request& request, Worker& w, const std::string& why,
+                         std::chrono::milliseconds retry_after) {
+  if (w.last_refused != request.header.incarnation) {
+    log(options_.name, ": refused ", wire::to_string(request.header.op), ": ", why);
+    w.last_refused = request.header.incarnation;
+  }
+  Reply reply{wire::error_reply(request.header, options_.name + ": " + why), {}};
+  wire::ErrorReply{reply.header.text, static_cast<std::uint64_t>(retry_after.count())}.write(
+      reply.header);
+  sink_.send(request.from, std::move(reply));
+}
+
 void Coordinator::heard(std::uint32_t sender, Clock::time_point at) {
   if (sender >= workers_.size()) return;  // tools and benchmarks are not workers
   auto& w = workers_[sender];
@@ -213,13 +318,12 @@ void Coordinator::fail(const Parked& parked, const std::string& why) {
 }
 
 void Coordinator::expire_kv_gets(Clock::time_point now) {
-  std::erase_if(kv_waiting_, [&](const Parked& p) {
-    if (now < p.deadline) return false;
+  while (!kv_deadlines_.empty() && kv_deadlines_.begin()->first <= now) {
+    const auto p = take_kv_wait(kv_deadlines_.begin()->second);
     const auto get = wire::KvGet::read(p.request);
     fail(p, "kv_get '" + get.key + "': not set within " +
                 seconds_text(static_cast<double>(get.timeout_ms) / 1000, "%g") + " s");
-    return true;
-  });
+  }
 }
 
 void Coordinator::check_worker_timeout(Clock::time_point now) {
@@ -282,9 +386,13 @@ void Coordinator::fail_all_parked(const std::string& reason) {
   // Workers parked in a barrier or kv_get learn why instead of timing out.
   for (const auto& [name, b] : barriers_)
     for (const auto& p : b.waiting) fail(p, reason);
-  for (const auto& p : kv_waiting_) fail(p, reason);
+  for (const auto& [id, wait] : kv_waits_) fail(wait.parked, reason);
   barriers_.clear();
-  kv_waiting_.clear();
+  kv_waits_.clear();
+  kv_waits_by_key_.clear();
+  kv_deadlines_.clear();
+  parked_by_peer_.clear();
+  parked_ = 0;
 }
 
 std::string Coordinator::workers_in(Liveness state) const {
@@ -295,8 +403,8 @@ std::string Coordinator::workers_in(Liveness state) const {
 }
 
 std::optional<Clock::time_point> Coordinator::next_deadline() const {
-  if (kv_waiting_.empty()) return std::nullopt;
-  return std::ranges::min_element(kv_waiting_, {}, &Parked::deadline)->deadline;
+  if (kv_deadlines_.empty()) return std::nullopt;
+  return kv_deadlines_.begin()->first;
 }
 
 void Coordinator::fill_progress(SnapshotInfo& info) const {
@@ -335,7 +443,7 @@ Coordinator::Figures Coordinator::figures() const {
   Figures f;
   f.global_samples = global_samples_;
   for (const auto& [name, b] : barriers_) f.parked_barrier += b.waiting.size();
-  f.parked_kv_get = kv_waiting_.size();
+  f.parked_kv_get = kv_waits_.size();
   f.updates_lost = updates_lost_;
   return f;
 }

@@ -19,6 +19,17 @@
 //   (absent and done ones cannot). An absent worker heard again (a restart
 //   saying hello, a late heartbeat) is live again.
 //
+// One process per worker index: each worker process has an incarnation
+// (random, new at every start; 0 for tools speaking the protocol by hand,
+// which are not checked). The first incarnation heard for an index holds
+// it. Another one is refused while the holder is live and was heard within
+// takeover_silence (it heartbeats every liveness interval), with a reply
+// that says when to ask again; once the holder is silent that long (killed),
+// absent or done, the newcomer takes the index over: a restart. A taken-over
+// incarnation stays refused for good, so a process that was only stopped
+// cannot act for the index again. A refused request changes nothing and
+// does not count as hearing from the worker.
+//
 // Exit policy (exit_code()): 0 after a shutdown request, or once no worker is
 // live or pending and at least one sent done (all of them, unless some were
 // lost under `continue`); 3 on a loss under `fail`, or once every worker is
@@ -46,6 +57,9 @@ struct CoordinatorOptions {
   std::uint32_t workers = 0;   // senders 0 .. workers-1 are workers; others are tools
   std::chrono::duration<double> worker_timeout{60};  // net.worker_timeout
   WorkerLoss on_worker_loss = WorkerLoss::fail;      // train.on_worker_loss
+  // How long a worker index's holder must be silent before another process
+  // may take it over (shared/config.h, takeover_silence).
+  std::chrono::duration<double> takeover_silence{3};
 };
 
 class Coordinator {
@@ -57,6 +71,14 @@ class Coordinator {
   // attempt, of a few bytes (Gloo addresses, NCCL's 128-byte id).
   static constexpr std::size_t kMaxKvKeys = 4096;
   static constexpr std::size_t kMaxKvBytes = 64 << 20;  // values, all keys together
+  // Requests parked at once (barrier entries and kv_gets together), per peer
+  // (one client connection) and for the whole ps, and barriers open at once
+  // (entered, not yet released): a worker parks one barrier entry and a few
+  // kv_gets at a time. A request beyond them is refused with an error naming
+  // the limit, and parks nothing.
+  static constexpr std::size_t kMaxParkedPerPeer = 64;
+  static constexpr std::size_t kMaxParked = 4096;
+  static constexpr std::size_t kMaxBarriers = 256;
 
   Coordinator(CoordinatorOptions options, ReplySink& sink);
 
@@ -70,11 +92,17 @@ class Coordinator {
   // after a restore, those beyond the restored count were lost, which is
   // logged and counted (Figures::updates_lost).
   void hello(const Request& request);
-  void barrier(const Request& request);    // parks until `count` senders entered
-  // Replies, then answers parked kv_gets; refuses a new key beyond
-  // kMaxKvKeys and a value that would take the store past kMaxKvBytes.
+  // Parks until `count` senders entered; refuses a new barrier beyond
+  // kMaxBarriers and an entry beyond the kMaxParked* limits.
+  void barrier(const Request& request);
+  // Replies, then answers the kv_gets parked for its key (and no others);
+  // refuses a new key beyond kMaxKvKeys and a value that would take the
+  // store past kMaxKvBytes. The value is stored once and every kv_get's
+  // reply shares it (SharedBytes).
   void kv_set(const Request& request);
-  void kv_get(const Request& request);     // replies, or parks until set or deadline
+  // Replies, or parks until set or deadline; refuses to park beyond the
+  // kMaxParked* limits.
+  void kv_get(const Request& request);
   void heartbeat(const Request& request);  // workers only; adds to global samples
   void done(const Request& request);       // workers only
   void shutdown(const Request& request);
@@ -83,13 +111,17 @@ class Coordinator {
   // here. The request loop calls it once, before its first request; no
   // worker is timed out before.
   void start(Clock::time_point now);
-  // Notes that `sender` was heard from at `at`; the request loop calls it
-  // for every well-formed request, whatever its op.
+  // Whether `request` may act for its sender (one process per worker index,
+  // above); the request loop asks for every well-formed request of the run,
+  // whatever its op, before its handler. Admitted: the sender is heard.
+  // Refused: the error reply is sent, and false returned.
+  bool admit(const Request& request);
+  // Notes that `sender` was heard from at `at` (admit's liveness half).
   void heard(std::uint32_t sender, Clock::time_point at);
-  // Answers the kv_gets whose deadline is past `now`, then applies the
-  // worker timeout.
+  // Answers the kv_gets whose deadline is past `now` (in deadline order,
+  // touching none other), then applies the worker timeout.
   void tick(Clock::time_point now);
-  // The earliest deadline of a parked kv_get, if any.
+  // The earliest deadline of a parked kv_get, if any (no scan).
   std::optional<Clock::time_point> next_deadline() const;
   std::optional<int> exit_code() const { return exit_code_; }
 
@@ -129,14 +161,35 @@ class Coordinator {
     std::vector<Parked> waiting;
   };
   enum class Liveness { pending, live, absent, done };
+  // Taken-over incarnations remembered per worker index (refused for good).
+  static constexpr std::size_t kReplacedKept = 16;
   struct Worker {
     Liveness state = Liveness::pending;
     Clock::time_point last{};  // last heard; live and absent workers only
+    std::uint64_t incarnation = 0;  // the process holding the index; 0: none yet
+    std::vector<std::uint64_t> replaced;  // oldest first, at most kReplacedKept
+    std::uint64_t last_refused = 0;  // the newcomer whose refusal was logged last
   };
 
-  void send_value(const Peer& to, const wire::Header& request, const std::string& key);
+  // A parked kv_get, indexed by its key (what kv_set looks up) and by its
+  // deadline (what tick looks up) so that neither scans the others.
+  struct KvWait {
+    Parked parked;
+    std::string key;
+  };
+
   void fail(const Parked& parked, const std::string& why);
+  // Throws unless one more request of `peer` may be parked; park() counts
+  // it, unpark() when it is answered.
+  void check_can_park(const Peer& peer) const;
+  void park(const Peer& peer);
+  void unpark(const Peer& peer);
+  // Removes parked kv_get `id` from every index; returns it.
+  Parked take_kv_wait(std::uint64_t id);
   void check_worker(std::uint32_t sender, const char* op) const;
+  // admit()'s refusal: logged once per newcomer, answered with `why`.
+  void refuse(const Request& request, Worker& w, const std::string& why,
+              std::chrono::milliseconds retry_after);
   void expire_kv_gets(Clock::time_point now);
   void check_worker_timeout(Clock::time_point now);
   // Releases barrier `it` if count senders, or every worker that can still
@@ -151,9 +204,17 @@ class Coordinator {
   CoordinatorOptions options_;
   ReplySink& sink_;
   std::map<std::string, Barrier, std::less<>> barriers_;
-  std::map<std::string, std::vector<std::uint8_t>, std::less<>> kv_;
+  std::map<std::string, SharedBytes, std::less<>> kv_;
   std::size_t kv_bytes_ = 0;  // of kv_'s values
-  std::vector<Parked> kv_waiting_;
+  // Parked kv_gets by id (arrival order), by key and by deadline.
+  std::uint64_t next_kv_wait_ = 0;
+  std::map<std::uint64_t, KvWait> kv_waits_;
+  std::map<std::string, std::set<std::uint64_t>, std::less<>> kv_waits_by_key_;
+  std::set<std::pair<Clock::time_point, std::uint64_t>> kv_deadlines_;
+  // Parked requests (barrier entries and kv_gets): per peer (peers with
+  // none are not listed) and in all.
+  std::map<Peer, std::size_t> parked_by_peer_;
+  std::size_t parked_ = 0;
   std::vector<Worker> workers_;
   std::optional<Clock::time_point> started_;
   std::vector<std::uint64_t> worker_samples_;  // per worker

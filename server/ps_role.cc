@@ -76,7 +76,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   ps::PsStats stats(metrics, index);
   const auto generation = new_generation();
   ps::RequestLoop loop({.ps_index = index,
-                        .run_id = hash,
+                        .run_id = config.run_id(),
+                        .config_hash = hash,
                         .config_yaml = config.to_yaml(),
                         .bind_address = address,
                         .generation = generation,
@@ -87,7 +88,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
                                std::chrono::duration<double>(config.net.worker_timeout),
-                               config.train.on_worker_loss},
+                               config.train.on_worker_loss,
+                               std::chrono::duration<double>(takeover_silence(config.net))},
                               loop);
   if (restored) coordinator.restore_progress(restored->info, store.version_sum());
   ps::DataHandlers data(store, coordinator, loop, stats, config.run_dir, index, hash);

@@ -40,6 +40,10 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                          "Requests refused because the sender's CURVE key lacks the right "
                          "(security.curve).")
                    .with()),
+      replies_dropped_(r.counter("pstrain_ps_replies_dropped_total",
+                                 "Replies not sent: their peer (or all peers) had the send "
+                                 "budget's bytes of replies queued and unread.")
+                           .with()),
       bytes_in_(r.counter("pstrain_ps_received_bytes_total", "Bytes of every frame received.")
                     .with()),
       bytes_out_(r.counter("pstrain_ps_sent_bytes_total", "Bytes of every frame sent.").with()),
@@ -104,6 +108,7 @@ std::string PsStats::json(double now_unix) const {
     << ",\"fault_drops\":" << whole(fault_drops_.value())
     << ",\"nonfinite_refused\":" << whole(nonfinite_.value())
     << ",\"refused\":" << whole(refused_.value())
+    << ",\"replies_dropped\":" << whole(replies_dropped_.value())
     << ",\"bytes_in\":" << whole(bytes_in_.value())
     << ",\"bytes_out\":" << whole(bytes_out_.value())
     << ",\"optimizer_seconds\":" << optimizer_seconds_.value()

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <variant>
@@ -45,10 +46,14 @@ struct Request {
   std::span<const std::uint8_t> payload_of(wire::DType type) const;
 };
 
-// A reply's payload frame: none, a chunk's values (sent without a copy: the
-// frame holds a reference to the buffer until ZeroMQ has sent it, which is
-// what ChunkStore's copy-on-write looks at), or bytes.
-using ReplyPayload = std::variant<std::monostate, ValueBuffer, std::vector<std::uint8_t>>;
+// Bytes shared by whoever holds them: a kv value answers any number of
+// kv_gets with one copy, held by the store and the replies in flight.
+using SharedBytes = std::shared_ptr<const std::vector<std::uint8_t>>;
+
+// A reply's payload frame: none, a chunk's values, or bytes. Both are sent
+// without a copy: the frame holds a reference to the buffer until ZeroMQ has
+// sent it (which is what ChunkStore's copy-on-write looks at).
+using ReplyPayload = std::variant<std::monostate, ValueBuffer, SharedBytes>;
 
 struct Reply {
   wire::Header header;  // from wire::reply_to / error_reply, plus its op's view

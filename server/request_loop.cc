@@ -4,12 +4,15 @@
 #include <csignal>
 #include <cstdio>
 #include <set>
+#include <span>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "server/dedup.h"
+#include "server/send_budget.h"
 #include "server/zap_handler.h"
 #include "shared/config.h"
+#include "shared/init.h"
 #include "shared/log.h"
 #include "shared/messages.h"
 
@@ -58,18 +61,46 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-// A frame over a chunk's value buffer: ZeroMQ sends straight from it and
-// drops the reference once the bytes are on the wire, which is what lets the
-// store see whether a pull still holds the buffer (copy-on-write).
-zmq::message_t zero_copy(const ValueBuffer& values) {
-  auto ref = std::make_unique<ValueBuffer>(values);
+// The bytes a frame is sent from.
+std::span<const std::uint8_t> bytes_of(const std::vector<std::uint8_t>& b) { return b; }
+std::span<const std::uint8_t> bytes_of(const SharedBytes& b) { return *b; }
+std::span<const std::uint8_t> bytes_of(const ValueBuffer& v) {
+  return {reinterpret_cast<const std::uint8_t*>(v->data()), v->size() * sizeof(float)};
+}
+
+// A frame ZeroMQ sends straight from `keep`'s bytes, without a copy. It holds
+// `keep` and the reply's claim on the send budget until ZeroMQ drops it, on
+// its I/O thread, once the bytes are on the wire: which is what lets the
+// store see whether a pull still holds a chunk's buffer (copy-on-write), and
+// the budget what is still queued.
+template <class Keep>
+zmq::message_t held_frame(Keep keep, std::shared_ptr<SendBudget::Claim> claim) {
+  struct Held {
+    Keep keep;
+    std::shared_ptr<SendBudget::Claim> claim;
+  };
+  auto held = std::make_unique<Held>(Held{std::move(keep), std::move(claim)});
+  const auto bytes = bytes_of(held->keep);
   zmq::message_t msg(
-      values->data(), values->size() * sizeof(float),
-      [](void*, void* hint) { std::unique_ptr<ValueBuffer> owned(static_cast<ValueBuffer*>(hint)); },
-      ref.get());
-  ref.release();  // owned by the message's free function from here on
+      const_cast<std::uint8_t*>(bytes.data()), bytes.size(),
+      [](void*, void* hint) { std::unique_ptr<Held> owned(static_cast<Held*>(hint)); },
+      held.get());
+  held.release();  // owned by the message's free function from here on
   return msg;
 }
+
+std::string hex_bytes(const std::string& bytes) {
+  std::string out = "0x";
+  char buf[3];
+  for (const unsigned char c : bytes) {
+    std::snprintf(buf, sizeof buf, "%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
+// Peers whose dropped replies are logged; drops to others are only counted.
+constexpr std::size_t kMaxLoggedSlowPeers = 1024;
 
 // "pull of 'w' chunk 3", "barrier 'start'": what an error reply is about.
 std::string describe(const Header& request) {
@@ -104,16 +135,24 @@ struct RequestLoop::Impl {
   Handlers handlers;
   Dedup dedup;
   FaultInjector faults;
+  // Declared before the context, whose I/O thread releases claims: it is
+  // gone by the time the budget is.
+  SendBudget budget;
+  std::set<Peer> slow_peers;  // logged for dropped replies; bounded
+  // While a request is handled: its sender and the sender's IP address.
+  const Peer* current_peer = nullptr;
+  std::string current_address;
   // While a recorded op's handler runs: its request, whose reply send()
   // records in dedup.
   const Header* recording = nullptr;
   // While a resent push_pull is answered through the pull handler: the op
   // its reply must carry.
   std::optional<Op> answering_as;
+  std::size_t refusals_logged = 0;  // check_run
   // (peer address, op) pairs whose refusal was logged; bounded, the count
   // (PsStats::refused) has the rest.
-  std::set<std::pair<std::string, Op>> refusals_logged;
-  static constexpr std::size_t kMaxRefusalsLogged = 256;
+  std::set<std::pair<std::string, Op>> rights_refusals_logged;
+  static constexpr std::size_t kMaxRightsRefusalsLogged = 256;
   zmq::context_t context;
   // Bound before the socket, so that no handshake is ever decided without it.
   std::optional<ZapHandler> zap;
@@ -161,6 +200,13 @@ struct RequestLoop::Impl {
     Request request;
     request.from = frames[0].to_string();
     request.received = Clock::now();
+    current_peer = &request.from;
+    const char* address = zmq_msg_gets(frames.back().handle(), "Peer-Address");
+    current_address = address ? address : "";
+    struct Clear {
+      const Peer*& peer;
+      ~Clear() { peer = nullptr; }
+    } clear{current_peer};
     if (frames.size() < 2) {
       stats.malformed();
       return send(request.from, {bad_header_reply("message has no header frame"), {}});
@@ -174,6 +220,7 @@ struct RequestLoop::Impl {
     stats.request(request.header.op);
     try {
       check(request.header, frames);
+      check_run(request.header);
       if (request.header.payload_frames == 1)
         request.payload = {frames[2].data<std::uint8_t>(), frames[2].size()};
       if (options.curve) {
@@ -184,7 +231,7 @@ struct RequestLoop::Impl {
                       {wire::error_reply(request.header, prefix() + "refused: " + *why), {}});
         }
       }
-      coordinator.heard(request.header.sender, request.received);
+      if (!coordinator.admit(request)) return stats.error();
       const Handler* handler = handlers.find(request.header.op);
       if (!handler) throw wire::ProtocolError("this ps does not serve the op");
       if (request.header.op == Op::hello) dedup.hello(request.header);
@@ -236,13 +283,42 @@ struct RequestLoop::Impl {
     const auto who = user_id ? Identity::parse(user_id) : std::nullopt;
     auto why = who ? refusal(*who, request, options.curve->rights)
                    : std::optional<std::string>("the connection has no identity");
-    if (why && refusals_logged.size() < kMaxRefusalsLogged) {
+    if (why && rights_refusals_logged.size() < kMaxRightsRefusalsLogged) {
       const char* address = zmq_msg_gets(frame.handle(), "Peer-Address");
-      if (refusals_logged.emplace(address ? address : "?", request.op).second)
+      if (rights_refusals_logged.emplace(address ? address : "?", request.op).second)
         log(prefix(), "refused ", wire::to_string(request.op), " from ",
             address ? address : "?", ": ", *why);
     }
     return why;
+  }
+
+  // A request of another run is refused with what kind of mismatch it is;
+  // the values go to our log only (request_loop.h).
+  void check_run(const Header& request) {
+    if (request.run_id == options.run_id) return;
+    std::string reply, logged;
+    const auto hello = request.op == Op::hello ? wire::Hello::read(request).config_yaml : "";
+    if (hello.empty()) {
+      reply = "run id differs: the sender belongs to another launch or uses a different config";
+      logged = "sent run id " + hex(request.run_id) + ", this run's is " + hex(options.run_id);
+    } else if (fnv1a64(hello) == options.config_hash) {
+      reply = "run id differs: the sender is a process of another launch of this config (a "
+              "stale process of an earlier run, or one started without this launch's --run-id); "
+              "it is not part of this run";
+      logged = "same config, run id " + hex(request.run_id) + " of another launch (this one's is " +
+               hex(options.run_id) + ")";
+    } else {
+      reply = "config differs in: " + config_difference_keys(options.config_yaml, hello) +
+              " — all processes must use the same cluster.yaml and --set overrides";
+      logged = "config differs (ps vs sender: " +
+               config_differences(options.config_yaml, hello) + ")";
+    }
+    if (refusals_logged < RequestLoop::kMaxLoggedRefusals)
+      log(prefix(), "refused ", describe(request), " from sender ", request.sender, ": ", logged,
+          ++refusals_logged == RequestLoop::kMaxLoggedRefusals
+              ? "; further refusals of other runs are not logged (stats: errors)"
+              : "");
+    throw wire::ProtocolError(reply);
   }
 
   // What every request must satisfy before its handler sees it.
@@ -252,19 +328,6 @@ struct RequestLoop::Impl {
                                 std::to_string(wire::kProtocolVersion) + ", sender " +
                                 std::to_string(request.sender) + " speaks " +
                                 std::to_string(request.protocol));
-    if (request.run_id != options.run_id) {
-      std::string which;
-      if (request.op == Op::hello) {
-        const auto hello = wire::Hello::read(request);
-        if (!hello.config_yaml.empty())
-          which = " (ps vs sender: " + config_differences(options.config_yaml, hello.config_yaml) + ")";
-      }
-      throw wire::ProtocolError("config hash differs: ps has " + hex(options.run_id) + ", sender " +
-                                std::to_string(request.sender) + " sent " + hex(request.run_id) +
-                                which +
-                                " — all processes must use the same cluster.yaml and --set "
-                                "overrides");
-    }
     if (frames.size() != 2 + request.payload_frames)
       throw wire::ProtocolError("header declares " + std::to_string(request.payload_frames) +
                                 " payload frames, the message has " +
@@ -282,26 +345,47 @@ struct RequestLoop::Impl {
     // Replies carry the run id, except hello's (protocol.h) and errors.
     if (h.status == wire::Status::ok && h.op != Op::hello) h.run_id = options.run_id;
     h.generation = options.generation;
-    std::optional<zmq::message_t> payload;
     if (const auto* values = std::get_if<ValueBuffer>(&reply.payload)) {
       h.dtype = wire::DType::f32;
       h.elements = (*values)->size();
-      payload = zero_copy(*values);
-    } else if (const auto* bytes = std::get_if<std::vector<std::uint8_t>>(&reply.payload)) {
+    } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
       h.dtype = wire::DType::bytes;
-      h.elements = bytes->size();
-      payload.emplace(bytes->data(), bytes->size());
+      h.elements = (*bytes)->size();
     }
-    h.payload_frames = payload ? 1 : 0;
-    const auto header = wire::encode_header(h);
+    const bool has_payload = !std::holds_alternative<std::monostate>(reply.payload);
+    h.payload_frames = has_payload ? 1 : 0;
+    auto header = wire::encode_header(h);
+    std::shared_ptr<SendBudget::Claim> claim =
+        budget.claim(to, SendBudget::cost(header.size(), reply.payload));
+    if (!claim) return drop(to, h);
+    stats.sent(header.size());
     zmq::message_t id(to.data(), to.size());
     socket.send(id, zmq::send_flags::sndmore);
-    socket.send(zmq::buffer(header), payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    stats.sent(header.size());
-    if (payload) {
-      stats.sent(payload->size());
-      socket.send(*payload, zmq::send_flags::none);
+    socket.send(held_frame(std::move(header), claim),
+                has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    if (const auto* values = std::get_if<ValueBuffer>(&reply.payload)) {
+      stats.sent((*values)->size() * sizeof(float));
+      socket.send(held_frame(*values, claim), zmq::send_flags::none);
+    } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
+      stats.sent((*bytes)->size());
+      socket.send(held_frame(*bytes, claim), zmq::send_flags::none);
     }
+  }
+
+  // A reply the send budget has no room for: the peer has not read what it
+  // was sent (or all peers together have not). Dropped, counted, and the
+  // peer logged the first time.
+  void drop(const Peer& to, const Header& reply) {
+    stats.reply_dropped();
+    if (slow_peers.size() >= kMaxLoggedSlowPeers || !slow_peers.insert(to).second) return;
+    const std::string address =
+        current_peer && *current_peer == to && !current_address.empty() ? current_address
+                                                                         : "unknown";
+    log(prefix(), "dropped a ", wire::to_string(reply.op), " reply to peer ", hex_bytes(to),
+        " (address ", address, "): it has ", budget.queued(to),
+        " bytes of replies it has not read (the limit is ", SendBudget::kPerPeerBytes,
+        " per peer, ", SendBudget::kTotalBytes, " in all, and ", budget.queued(),
+        " are queued); its further drops are only counted (stats: replies_dropped)");
   }
 };
 
@@ -333,6 +417,7 @@ int RequestLoop::run(Coordinator& coordinator,
       const auto rc = zmq_poll(&item, 1, static_cast<long>(impl_->poll_timeout(coordinator).count()));
       if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
       if (rc > 0) impl_->drain(coordinator);
+      impl_->budget.forget_idle();
       const auto now = Clock::now();
       coordinator.tick(now);
       if (tick) tick(now);

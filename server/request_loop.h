@@ -1,10 +1,13 @@
 #pragma once
 // The ps's request loop: its ZeroMQ ROUTER socket and everything that touches
 // it. Each message is decoded and checked (header, protocol version, config
-// hash, payload frames against the header), handed to the handler its op has
+// run id, payload frames against the header), handed to the handler its op has
 // in handlers(), and answered through this loop, the ReplySink of every
-// handler. Chunk values leave without a copy. A message that cannot be
-// decoded or a handler that throws gets an error reply; the loop goes on.
+// handler. Reply frames leave without a copy, each holding a claim on the
+// send budget (server/send_budget.h) until ZeroMQ has sent it; a reply with
+// no room in the budget is dropped, counted and its peer logged once. A
+// message that cannot be decoded or a handler that throws gets an error
+// reply; the loop goes on.
 //
 // The loop also keeps the record of applied updates (server/dedup.h): a
 // resent update is answered from it (push_pull through the pull handler)
@@ -14,7 +17,18 @@
 // another generation. Fault injection (net.fault, for tests) drops or
 // delays data replies as they are sent.
 //
-//   RequestLoop loop({.ps_index = 0, .run_id = config.hash(), ...}, stats);
+// A request with another run id is refused before anything else looks at
+// it. The reply says which kind of mismatch it is (another launch of this
+// config, a different config naming the differing keys, or neither known:
+// a request without the hello's config) and never the ps's run id or config
+// values: the peer has not shown it belongs to the run. The ps's log names
+// the values, for the first kMaxLoggedRefusals refusals.
+//
+// Every well-formed request of the run is then admitted by the coordinator
+// (Coordinator::admit: a worker index is held by one process at a time)
+// before its handler runs.
+//
+//   RequestLoop loop({.ps_index = 0, .run_id = config.run_id(), ...}, stats);
 //   coordinator.add_handlers(loop.handlers());   // and the other modules
 //   loop.bind();
 //   return loop.run(coordinator, [&](Clock::time_point now) { checkpointer.tick(now); });
@@ -29,9 +43,9 @@
 // Thread rules: the ps is single-threaded and this is where that holds: run()
 // reads, dispatches and sends on its caller's thread, one request at a time,
 // so handlers need no locks. The other threads are ZeroMQ's I/O thread,
-// which merely drops its reference to a sent chunk buffer (an atomic
-// shared_ptr count) once the bytes are on the wire, and under CURVE the ZAP
-// handler's, which shares nothing with the loop but the ZeroMQ context.
+// which merely drops its references to a sent frame's buffer and budget
+// claim (atomic counts) once the bytes are on the wire, and under CURVE the
+// ZAP handler's, which shares nothing with the loop but the ZeroMQ context.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,8 +77,9 @@ struct CurveServerOptions {
 
 struct RequestLoopOptions {
   std::uint32_t ps_index = 0;
-  std::uint64_t run_id = 0;     // the config hash every request must carry
-  std::string config_yaml;      // ours, to name the keys a hello's config differs in
+  std::uint64_t run_id = 0;       // every request must carry it (ClusterConfig::run_id)
+  std::uint64_t config_hash = 0;  // ClusterConfig::hash: a hello of another launch has it
+  std::string config_yaml;        // ours, to name the keys a hello's config differs in
   std::string bind_address;     // "tcp://host:port"
   // Stamped on every reply (wire::Header::generation): nonzero, new for
   // every state this ps serves that may differ from what clients saw.
@@ -76,6 +91,10 @@ struct RequestLoopOptions {
 
 class RequestLoop final : public ReplySink {
  public:
+  // Refused run ids logged with their details; later ones only counted
+  // (stats: errors), so that a peer cannot fill the log.
+  static constexpr std::size_t kMaxLoggedRefusals = 32;
+
   // Installs SIGTERM and SIGINT handlers that make run() return 0; the
   // previous handlers come back when the loop is destroyed.
   RequestLoop(RequestLoopOptions options, PsStats& stats);

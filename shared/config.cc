@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -464,8 +465,13 @@ std::string scalar_text(const YAML::Node& node) {
   return out.c_str();
 }
 
+struct Difference {
+  std::string key;     // dotted
+  std::string values;  // "A vs B"
+};
+
 void diff_nodes(const YAML::Node& a, const YAML::Node& b, const std::string& path,
-                std::vector<std::string>& out) {
+                std::vector<Difference>& out) {
   if (a.IsMap() && b.IsMap()) {
     std::vector<std::string> keys;
     for (const auto& kv : a) keys.push_back(kv.first.Scalar());
@@ -479,26 +485,62 @@ void diff_nodes(const YAML::Node& a, const YAML::Node& b, const std::string& pat
     return;
   }
   const auto at = scalar_text(a), bt = scalar_text(b);
-  if (at != bt) out.push_back(path + ": " + at + " vs " + bt);
+  if (at != bt) out.push_back({path, at + " vs " + bt});
+}
+
+// The differing keys with their values, or nullopt when a text is not YAML.
+std::optional<std::vector<Difference>> differences(const std::string& a_yaml,
+                                                   const std::string& b_yaml) {
+  std::vector<Difference> found;
+  try {
+    diff_nodes(YAML::Load(a_yaml), YAML::Load(b_yaml), "", found);
+  } catch (const YAML::Exception&) {
+    return std::nullopt;
+  }
+  return found;
+}
+
+std::string join_differences(const std::optional<std::vector<Difference>>& found,
+                             std::size_t limit, bool with_values, const char* separator) {
+  if (!found) return "(a configuration could not be read)";
+  std::string text;
+  for (std::size_t i = 0; i < found->size() && i < limit; ++i) {
+    const auto& d = (*found)[i];
+    text += (i ? separator : "") + d.key + (with_values ? ": " + d.values : "");
+  }
+  if (found->size() > limit)
+    text += separator + std::string("and ") + std::to_string(found->size() - limit) + " more";
+  return text;
 }
 
 }  // namespace
 
 std::string config_differences(const std::string& a_yaml, const std::string& b_yaml,
                                std::size_t limit) {
-  std::vector<std::string> found;
-  try {
-    diff_nodes(YAML::Load(a_yaml), YAML::Load(b_yaml), "", found);
-  } catch (const YAML::Exception&) {
-    return "(a configuration could not be read)";
-  }
-  std::string text;
-  for (std::size_t i = 0; i < found.size() && i < limit; ++i)
-    text += (i ? "; " : "") + found[i];
-  if (found.size() > limit) text += "; and " + std::to_string(found.size() - limit) + " more";
-  return text;
+  return join_differences(differences(a_yaml, b_yaml), limit, true, "; ");
+}
+
+std::string config_difference_keys(const std::string& a_yaml, const std::string& b_yaml,
+                                   std::size_t limit) {
+  return join_differences(differences(a_yaml, b_yaml), limit, false, ", ");
 }
 
 std::uint64_t ClusterConfig::hash() const { return fnv1a64(to_yaml()); }
+
+std::uint64_t ClusterConfig::run_id() const {
+  const auto h = hash();
+  if (launch_nonce == 0) return h;
+  // Any fixed mix does; one that cannot give 0 (the hello reply's run id) or
+  // the bare hash (a process started without the nonce) keeps them apart.
+  const auto id = fnv1a64(
+      std::string_view(reinterpret_cast<const char*>(&launch_nonce), sizeof launch_nonce), h);
+  return id == 0 || id == h ? id + 1 : id;
+}
+
+double liveness_interval(const NetConfig& net) {
+  return std::min(net.heartbeat, net.worker_timeout / 4);
+}
+
+double takeover_silence(const NetConfig& net) { return 3 * liveness_interval(net); }
 
 }  // namespace pstrain

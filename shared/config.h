@@ -93,6 +93,15 @@ struct NetConfig {
   FaultConfig fault;             // for testing only
 };
 
+// Seconds between a worker's liveness heartbeats (client/heartbeat.h):
+// net.heartbeat, or a quarter of net.worker_timeout when that is shorter.
+double liveness_interval(const NetConfig& net);
+// How long the process holding a worker index must have been silent before
+// a new process (another incarnation) may take the index over: three
+// liveness intervals. A restart after a crash waits at most this long; a
+// second live process with the same index is refused (server/coordinator.h).
+double takeover_silence(const NetConfig& net);
+
 struct CheckpointConfig {
   double every_s = 60;     // s between checkpoints of every ps; 0: none
   std::uint32_t keep = 3;  // generations each ps keeps
@@ -118,10 +127,19 @@ struct ClusterConfig {
   NetConfig net;
   CheckpointConfig checkpoint;
   SecurityConfig security;
+  // Not a config key and not part of hash() or to_yaml(): the nonce of this
+  // launch (`pstrain --run-id`, which tools/launch draws afresh for every
+  // launch and gives every process of it, restarts included). 0: none given.
+  std::uint64_t launch_nonce = 0;
 
   // Hash of the canonical resolved configuration; all processes of a run must
-  // agree on it (checked in hello).
+  // agree on it (checked in hello), and checkpoints record it.
   std::uint64_t hash() const;
+  // The run id every request carries (wire::Header::run_id): the config hash
+  // mixed with the launch nonce, so that a process of another launch of the
+  // same config is refused; the config hash alone without a nonce (then
+  // stale processes of an earlier run of the same config are accepted).
+  std::uint64_t run_id() const;
   // The resolved configuration as YAML, as written to run_dir/config.yaml.
   std::string to_yaml() const;
 };
@@ -142,6 +160,10 @@ ClusterConfig parse_config(const std::string& yaml_text,
 // two processes of a run disagree.
 std::string config_differences(const std::string& a_yaml, const std::string& b_yaml,
                                std::size_t limit = 5);
+// The same naming only the keys ("dotted.key, other.key"), for a peer that
+// must not learn our values (an unauthenticated hello).
+std::string config_difference_keys(const std::string& a_yaml, const std::string& b_yaml,
+                                   std::size_t limit = 5);
 
 // Every dotted key the schema accepts, list entries as N ("ps.N.port",
 // "workers.count", "train.seed"), in the order to_yaml writes them; the

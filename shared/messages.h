@@ -38,7 +38,8 @@ struct ChunkReply {
   static ChunkReply read(const Header& h) { return {h.version}; }
 };
 
-// hello: the sender's resolved config, so a ps whose config hash differs can
+// hello: the sender's resolved config, so a ps refusing its run id can tell
+// another launch of the same config (same hash) from a different config and
 // name the keys that differ; and the updates (chunk pushes and assigns) of
 // this sender that this ps acknowledged, as the sender counted them, so a ps
 // restored from a checkpoint can say how many of them the restore lost.
@@ -142,9 +143,14 @@ struct StatsReply {
 };
 
 // Any reply with status=error (wire::error_reply makes them).
+// `retry_after_ms` nonzero: the refusal is temporary (a worker index held by
+// a process that may have just died, server/coordinator.h), and asking again
+// after that long may succeed; 0 for every other error.
 struct ErrorReply {
   std::string text;
-  static ErrorReply read(const Header& h) { return {h.text}; }
+  std::uint64_t retry_after_ms = 0;
+  void write(Header& h) const { h.text = text; h.arg = retry_after_ms; }
+  static ErrorReply read(const Header& h) { return {h.text, h.arg}; }
 };
 
 }  // namespace pstrain::wire

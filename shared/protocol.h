@@ -84,7 +84,7 @@ struct Header {
   // Random per client process start; 0: a sender that never resends, whose
   // requests the ps does not record.
   std::uint64_t incarnation = 0;
-  std::uint64_t run_id = 0;     // config hash of the run; 0 only in hello replies
+  std::uint64_t run_id = 0;     // ClusterConfig::run_id; 0 only in hello replies and errors
   // In every reply, errors included: the answering ps's generation, nonzero
   // and new whenever its state may have been lost (a process start); 0 in
   // requests. A client that sees it change knows the ps restarted.

@@ -22,7 +22,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 std::string run_root(const ClusterConfig& config) {
   char run[24];
-  std::snprintf(run, sizeof run, "%016llx", static_cast<unsigned long long>(config.hash()));
+  std::snprintf(run, sizeof run, "%016llx", static_cast<unsigned long long>(config.run_id()));
   return "sync/" + std::string(run) + "/";
 }
 

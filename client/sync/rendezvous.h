@@ -4,7 +4,8 @@
 // needed. It agrees on the run's attempt, hands out NCCL's id, and serves as
 // Gloo's rendezvous store.
 //
-// Every key is prefixed with the run's namespace, "sync/<config hash>/", and
+// Every key is prefixed with the run's namespace, "sync/<run id>/" (ClusterConfig::run_id: a
+// new one for every launch, so attempts of two launches never mix), and
 // the attempt's: a failed attempt's keys (Gloo's addresses) are never read
 // again, whether the workers restarted one by one (docs/sync.md, "Restarts")
 // or the whole run restarted against a ps that is still up.
@@ -29,14 +30,14 @@ class PsClient;
 // (re)start until the run ends or a peer fails.
 struct SyncAttempt {
   std::uint64_t number = 0;  // 1, 2, ... counted by ps 0's kv store
-  std::string prefix;        // "sync/<config hash>/<number>/": this attempt's keys
+  std::string prefix;        // "sync/<run id>/<number>/": this attempt's keys
   // Steps done by the weights ps 0 holds (0: the initial weights): every
   // worker pulls them and trains from step `step` + 1.
   std::uint64_t step = 0;
 };
 
 // Joins the next attempt of the run and returns it; every worker of the run
-// gets the same one. Keys under "sync/<config hash>/" on ps 0, each in its
+// gets the same one. Keys under "sync/<run id>/" on ps 0, each in its
 // writer's namespace (wire::kv_key: worker 0's are "w0/sync/..."):
 //
 //   attempt           the newest attempt's number (worker 0 writes it)

@@ -17,7 +17,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr std::uint32_t kTool = 1000;  // a sender past the workers: the tool's key
 
 ShardMap small_map(const ClusterConfig& c) { return shard_map_for(c, {{"w", 8, {}}}); }
 

@@ -80,7 +80,7 @@ TEST_CASE("retries: integer updates stay exact with 10% of messages dropped and 
   cluster.start_all();
   const auto& config = cluster.config();
   check_exact_pushes(config, 3, 150);
-  PsClient check(config, 0, shard_map_for(config, exact_push_variables()));
+  PsClient check(config, kTool, shard_map_for(config, exact_push_variables()));
   // Replies were lost after their updates were applied, and the resends
   // were answered from the record; nothing was refused.
   const auto answered = stat_sum(check, 2, "resends_answered");
@@ -110,7 +110,7 @@ TEST_CASE("retries: a stalled ps with a large model ends every call within reque
   const auto b_server = map.chunks(*map.find("b"))[0].server;
   const std::uint32_t stalled = 1 - b_server;
   {
-    PsClient setup(config, 0, map);
+    PsClient setup(config, kTool, map);
     setup.hello();
     setup.init(1);
   }
@@ -223,7 +223,8 @@ TEST_CASE("retries: a resend on the wire is answered from the record, never appl
   CHECK(refused->header.status == wire::Status::error);
   CHECK(refused->header.generation == generation);
 
-  PsClient client(config, 0, shard_map_for(config, {{"v", 4, {InitKind::zeros, 0}}}));
+  // A tool: the raw peer above held worker index 0.
+  PsClient client(config, kTool, shard_map_for(config, {{"v", 4, {InitKind::zeros, 0}}}));
   const auto stats = client.stats(0);
   CHECK(stat(stats, "resends_answered") == 2);
   CHECK(stat(stats, "requests_too_old") == 0);

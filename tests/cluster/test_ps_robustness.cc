@@ -1,6 +1,8 @@
 // A live `pstrain --role ps` fed malformed messages through a raw ZeroMQ
 // DEALER: every one gets an error reply naming the problem, the ps keeps
-// serving, and the stored values stay bit-identical.
+// serving, and the stored values stay bit-identical. Memory attacks (a huge
+// frame, a peer that never reads, a flood of parked requests) leave the ps
+// within a stated bound of its working set, and serving.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -8,8 +10,10 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "client/ps_client.h"
+#include "server/coordinator.h"
 #include "shared/messages.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/raw_peer.h"
@@ -109,7 +113,7 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     h.op = Op::hello;
     h.request_id = 4242;
     h.run_id = config.hash() ^ 1;
-    cases.push_back({"wrong config hash", {wire::encode_header(h)}, "config hash differs"});
+    cases.push_back({"wrong run id", {wire::encode_header(h)}, "run id differs"});
   }
   {
     Header h = push;
@@ -207,24 +211,36 @@ TEST_CASE("ps: a frame larger than any legal message is dropped before it is hel
   CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
 }
 
-TEST_CASE("ps: a client with another config is refused, naming the keys that differ") {
+TEST_CASE("ps: a client with another config is refused, naming the keys that differ, not values") {
   PsCluster cluster({.ps = 1});
-  cluster.start_ps(0);
+  auto& server = cluster.start_ps(0);
   const auto& config = cluster.config();
   const ShardMap map({{"w", 4, {}}}, 1);
   ClusterConfig other = config;
   other.optimizer.lr = 0.5f;
   other.train.batch_size = 32;
+  other.run_dir = "/elsewhere/other-run";
   PsClient wrong(other, 0, map);
   try {
     wrong.hello();
     FAIL("hello with another config was accepted");
   } catch (const PsError& e) {
     const std::string what = e.what();
-    CHECK_MESSAGE(what.find("config hash differs") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("optimizer.lr: 1 vs 0.5") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("train.batch_size: 64 vs 32") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("config differs in: run_dir, optimizer.lr, train.batch_size") !=
+                      std::string::npos,
+                  what);
+    // Nothing of the ps's config or run id reaches a peer that is not of
+    // the run: not its run directory, not any value.
+    CHECK_MESSAGE(what.find(config.run_dir.string()) == std::string::npos, what);
+    CHECK_MESSAGE(what.find(" vs ") == std::string::npos, what);
+    CHECK_MESSAGE(what.find("0x") == std::string::npos, what);
   }
+  // The ps's own log names the values.
+  const auto log = server.log_text();
+  CHECK_MESSAGE(log.find("optimizer.lr: 1 vs 0.5") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("run_dir: " + config.run_dir.string() + " vs /elsewhere/other-run") !=
+                    std::string::npos,
+                log);
   PsClient right(config, 0, map);
   CHECK_NOTHROW(right.hello());
   // Errors name the ps, its address, the op and the variable.
@@ -247,4 +263,206 @@ TEST_CASE("ps: a silent ps is reported by index, address, op and variable") {
   CHECK_THROWS_WITH_AS(client.wait(client.push("w", grad)),
                        doctest::Contains(("ps 0 (" + address + "): no reply to push of 'w'").c_str()),
                        PsError);
+}
+
+namespace {
+
+// A client that sends requests of its own making and reads replies only when
+// told: its receive queue is kept to one message, so that what the ps sends
+// it stays queued on the ps's side, as with a peer that never reads.
+class DeafPeer {
+ public:
+  static constexpr std::uint32_t kSender = 7;  // not a worker
+
+  explicit DeafPeer(const ClusterConfig& config) : run_id_(config.hash()) {
+    socket_.set(zmq::sockopt::rcvhwm, 1);
+    socket_.set(zmq::sockopt::rcvbuf, 4096);
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 5000);
+    socket_.connect(config.ps[0].connect_address());
+  }
+
+  void kv_set(const std::string& key, const std::vector<std::uint8_t>& value) {
+    Header h = header(Op::kv_set);
+    wire::KvSet{wire::kv_key(kSender, key)}.write(h);  // in its own namespace, as PsClient
+    h.dtype = wire::DType::bytes;
+    h.elements = value.size();
+    h.payload_frames = 1;
+    socket_.send(zmq::buffer(wire::encode_header(h)), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(value), zmq::send_flags::none);
+  }
+  void kv_get(const std::string& key, std::uint64_t timeout_ms) {
+    Header h = header(Op::kv_get);
+    wire::KvGet{wire::kv_key(kSender, key), timeout_ms}.write(h);  // its own keys
+    socket_.send(zmq::buffer(wire::encode_header(h)), zmq::send_flags::none);
+  }
+  void barrier(const std::string& name, std::uint64_t count) {
+    Header h = header(Op::barrier);
+    wire::Barrier{name, count}.write(h);
+    socket_.send(zmq::buffer(wire::encode_header(h)), zmq::send_flags::none);
+  }
+  // The next reply's header, or nullopt after the receive timeout.
+  std::optional<Header> read() {
+    std::vector<zmq::message_t> reply;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) return std::nullopt;
+    return wire::decode_header({reply[0].data<std::uint8_t>(), reply[0].size()});
+  }
+
+ private:
+  Header header(Op op) {
+    Header h;
+    h.op = op;
+    h.sender = kSender;
+    h.request_id = ++request_id_;
+    h.run_id = run_id_;
+    return h;
+  }
+
+  std::uint64_t run_id_;
+  std::uint64_t request_id_ = 0;
+  zmq::context_t context_;
+  zmq::socket_t socket_{context_, zmq::socket_type::dealer};
+};
+
+// A figure of the ps's stats JSON ("requests" counts by op name too).
+std::uint64_t stat(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\":");
+  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + json);
+  return std::stoull(json.substr(at + key.size() + 3));
+}
+
+// Waits until the ps has counted `n` requests of `op` (they come over
+// another connection than the stats, so in no set order with it).
+void wait_for_requests(PsClient& client, const std::string& op, std::uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (stat(client.stats(0), op) < n) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ps: a peer that never reads its replies cannot queue more than its send budget") {
+  PsCluster cluster({.ps = 1, .workers = 1});
+  auto& server = cluster.start_ps(0);
+  const auto& config = cluster.config();
+  PsClient client(config, 0, one_chunk_map());
+  client.hello();
+  client.init(3);
+
+  // The attack of the issue: one large value, then many kv_gets of it; and
+  // one that shares nothing: a new value each round, with a kv_get of it,
+  // each reply holding its own value. Unbounded, the ps would hold 60 copies
+  // and then every round's value: about 1.4 GB. The bound is counted from
+  // the ps holding the values (its working set).
+  DeafPeer deaf(config);
+  const std::vector<std::uint8_t> value(16u << 20, 5);
+  const std::vector<std::uint8_t> round(8u << 20, 6);
+  deaf.kv_set("big", value);
+  deaf.kv_set("round", round);
+  wait_for_requests(client, "kv_set", 2);
+  const auto peak_before = status_kb(server.pid(), "VmHWM");
+  for (int i = 0; i < 60; ++i) deaf.kv_get("big", 0);
+  for (int i = 0; i < 60; ++i) {
+    deaf.kv_set("round", round);
+    deaf.kv_get("round", 0);
+  }
+  // Others are served meanwhile, large replies included.
+  CHECK(client.kv_get(DeafPeer::kSender, "big", 10) == value);
+  wait_for_requests(client, "kv_get", 121);
+
+  const auto peak_after = status_kb(server.pid(), "VmHWM");
+  MESSAGE("ps peak resident set: ", peak_before / 1024, " MB before, ", peak_after / 1024,
+          " MB after the never-reading peer");
+  CHECK(peak_after < peak_before + 100 * 1024);
+  const auto stats = client.stats(0);
+  CHECK(stat(stats, "replies_dropped") > 0);
+  CHECK(server.log_text().find("dropped a kv_get reply to peer 0x") != std::string::npos);
+  CHECK(server.log_text().find("(address 127.0.0.1)") != std::string::npos);
+  CHECK(client.kv_get(DeafPeer::kSender, "round", 10) == round);
+  CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
+}
+
+TEST_CASE("ps: one peer cannot park more than its share of barrier entries and kv_gets") {
+  PsCluster cluster({.ps = 1, .workers = 1});
+  auto& server = cluster.start_ps(0);
+  const auto& config = cluster.config();
+  PsClient client(config, 0, one_chunk_map());
+  client.hello();
+  const auto peak_before = status_kb(server.pid(), "VmHWM");
+
+  // Parks that would last a day, and barrier entries no one completes.
+  constexpr std::size_t kRequests = 20'000;
+  DeafPeer flood(config);
+  for (std::size_t i = 0; i < kRequests; ++i) {
+    if (i % 2) flood.kv_get("never " + std::to_string(i), 86'400'000);
+    else flood.barrier("never", 1'000'000);
+  }
+  wait_for_requests(client, "barrier", kRequests / 2);
+  wait_for_requests(client, "kv_get", kRequests / 2);
+  const auto stats = client.stats(0);
+  const auto parked = stat(stats, "parked_kv_get") + stat(stats, "parked_barrier");
+  MESSAGE("parked after ", kRequests, " requests of one peer: ", parked,
+          "; ps peak resident set ", peak_before / 1024, " MB before, ",
+          status_kb(server.pid(), "VmHWM") / 1024, " MB after");
+  CHECK(parked == ps::Coordinator::kMaxParkedPerPeer);
+  // The rest were refused, naming the limit.
+  std::size_t refused = 0;
+  while (const auto reply = flood.read()) {
+    if (reply->status != wire::Status::error) continue;
+    ++refused;
+    CHECK(wire::ErrorReply::read(*reply).text.find("the limit per peer") != std::string::npos);
+    if (refused == kRequests - parked) break;
+  }
+  CHECK(refused == kRequests - parked);
+  CHECK(status_kb(server.pid(), "VmHWM") < peak_before + 100 * 1024);
+
+  // Others still park and are answered.
+  std::vector<std::uint8_t> got;
+  std::thread waiter([&] { got = client.kv_get(kTool, "later", 10); });
+  PsClient setter(config, kTool, one_chunk_map());
+  wait_for_requests(setter, "kv_get", kRequests / 2 + 1);
+  setter.kv_set("later", std::vector<std::uint8_t>{1, 2, 3});
+  waiter.join();
+  CHECK(got == std::vector<std::uint8_t>{1, 2, 3});
+  CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
+}
+
+TEST_CASE("ps: a process of another launch of the same config is refused as stale, changing nothing") {
+  PsCluster cluster({.ps = 1, .workers = 1});
+  ClusterConfig launch = cluster.config();
+  launch.launch_nonce = 0x5eed;
+  auto& server = cluster.start_ps(0, {"--run-id", "5eed"});
+  PsClient client(launch, 0, one_chunk_map());
+  client.hello();
+  client.init(3);
+  std::vector<float> before(16);
+  client.wait(client.pull("w", before));
+
+  // A process of an earlier launch of the same file (its own nonce), and
+  // one started by hand without any: both are refused, as stale.
+  for (const std::uint64_t nonce : {std::uint64_t{0x01d}, std::uint64_t{0}}) {
+    CAPTURE(nonce);
+    ClusterConfig earlier = cluster.config();
+    earlier.launch_nonce = nonce;
+    PsClient stale(earlier, 0, one_chunk_map());
+    try {
+      stale.hello();
+      FAIL("a hello of another launch was accepted");
+    } catch (const PsError& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("a process of another launch of this config") != std::string::npos,
+                    what);
+      CHECK_MESSAGE(what.find("0x") == std::string::npos, what);  // no run id
+    }
+    const std::vector<float> grad(16, 1.0f);
+    CHECK_THROWS_WITH_AS(stale.wait(stale.push("w", grad)), doctest::Contains("run id differs"),
+                         PsError);
+  }
+  std::vector<float> after(16);
+  client.wait(client.pull("w", after));
+  CHECK(after == before);
+  const auto log = server.log_text();
+  CHECK_MESSAGE(log.find("same config, run id") != std::string::npos, log);
 }

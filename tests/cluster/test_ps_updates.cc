@@ -43,7 +43,7 @@ TEST_CASE("ps: 3 client processes pushing concurrently lose no update") {
   cluster.start_all();
   const auto& config = cluster.config();
   check_exact_pushes(config, 3, 1500);
-  PsClient check(config, 0, shard_map(config));
+  PsClient check(config, kTool, shard_map(config));
   for (std::uint32_t s = 0; s < 2; ++s) {
     const auto stats = check.stats(s);
     CHECK(stats.find("\"errors\":0") != std::string::npos);

@@ -150,9 +150,9 @@ TEST_CASE("async: a missing data directory is named, with the package that provi
 
 namespace {
 
-// Waits until `worker` is training (its metrics file has `reports` lines,
-// each written after a report of its samples to the ps), then kills it.
-void kill_when_training(Run& run, int worker, int reports = 1) {
+// Waits until `worker` is training: its metrics file has `reports` lines,
+// each written after a report of its samples to the ps.
+void wait_until_training(Run& run, int worker, int reports = 1) {
   const auto metrics = run.run_dir() / ("worker" + std::to_string(worker) + ".metrics.jsonl");
   const auto lines = [&] {
     const auto text = read_file(metrics);
@@ -162,6 +162,11 @@ void kill_when_training(Run& run, int worker, int reports = 1) {
   while (lines() < reports && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(50ms);
   REQUIRE(lines() >= reports);
+}
+
+// The same, then kills it.
+void kill_when_training(Run& run, int worker, int reports = 1) {
+  wait_until_training(run, worker, reports);
   run.workers[worker]->kill(SIGKILL);
 }
 
@@ -389,9 +394,36 @@ TEST_CASE("async: a restarted worker resumes its shard where ps 0 counted it") {
   REQUIRE_MESSAGE(std::regex_search(restarted, m, std::regex("resuming after ([0-9]+) samples")),
                   restarted);
   CHECK(std::stoull(m[1]) > 0);
+  // It rejoined at once as the new holder of index 1 (the old process was
+  // killed, so silent), not refused as a second live worker.
+  CHECK_MESSAGE(run.ps[0]->log_text().find("worker index 1 taken over by a new process") !=
+                    std::string::npos,
+                run.ps[0]->log_text());
   // Each worker's share of 2 epochs over 30,000 samples, trained once: only
   // the samples since the killed worker's last report are trained twice.
   const auto global = final_global_samples(run.workers[0]->log_text());
   CHECK_MESSAGE(global >= 60000, logs);
   CHECK_MESSAGE(global <= 61000, logs);
+}
+
+TEST_CASE("async: a second live worker with a taken index is refused; the run goes on") {
+  Run run(1, 2, kRestartRun);
+  run.start();
+  wait_until_training(run, 1);
+  // Started by mistake beside the live worker 1 (a slip of the hand, or a
+  // stale command): it is refused and exits non-zero naming why.
+  ChildProcess second(run.argv("worker", 1), run.dir.path() / "worker1.second.out");
+  const auto code = second.wait_for(60s);
+  REQUIRE_MESSAGE(code.has_value(), second.log_text());
+  CHECK_MESSAGE(*code == 1, second.log_text());
+  CHECK_MESSAGE(second.log_text().find("worker index 1 is taken by a live process") !=
+                    std::string::npos,
+                second.log_text());
+  // The run goes on with the first worker 1, which trains its share once.
+  const std::string logs = run.require_success(120s);
+  CHECK_MESSAGE(run.workers[1]->wait_for(0s) == 0, logs);
+  const auto global = final_global_samples(run.workers[0]->log_text());
+  CHECK_MESSAGE(global >= 60000, logs);
+  CHECK_MESSAGE(global <= 60100, logs);
+  CHECK_MESSAGE(run.ps[0]->log_text().find("taken over") == std::string::npos, logs);
 }

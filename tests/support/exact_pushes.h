@@ -40,7 +40,7 @@ inline void check_exact_pushes(const ClusterConfig& config, std::uint32_t client
   for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = static_cast<float>(i % 1000) - 500;
   for (std::size_t i = 0; i < b0.size(); ++i) b0[i] = static_cast<float>(i) * 3;
   {
-    PsClient setup(config, 0, shard_map_for(config, vars));
+    PsClient setup(config, kTool, shard_map_for(config, vars));
     setup.hello();
     setup.init(1);
     setup.wait(setup.assign("w", w0));
@@ -79,7 +79,7 @@ inline void check_exact_pushes(const ClusterConfig& config, std::uint32_t client
       for (std::size_t i = 0; i < w_expect.size(); ++i) w_expect[i] -= grad(k, s, i);
       for (std::size_t i = 0; i < b_expect.size(); ++i) b_expect[i] -= grad(k, s, i);
     }
-  PsClient check(config, 0, shard_map_for(config, vars));
+  PsClient check(config, kTool, shard_map_for(config, vars));
   std::vector<float> w(40000), b(10);
   check.wait(check.pull("w", w));
   check.wait(check.pull("b", b));

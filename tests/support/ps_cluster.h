@@ -19,6 +19,11 @@
 
 namespace pstrain::testing {
 
+// The sender of the test process's own clients when forked children are the
+// workers: a tool, not a worker, so it never holds a worker index the
+// children need (server/coordinator.h: one process per worker index).
+inline constexpr std::uint32_t kTool = 1000;
+
 struct ClusterSpec {
   std::uint32_t ps = 1;
   std::uint32_t workers = 1;

@@ -145,10 +145,12 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual([p["exit"] for p in record["processes"]], [0, 0, 0, 0])
         self.assertLessEqual(record["start"], record["end"])
         # Every process read the resolved file the launcher wrote, and that
-        # file is pstrain's own canonical form of it.
+        # file is pstrain's own canonical form of it; all had the launch's
+        # run id.
         cluster_file = os.path.join(run_dir, "cluster.yaml")
         for p in record["processes"]:
-            self.assertEqual(p["command"][-2:], ["--cluster", cluster_file])
+            self.assertEqual(p["command"][-4:],
+                             ["--cluster", cluster_file, "--run-id", record["run_id"]])
         canonical = subprocess.run([support.PSTRAIN, "--check", "--cluster", cluster_file],
                                    capture_output=True, text=True, check=True).stdout
         written = support.read_text(cluster_file)
@@ -307,9 +309,12 @@ class LaunchTest(unittest.TestCase):
         lines = r.stdout.splitlines()
         self.assertEqual(lines[0], f"# run directory: {run_dir}")
         cluster_file = os.path.join(run_dir, "cluster.yaml")
+        first = shlex.split(lines[1])
+        run_id = first[first.index("--run-id") + 1]
+        self.assertRegex(run_id, "^[0-9a-f]{16}$")
         expected = [[support.PSTRAIN, "--role", role, "--index", str(i), "--cluster",
-                     cluster_file] for role, i in (("ps", 0), ("ps", 1), ("worker", 0),
-                                                   ("worker", 1))]
+                     cluster_file, "--run-id", run_id]
+                    for role, i in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1))]
         self.assertEqual(lines[1:4], [shlex.join(c) for c in expected[:3]])
         remote = shlex.split(lines[4])
         self.assertEqual(remote[:5], [env["PSTRAIN_SSH"].split()[0], "-p", "22", "-o",
@@ -393,6 +398,30 @@ class RestartPolicyTest(unittest.TestCase):
     @staticmethod
     def entries(record):
         return {p["name"]: p for p in record["processes"]}
+
+    def test_every_launch_draws_a_run_id_that_its_restarts_keep(self):
+        plan = {"worker1": ["exit 3 0.1", "exit 0 0.1"], "default": "exit 0 0.3"}
+        r, record = self.launch(plan)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        run_id = record["run_id"]
+        self.assertRegex(run_id, "^[0-9a-f]{16}$")
+        runs = self.fake_runs()
+        self.assertEqual(sorted(run["name"] for run in runs),
+                         ["ps0", "ps1", "worker0", "worker1", "worker1"])
+        for run in runs:  # the restarted worker1 too
+            argv = run["argv"]
+            self.assertEqual(argv[argv.index("--run-id") + 1], run_id, run["name"])
+        # Another launch of the same file gets another run id, so its
+        # servers refuse a stale process of this one.
+        self.run_dir = os.path.join(self.w.path, "run2")
+        self.log = os.path.join(self.w.path, "fake2.log")
+        r, again = self.launch({"default": "exit 0 0.1"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(again["run_id"], "^[0-9a-f]{16}$")
+        self.assertNotEqual(again["run_id"], run_id)
+        for run in self.fake_runs():
+            argv = run["argv"]
+            self.assertEqual(argv[argv.index("--run-id") + 1], again["run_id"], run["name"])
 
     def test_backoff_doubles_and_is_capped(self):
         launch = load_launch()

@@ -129,14 +129,14 @@ TEST_CASE("coordinator: a kv_get is parked until the key is set") {
   CHECK(f.sink.sent[0].header.op == Op::kv_set);
   CHECK(f.sink.sent[1].to == "w1");  // the parked getter's value
   CHECK(f.sink.sent[1].header.op == Op::kv_get);
-  CHECK(std::get<std::vector<std::uint8_t>>(f.sink.sent[1].payload) == value);
+  CHECK(*std::get<SharedBytes>(f.sink.sent[1].payload) == value);
   CHECK(f.coordinator.figures().parked_kv_get == 0);
   CHECK_FALSE(f.coordinator.next_deadline().has_value());
 
   // Once set, a kv_get is answered at once, even with no time to wait.
   f.coordinator.kv_get(request(Op::kv_get, 1, t0 + 6s, wire::KvGet{"gloo/rank0", 0}));
   REQUIRE(f.sink.sent.size() == 3);
-  CHECK(std::get<std::vector<std::uint8_t>>(f.sink.sent[2].payload) == value);
+  CHECK(*std::get<SharedBytes>(f.sink.sent[2].payload) == value);
 }
 
 TEST_CASE("coordinator: a parked kv_get expires at its deadline, naming the key and the wait") {
@@ -402,4 +402,140 @@ TEST_CASE("coordinator: the key-value store refuses keys and bytes beyond its li
   g.coordinator.kv_set(kv_set(0, t0, "big0", big));  // replaces as many bytes
   g.coordinator.kv_set(kv_set(0, t0, "big1", {}));   // frees 16 MiB ...
   g.coordinator.kv_set(kv_set(0, t0, "big4", big));  // ... which fit again
+}
+
+TEST_CASE("coordinator: a kv_set answers only the kv_gets of its key, in arrival order") {
+  Fixture f(4);
+  f.coordinator.kv_get(request(Op::kv_get, 1, t0, wire::KvGet{"a", 10'000}));
+  f.coordinator.kv_get(request(Op::kv_get, 2, t0, wire::KvGet{"b", 10'000}));
+  f.coordinator.kv_get(request(Op::kv_get, 3, t0, wire::KvGet{"a", 10'000}));
+  f.coordinator.kv_set(kv_set(0, t0 + 1s, "a", {7}));
+  REQUIRE(f.sink.sent.size() == 3);
+  CHECK(f.sink.sent[0].header.op == Op::kv_set);
+  CHECK(f.sink.sent[1].to == "w1");
+  CHECK(f.sink.sent[2].to == "w3");
+  // Both replies share the one stored value.
+  CHECK(std::get<SharedBytes>(f.sink.sent[1].payload) ==
+        std::get<SharedBytes>(f.sink.sent[2].payload));
+  CHECK(f.coordinator.figures().parked_kv_get == 1);
+  f.coordinator.kv_set(kv_set(0, t0 + 1s, "b", {8}));
+  REQUIRE(f.sink.sent.size() == 5);
+  CHECK(f.sink.sent[4].to == "w2");
+  CHECK(*std::get<SharedBytes>(f.sink.sent[4].payload) == std::vector<std::uint8_t>{8});
+  CHECK(f.coordinator.figures().parked_kv_get == 0);
+  CHECK_FALSE(f.coordinator.next_deadline().has_value());
+}
+
+TEST_CASE("coordinator: parked kv_gets expire in deadline order, each at its own") {
+  Fixture f(3);
+  f.coordinator.kv_get(request(Op::kv_get, 0, t0, wire::KvGet{"k0", 300}));
+  f.coordinator.kv_get(request(Op::kv_get, 1, t0, wire::KvGet{"k1", 100}));
+  f.coordinator.kv_get(request(Op::kv_get, 2, t0 + 50ms, wire::KvGet{"k2", 100}));
+  CHECK(f.coordinator.next_deadline() == t0 + 100ms);
+  f.coordinator.tick(t0 + 120ms);
+  REQUIRE(f.sink.sent.size() == 1);
+  CHECK(f.sink.sent[0].to == "w1");
+  CHECK(f.coordinator.next_deadline() == t0 + 150ms);
+  f.coordinator.tick(t0 + 1s);
+  REQUIRE(f.sink.sent.size() == 3);
+  CHECK(f.sink.sent[1].to == "w2");
+  CHECK(f.sink.sent[2].to == "w0");
+  CHECK(error_text(f.sink.sent[2]) == "ps 0: kv_get 'k0': not set within 0.3 s");
+  CHECK_FALSE(f.coordinator.next_deadline().has_value());
+}
+
+TEST_CASE("coordinator: parked requests are capped per peer and in all, barriers in number") {
+  Fixture f(2);
+  auto from = [](Request r, const std::string& peer) {
+    r.from = peer;
+    return r;
+  };
+  const auto get = [&](const std::string& peer, const std::string& key) {
+    return from(request(Op::kv_get, 9, t0, wire::KvGet{key, 86'400'000}), peer);
+  };
+  for (std::size_t i = 0; i < Coordinator::kMaxParkedPerPeer; ++i)
+    f.coordinator.kv_get(get("p0", "k" + std::to_string(i % 2)));
+  CHECK_THROWS_WITH_AS(f.coordinator.kv_get(get("p0", "k0")),
+                       doctest::Contains("64 requests of this connection are parked (barriers and "
+                                         "kv_gets), the limit per peer"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      f.coordinator.barrier(from(request(Op::barrier, 9, t0, wire::Barrier{"b", 5}), "p0")),
+      doctest::Contains("the limit per peer"), std::invalid_argument);
+  CHECK(f.coordinator.figures().parked_kv_get == Coordinator::kMaxParkedPerPeer);
+  CHECK(f.coordinator.figures().parked_barrier == 0);
+  // Answered ones make room again.
+  f.coordinator.kv_set(kv_set(0, t0, "k0", {1}));
+  CHECK(f.coordinator.figures().parked_kv_get == Coordinator::kMaxParkedPerPeer / 2);
+  f.coordinator.kv_get(get("p0", "k2"));
+
+  // Other peers park until the ps's limit.
+  const auto parked = f.coordinator.figures().parked_kv_get;
+  for (std::size_t i = parked; i < Coordinator::kMaxParked; ++i)
+    f.coordinator.kv_get(get("q" + std::to_string(i / Coordinator::kMaxParkedPerPeer), "x"));
+  CHECK(f.coordinator.figures().parked_kv_get == Coordinator::kMaxParked);
+  CHECK_THROWS_WITH_AS(f.coordinator.kv_get(get("fresh", "x")),
+                       doctest::Contains("4096 requests are parked on this ps"),
+                       std::invalid_argument);
+
+  // Barriers open at once.
+  Fixture g(2);
+  for (std::size_t i = 0; i < Coordinator::kMaxBarriers; ++i)
+    g.coordinator.barrier(
+        from(request(Op::barrier, 9, t0, wire::Barrier{"b" + std::to_string(i), 5}),
+             "r" + std::to_string(i)));
+  CHECK_THROWS_WITH_AS(
+      g.coordinator.barrier(from(request(Op::barrier, 9, t0, wire::Barrier{"one more", 5}), "s")),
+      doctest::Contains("256 barriers are open, the limit; 'one more' is not opened"),
+      std::invalid_argument);
+  // An open one can still be entered.
+  g.coordinator.barrier(from(request(Op::barrier, 9, t0, wire::Barrier{"b0", 5}), "s"));
+  CHECK(g.coordinator.figures().parked_barrier == Coordinator::kMaxBarriers + 1);
+}
+
+TEST_CASE("coordinator: one process per worker index; a restart takes over once the old one is silent") {
+  Fixture f(2);  // takeover_silence: 3 s
+  auto from = [](std::uint32_t sender, std::uint64_t incarnation, Clock::time_point at) {
+    Request r = request(Op::heartbeat, sender, at);
+    r.header.incarnation = incarnation;
+    return r;
+  };
+  CHECK(f.coordinator.admit(from(0, 11, t0)));  // the first process holds index 0
+  CHECK(f.coordinator.admit(from(0, 11, t0 + 1s)));
+  CHECK(f.sink.sent.empty());
+
+  // A second process with index 0 while the first is live: refused, with
+  // when to ask again (the holder was heard 1 s ago; 2 s to go).
+  CHECK_FALSE(f.coordinator.admit(from(0, 22, t0 + 2s)));
+  REQUIRE(f.sink.sent.size() == 1);
+  CHECK(f.sink.sent[0].to == "w0");
+  CHECK(error_text(f.sink.sent[0]) ==
+        "ps 0: worker index 0 is taken by a live process (incarnation 0x000000000000000b, heard "
+        "1.0 s ago); a restart is accepted once the old process has been silent for 3.0 s (three "
+        "liveness heartbeat intervals)");
+  CHECK(wire::ErrorReply::read(f.sink.sent[0].header).retry_after_ms == 2000);
+
+  // The refusal did not count as hearing from worker 0: 3.5 s after the
+  // holder's last message the newcomer takes the index over (a restart).
+  CHECK(f.coordinator.admit(from(0, 22, t0 + 4500ms)));
+  // The old process, if it was only stopped, cannot act for the index again.
+  CHECK_FALSE(f.coordinator.admit(from(0, 11, t0 + 10s)));
+  REQUIRE(f.sink.sent.size() == 2);
+  CHECK(error_text(f.sink.sent[1]) ==
+        "ps 0: worker index 0: this process (incarnation 0x000000000000000b) was replaced by a "
+        "newer one (incarnation 0x0000000000000016); its requests are refused");
+  CHECK(wire::ErrorReply::read(f.sink.sent[1].header).retry_after_ms == 0);
+  CHECK(f.coordinator.admit(from(0, 22, t0 + 10s)));
+
+  // Incarnation 0 (a tool speaking the protocol by hand) and non-workers
+  // are not checked.
+  CHECK(f.coordinator.admit(from(0, 0, t0 + 10s)));
+  CHECK(f.coordinator.admit(from(7, 5, t0 + 10s)));
+  CHECK(f.coordinator.admit(from(7, 6, t0 + 10s)));
+
+  // A worker that said done leaves its index to the next process at once.
+  CHECK(f.coordinator.admit(from(1, 33, t0 + 10s)));
+  f.coordinator.done(request(Op::done, 1, t0 + 10s, wire::Done{64}));
+  CHECK(f.coordinator.admit(from(1, 44, t0 + 10s)));
+  CHECK(f.sink.sent.size() == 3);  // done's reply; no refusal
 }
