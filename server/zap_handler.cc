@@ -66,7 +66,6 @@ void ZapHandler::answer(std::vector<zmq::message_t>& request) {
     text = "not a CURVE handshake";
   }
   if (status != "200") {
-    ++refused_;
     const bool known = std::find(logged_.begin(), logged_.end(), key_z85) != logged_.end();
     if (!known && logged_.size() < kMaxLogged) {
       logged_.push_back(key_z85);

@@ -6,6 +6,8 @@
 // message it sends carries as metadata (server/request_loop.h reads it); any
 // other key is refused, so ZeroMQ drops the connection before a single
 // message of it reaches the request loop and the peer gets no reply at all.
+// The first refusal of each key (up to 64 keys) is logged with the peer's
+// address.
 //
 //   zmq::context_t context;
 //   ZapHandler zap(context, read_public_keys(dir), "ps 0");  // before bind
@@ -15,7 +17,6 @@
 // caller's thread, before the thread starts); the key table is not changed
 // after construction. The destructor stops and joins the thread; destroy the
 // handler before the context (declare it after).
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -34,9 +35,6 @@ class ZapHandler {
   ZapHandler(const ZapHandler&) = delete;
   ZapHandler& operator=(const ZapHandler&) = delete;
 
-  // Handshakes refused so far (any thread).
-  std::uint64_t refused() const { return refused_.load(); }
-
  private:
   void serve(const std::stop_token& stop);
   void answer(std::vector<zmq::message_t>& request);
@@ -44,7 +42,6 @@ class ZapHandler {
   std::string name_;
   std::unordered_map<std::string, std::string> identities_;  // Z85 public key -> User-Id
   zmq::socket_t socket_;
-  std::atomic<std::uint64_t> refused_{0};
   std::vector<std::string> logged_;  // keys whose refusal was logged (bounded)
   std::jthread thread_;              // last: started once the rest is ready
 };
