@@ -20,6 +20,7 @@
 #include "server/ps_role.h"
 #include "shared/atomic_file.h"
 #include "shared/config.h"
+#include "shared/curve_keys.h"
 #include "shared/log.h"
 #include "shared/protocol.h"
 
@@ -36,10 +37,14 @@ constexpr const char* kUsage =
     "  pstrain --role ps     --index N [options]    serve parameter server N of the cluster\n"
     "  pstrain --role worker --index N [options]    train as worker N\n"
     "  pstrain --role eval   --model FILE [options] print the test accuracy of a saved model\n"
+    "  pstrain --keygen DIR  [options]              write the cluster's CURVE keys into DIR\n"
     "\n"
     "Every process of a run must be given the same cluster file and --set overrides\n"
     "(their hash is checked when a worker connects) and the same --run-id.\n"
     "tools/launch starts a whole cluster from one file, with a new run id.\n"
+    "\n"
+    "With security.curve, each process reads its secret key and the public list from\n"
+    "$PSTRAIN_KEYS, else from security.keys (docs/security.md).\n"
     "\n";
 
 // A bad command line: reported with exit code 2 before anything starts.
@@ -49,6 +54,7 @@ struct UsageError : std::runtime_error {
 
 struct Args {
   bool check = false;
+  std::optional<std::filesystem::path> keygen;
   std::string role;
   std::uint32_t index = 0;
   std::filesystem::path cluster;
@@ -83,6 +89,10 @@ po::options_description options() {
       ("model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")
       ("check", "validate the cluster file and overrides, print the resolved config, and exit "
                 "(no --role needed; tools/launch runs this before starting anything)")
+      ("keygen", po::value<std::string>()->value_name("DIR"),
+       "write a CURVE key pair for every ps and worker of the cluster and for the tool "
+       "identity into DIR (secret files ps-N.key, worker-N.key, tool.key, mode 0600), and the "
+       "list of public keys (DIR/public_keys), then exit (no --role needed)")
       ("help,h", "print this help")
       ("version", "print the version");
   return desc;
@@ -133,14 +143,20 @@ std::optional<Args> parse_args(int argc, char** argv) {
 
   Args args;
   args.check = vm.count("check") > 0;
-  if (args.check) {
+  if (vm.count("keygen")) {
+    if (args.check) throw UsageError("--keygen and --check do not go together");
+    args.keygen = vm["keygen"].as<std::string>();
+    args.role = "keygen";
+  } else if (args.check) {
     args.role = "check";
   } else if (!vm.count("role")) {
     throw UsageError("--role is required (ps, worker or eval; see --help)");
   } else {
     args.role = vm["role"].as<std::string>();
   }
-  if (!args.check && args.role != "ps" && args.role != "worker" && args.role != "eval") {
+  if (args.keygen && vm.count("role")) throw UsageError("--keygen takes no --role");
+  if (!args.check && !args.keygen && args.role != "ps" && args.role != "worker" &&
+      args.role != "eval") {
     throw UsageError("--role: expected ps, worker or eval, got '" + args.role + "'");
   }
   const bool indexed = args.role == "ps" || args.role == "worker";
@@ -204,6 +220,24 @@ void write_resolved_config(const pstrain::ClusterConfig& config) {
   pstrain::write_file_atomically(config.run_dir / "config.yaml", config.to_yaml());
 }
 
+// Writes the cluster's keys (shared/curve_keys.h); 2 when it cannot.
+int keygen(const std::filesystem::path& dir, const std::filesystem::path& cluster,
+           const pstrain::ClusterConfig& config) {
+  if (config.workers_auto)
+    throw UsageError(cluster.string() + ": workers: auto is resolved only by tools/launch; " +
+                     "to make keys by hand, list the workers or give {count: N}");
+  try {
+    pstrain::write_cluster_keys(dir, static_cast<std::uint32_t>(config.ps.size()),
+                                static_cast<std::uint32_t>(config.workers.size()));
+  } catch (const pstrain::CurveKeyError& e) {
+    std::cerr << "pstrain: keygen: " << e.what() << "\n";
+    return 2;
+  }
+  std::cout << "pstrain: keys for " << config.ps.size() << " ps, " << config.workers.size()
+            << " workers and the tool in " << dir.string() << "\n";
+  return 0;
+}
+
 int run(const Args& args, const pstrain::ClusterConfig& config) {
   if (args.role == "eval") {
     pstrain::log_open("eval", {});
@@ -241,6 +275,7 @@ int main(int argc, char** argv) {
       std::cout << config.to_yaml();
       return 0;
     }
+    if (args.keygen) return keygen(*args.keygen, args.cluster, config);
     check_index(args, config);
     config.launch_nonce = args.run_nonce;
   } catch (const po::error& e) {

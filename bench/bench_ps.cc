@@ -6,6 +6,10 @@
 // SGD; the time it spends in the optimizer (from its stats) is reported per
 // operation. Medians of 7 reps.
 //
+// Then the same operations with security.curve (ZeroMQ CURVE: encryption and
+// the ps's key check) against the plain client, alternated rep by rep, with
+// the throughput of each and their ratio.
+//
 //   bench_ps [--chunk-bytes N] [--reps N]
 #include <fcntl.h>
 #include <unistd.h>
@@ -123,10 +127,18 @@ struct Setup {
   std::vector<std::uint16_t> raw_ports;
 };
 
-Setup make_setup(std::uint32_t servers, std::uint64_t chunk_bytes, const std::filesystem::path& dir) {
+// `curve`: security.curve on, with a fresh key set of its own; the client is
+// worker 0, which may push, pull and push_pull.
+Setup make_setup(std::uint32_t servers, std::uint64_t chunk_bytes, const std::filesystem::path& dir,
+                 bool curve = false) {
   Setup s;
   s.config.job = "bench";
-  s.config.run_dir = dir / ("ps" + std::to_string(servers));
+  s.config.run_dir = dir / ("ps" + std::to_string(servers) + (curve ? "-curve" : ""));
+  if (curve) {
+    s.config.security.curve = true;
+    s.config.security.keys = s.config.run_dir / "keys";
+    write_cluster_keys(s.config.security.keys, servers, 1);
+  }
   for (std::uint32_t i = 0; i < servers; ++i) {
     PsEndpoint e;
     e.port = free_port();
@@ -161,6 +173,23 @@ struct Target {
   }
 };
 
+// Seconds per operation of `n` operations `op` on variable `v` through t's PsClient.
+double time_ours(Target& t, Op op, std::uint32_t v, int n, const std::vector<float>& grad,
+                 std::vector<float>& out) {
+  auto& ps = t.ps;
+  const auto& name = t.vars[v].name;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i)
+    ps.wait(op == Op::push   ? ps.push(name, grad)
+            : op == Op::pull ? ps.pull(name, out)
+                             : ps.push_pull(name, grad, out));
+  return std::chrono::duration<double>(Clock::now() - t0).count() / n;
+}
+
+double moved_bytes(Op op, std::uint32_t v) {
+  return static_cast<double>(kSizes[v]) * (op == Op::push_pull ? 2 : 1);
+}
+
 void row(Target& t, Op op, std::uint32_t v, int reps) {
   const auto bytes = kSizes[v];
   const int n = ops_per_rep(bytes);
@@ -169,25 +198,35 @@ void row(Target& t, Op op, std::uint32_t v, int reps) {
   auto& ps = t.ps;
   const double opt_before = stats_sum(ps, t.servers, "optimizer_seconds");
   for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      const auto& name = t.vars[v].name;
-      ps.wait(op == Op::push   ? ps.push(name, grad)
-              : op == Op::pull ? ps.pull(name, out)
-                               : ps.push_pull(name, grad, out));
-    }
-    ours.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / n);
-    t0 = Clock::now();
+    ours.push_back(time_ours(t, op, v, n, grad, out));
+    const auto t0 = Clock::now();
     for (int i = 0; i < n; ++i) t.raw.run(op, t.map, v, grad);
     theirs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / n);
   }
   const double opt_ms = (stats_sum(ps, t.servers, "optimizer_seconds") - opt_before) * 1e3 /
                         (static_cast<double>(reps) * n);
-  const double moved = static_cast<double>(bytes) * (op == Op::push_pull ? 2 : 1);
+  const double moved = moved_bytes(op, v);
   const double our_gbs = moved / median(ours) / 1e9, raw_gbs = moved / median(theirs) / 1e9;
   std::printf("%-10s %-7s %3u  %8.3f  %8.3f  %6.2f  %8.3f  %9.3f\n", name(op),
               size_name(bytes).c_str(), t.servers, our_gbs, raw_gbs, our_gbs / raw_gbs,
               op == Op::pull ? 0.0 : opt_ms, median(ours) * 1e3);
+  std::fflush(stdout);
+}
+
+// The same operation through a plain and a CURVE cluster, alternated rep by rep.
+void curve_row(Target& plain, Target& curve, Op op, std::uint32_t v, int reps) {
+  const int n = ops_per_rep(kSizes[v]);
+  std::vector<float> grad(kSizes[v] / sizeof(float), 1e-3f), out(grad.size());
+  std::vector<double> plain_s, curve_s;
+  for (int r = 0; r < reps; ++r) {
+    plain_s.push_back(time_ours(plain, op, v, n, grad, out));
+    curve_s.push_back(time_ours(curve, op, v, n, grad, out));
+  }
+  const double plain_gbs = moved_bytes(op, v) / median(plain_s) / 1e9;
+  const double curve_gbs = moved_bytes(op, v) / median(curve_s) / 1e9;
+  std::printf("%-10s %-7s %3u  %10.3f  %10.3f  %6.2f  %8.1fx\n", name(op),
+              size_name(kSizes[v]).c_str(), plain.servers, plain_gbs, curve_gbs,
+              curve_gbs / plain_gbs, plain_gbs / curve_gbs);
   std::fflush(stdout);
 }
 
@@ -251,7 +290,10 @@ int main(int argc, char** argv) try {
     }
   }
   TempDir dir;
-  const Setup setups[] = {make_setup(1, chunk_bytes, dir.path()), make_setup(2, chunk_bytes, dir.path())};
+  const Setup setups[] = {make_setup(1, chunk_bytes, dir.path()), make_setup(2, chunk_bytes, dir.path()),
+                          make_setup(1, chunk_bytes, dir.path(), true),
+                          make_setup(2, chunk_bytes, dir.path(), true)};
+  constexpr std::size_t kPlainSetups = 2;  // then the same with CURVE
   // Every server is forked before this process creates a ZeroMQ context.
   std::vector<std::unique_ptr<ChildProcess>> children;
   for (const auto& s : setups)
@@ -274,9 +316,16 @@ int main(int argc, char** argv) try {
   for (const auto& s : setups) targets.push_back(std::make_unique<Target>(s, vars));
   for (auto op : kOps)
     for (std::uint32_t v = 0; v < vars.size(); ++v)
-      for (auto& t : targets) row(*t, op, v, reps);
+      for (std::size_t t = 0; t < kPlainSetups; ++t) row(*targets[t], op, v, reps);
   std::printf("\n");
-  for (auto& t : targets) copy_on_write_rows(*t, reps);
+  for (std::size_t t = 0; t < kPlainSetups; ++t) copy_on_write_rows(*targets[t], reps);
+  std::printf("\nsecurity.curve: the same client and servers with ZeroMQ CURVE, against plain tcp\n");
+  std::printf("%-10s %-7s %3s  %10s  %10s  %6s  %9s\n", "op", "size", "ps", "plain GB/s",
+              "curve GB/s", "ratio", "cost");
+  for (auto op : kOps)
+    for (std::uint32_t v = 0; v < vars.size(); ++v)
+      for (std::size_t t = 0; t < kPlainSetups; ++t)
+        curve_row(*targets[t], *targets[kPlainSetups + t], op, v, reps);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_ps: %s\n", e.what());

@@ -146,6 +146,11 @@ struct PsClient::Impl {
         acked(addresses.size(), 0),
         faults(options.fault, options.fault_seed),
         context(1) {
+    if (options.curve && options.curve->server_keys.size() != addresses.size())
+      throw std::invalid_argument("ps client: " + std::to_string(addresses.size()) +
+                                  " ps addresses but " +
+                                  std::to_string(options.curve->server_keys.size()) +
+                                  " CURVE server keys");
     if (addresses.size() != map.servers())
       throw std::invalid_argument("ps client: " + std::to_string(addresses.size()) +
                                   " ps addresses but the shard map has " +
@@ -159,6 +164,11 @@ struct PsClient::Impl {
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
+    if (options.curve) {
+      socket.set(zmq::sockopt::curve_serverkey, options.curve->server_keys.at(server));
+      socket.set(zmq::sockopt::curve_publickey, options.curve->own.public_key);
+      socket.set(zmq::sockopt::curve_secretkey, options.curve->own.secret_key);
+    }
     socket.connect(addresses[server]);
     return socket;
   }
@@ -222,25 +232,30 @@ struct PsClient::Impl {
   // Puts `r` on its ps's socket (unless fault injection drops it). A resend
   // copies the payload: the first send's zero-copy frame may still sit in a
   // queue, and a copy is ZeroMQ's to free whenever it likes.
+  //
+  // Sends never block: a socket with no connection to send on (under CURVE,
+  // one whose handshake the ps refused, or has not finished) takes nothing,
+  // and the request goes unanswered like a lost one (resent or timed out).
+  // Once the header is taken the payload is too (no high-water mark).
   void transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy) {
     if (faults.drop(r.op)) return;
     const bool has_payload = r.payload_frame;
     auto& socket = sockets[r.server];
-    socket.send(zmq::buffer(r.header), has_payload ? zmq::send_flags::sndmore
-                                                   : zmq::send_flags::none);
+    const auto more = has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    if (!socket.send(zmq::buffer(r.header), more | zmq::send_flags::dontwait)) return;
     if (!r.floats.empty()) {
       const auto data = const_cast<float*>(r.floats.data());
       if (zero_copy) {
         frames_held[r.server].fetch_add(1);
         zmq::message_t payload(data, r.floats.size_bytes(), &Impl::release_send,
                                &frames_held[r.server]);
-        socket.send(payload, zmq::send_flags::none);
+        (void)socket.send(payload, zmq::send_flags::dontwait);
       } else {
         zmq::message_t payload(data, r.floats.size_bytes());
-        socket.send(payload, zmq::send_flags::none);
+        (void)socket.send(payload, zmq::send_flags::dontwait);
       }
     } else if (has_payload) {
-      socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
+      (void)socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait);
     }
   }
 
@@ -528,13 +543,23 @@ std::vector<std::string> ps_addresses(const ClusterConfig& config) {
 }
 
 PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender) {
+  std::optional<PsClientOptions::Curve> curve;
+  if (config.security.curve) {
+    const auto dir = keys_dir(config);
+    const auto list = read_public_keys(dir);
+    curve.emplace();
+    curve->own = read_key_pair(dir, client_identity(config, sender));
+    for (std::uint32_t s = 0; s < config.ps.size(); ++s)
+      curve->server_keys.push_back(public_key_of(list, {Identity::Role::ps, s}, dir));
+  }
   return {.sender = sender,
           .timeout_s = config.net.request_timeout,
           .retry_interval_s = config.net.retry_interval,
           .config_yaml = config.to_yaml(),
           .takeover_grace_s = 2 * takeover_silence(config.net),
           .fault = config.net.fault,
-          .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1))};
+          .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1)),
+          .curve = std::move(curve)};
 }
 
 PsClient::PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map)
@@ -686,19 +711,22 @@ void PsClient::done(std::uint64_t total_samples) {
 
 void PsClient::kv_set(const std::string& key, std::span<const std::uint8_t> value) {
   Header h;
-  wire::KvSet{key}.write(h);
+  wire::KvSet{wire::kv_key(impl_->options.sender, key)}.write(h);
   h.dtype = wire::DType::bytes;
   impl_->control(Op::kv_set, {0}, std::move(h), impl_->options.timeout_s, value);
 }
 
-std::vector<std::uint8_t> PsClient::kv_get(const std::string& key, double timeout_s) {
+std::vector<std::uint8_t> PsClient::kv_get(std::uint32_t writer, const std::string& key,
+                                           double timeout_s) {
   if (!(timeout_s >= 0))
     throw std::invalid_argument("ps client: kv_get of '" + key + "': timeout of " +
                                 std::to_string(timeout_s) + " s");
   // Whole milliseconds on the wire; a wait too long to count is the ps's to refuse.
   const double ms = std::round(timeout_s * 1000);
   Header h;
-  wire::KvGet{key, ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}.write(h);
+  wire::KvGet{wire::kv_key(writer, key),
+              ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}
+      .write(h);
   auto replies = impl_->control(Op::kv_get, {0}, std::move(h),
                                 timeout_s + impl_->options.timeout_s);
   return std::move(replies.front().bytes);

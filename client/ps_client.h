@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "shared/config.h"
+#include "shared/curve_keys.h"
 #include "shared/shard_map.h"
 
 namespace pstrain {
@@ -65,10 +67,20 @@ struct PsClientOptions {
   double takeover_grace_s = 0;
   FaultConfig fault;             // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;
+  // security.curve: this client's key pair and every ps's public key (by ps
+  // index); every socket then speaks CURVE. None: plain TCP.
+  struct Curve {
+    CurveKeyPair own;
+    std::vector<std::string> server_keys;
+  };
+  std::optional<Curve> curve;
 };
 
 // What a worker's client takes from the cluster config: every ps's address,
-// and its sender, timeouts, config text and fault injection.
+// and its sender, timeouts, config text, fault injection and, under
+// security.curve, its keys (shared/curve_keys.h: a worker's own for a worker
+// index, the tool's for any other sender; throws CurveKeyError naming the
+// file that is missing or malformed).
 std::vector<std::string> ps_addresses(const ClusterConfig& config);
 PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender);
 
@@ -138,10 +150,13 @@ class PsClient {
   // included): where a restarted worker resumes its shard.
   std::uint64_t samples_counted();
   void done(std::uint64_t total_samples);  // tells every ps this worker finished
+  // Sets `key` in this sender's namespace of ps 0's store (wire::kv_key).
   void kv_set(const std::string& key, std::span<const std::uint8_t> value);
   // Waits up to `timeout_s` (>= 0, at most a day; whole milliseconds on the
-  // wire) on ps 0 for `key`; throws PsError when it is not set by then.
-  std::vector<std::uint8_t> kv_get(const std::string& key, double timeout_s);
+  // wire) on ps 0 for `key` as sender `writer` set it; throws PsError when
+  // it is not set by then.
+  std::vector<std::uint8_t> kv_get(std::uint32_t writer, const std::string& key,
+                                   double timeout_s);
   std::string snapshot(std::uint32_t server);  // returns the snapshot's path
   std::string stats(std::uint32_t server);     // JSON
   void shutdown(std::uint32_t server);

@@ -86,7 +86,11 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   std::unique_ptr<Evaluator> evaluator;
   std::unique_ptr<ProgressDisplay> progress;
   if (index == 0) {
-    evaluator = std::make_unique<Evaluator>(config, kEvaluatorSender,
+    // Under security.curve a request's sender is its key's, and this process
+    // holds worker 0's key only: the evaluator speaks as worker 0 (its pulls
+    // count as worker 0 being heard, which it is).
+    const auto evaluator_sender = config.security.curve ? index : kEvaluatorSender;
+    evaluator = std::make_unique<Evaluator>(config, evaluator_sender,
                                             load_dataset(config.data, false), metrics);
     progress = std::make_unique<ProgressDisplay>();
   }

@@ -52,7 +52,7 @@ Dispatcher::Dispatcher(DispatcherOptions options, PsStats& stats, ReplySink& wir
 std::string Dispatcher::prefix() const { return "ps " + std::to_string(options_.ps_index) + ": "; }
 
 void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
-                        Clock::time_point received) {
+                        Clock::time_point received, const Connection& connection) {
   if (frames.empty()) return stats_.malformed();  // no sender to answer
   Request request;
   request.from.assign(frames[0].begin(), frames[0].end());
@@ -69,7 +69,7 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
   }
   stats_.request(request.header.op);
   try {
-    dispatch(coordinator, request, frames.subspan(2));
+    dispatch(coordinator, request, frames.subspan(2), connection);
   } catch (const std::exception& e) {
     recording_ = nullptr;
     answering_as_.reset();
@@ -81,10 +81,18 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
 }
 
 void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
-                          std::span<const Frame> payloads) {
+                          std::span<const Frame> payloads, const Connection& connection) {
   check(request.header, payloads);
   check_run(request.header);
   if (request.header.payload_frames == 1) request.payload = payloads[0];
+  if (options_.rights) {
+    if (const auto why = refusal_of(connection, request.header)) {
+      stats_.refused();
+      stats_.error();
+      return send(request.from,
+                  {wire::error_reply(request.header, prefix() + "refused: " + *why), {}});
+    }
+  }
   if (!coordinator.admit(request)) return stats_.error();
   const Handler* handler = handlers_.find(request.header.op);
   if (!handler) throw wire::ProtocolError("this ps does not serve the op");
@@ -135,6 +143,19 @@ void Dispatcher::check(const Header& request, std::span<const Frame> payloads) c
                               std::to_string(payloads.size()));
   for (std::size_t i = 0; i < request.payload_frames; ++i)
     wire::check_payload(request, i, payloads[i].size());
+}
+
+std::optional<std::string> Dispatcher::refusal_of(const Connection& connection,
+                                                  const Header& request) {
+  auto why = connection.identity
+                 ? refusal(*connection.identity, request, *options_.rights)
+                 : std::optional<std::string>("the connection has no identity");
+  if (why && rights_refusals_logged_.size() < kMaxRightsRefusalsLogged) {
+    const std::string address = connection.address.empty() ? "?" : connection.address;
+    if (rights_refusals_logged_.emplace(address, request.op).second)
+      log(prefix(), "refused ", wire::to_string(request.op), " from ", address, ": ", *why);
+  }
+  return why;
 }
 
 // A request of another run is refused with what kind of mismatch it is;

@@ -15,6 +15,11 @@
 // (Coordinator::admit: a worker index is held by one process at a time)
 // before its handler runs.
 //
+// With options.rights (security.curve) each request is first checked against
+// the rights of the identity its connection's key has (server/rights.h);
+// a refusal gets an error reply naming the op and the missing right, is
+// counted (PsStats::refused) and logged once per peer address and op.
+//
 // The dispatcher also keeps the record of applied updates (server/dedup.h): a
 // resent update is answered from it (push_pull through the pull handler)
 // instead of reaching its handler, and a resend too old to tell is refused.
@@ -30,13 +35,17 @@
 // Thread rules: single-threaded, like the whole ps (server/request.h).
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "server/coordinator.h"
 #include "server/dedup.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "server/rights.h"
+#include "shared/curve_keys.h"
 
 namespace pstrain::ps {
 
@@ -48,6 +57,15 @@ struct DispatcherOptions {
   std::uint64_t run_id = 0;       // every request must carry it (ClusterConfig::run_id)
   std::uint64_t config_hash = 0;  // ClusterConfig::hash: a hello of another launch has it
   std::string config_yaml;   // ours, to name the keys a hello's config differs in
+  // Under CURVE: what each authenticated identity may do. None: nobody is
+  // authenticated and nothing is checked.
+  std::optional<RightsPolicy> rights;
+};
+
+// What the socket knows of a message's sender.
+struct Connection {
+  std::optional<Identity> identity;  // from its CURVE key; none without CURVE
+  std::string address;               // its IP address, for the log
 };
 
 class Dispatcher final : public ReplySink {
@@ -65,14 +83,19 @@ class Dispatcher final : public ReplySink {
   // go; a ROUTER socket always puts it there), frames[1] the header, then the
   // payload frames. Anything else in them gets an error reply; nothing
   // throws. `received` is the request's arrival time.
-  void handle(Coordinator& coordinator, std::span<const Frame> frames, Clock::time_point received);
+  void handle(Coordinator& coordinator, std::span<const Frame> frames, Clock::time_point received,
+              const Connection& connection = {});
 
   // Every reply, the handlers' included: records an applied update's reply
   // in the dedup record, then passes it to the wire sink.
   void send(const Peer& to, Reply reply) override;
 
  private:
-  void dispatch(Coordinator& coordinator, Request& request, std::span<const Frame> payloads);
+  void dispatch(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
+                const Connection& connection);
+  // Why `connection` may not send `request` (nullopt: it may); logs the
+  // first refusal per peer address and op.
+  std::optional<std::string> refusal_of(const Connection& connection, const wire::Header& request);
   void answer_resend(const Request& request, std::uint64_t version);
   void check(const wire::Header& request, std::span<const Frame> payloads) const;
   void check_run(const wire::Header& request);
@@ -90,6 +113,10 @@ class Dispatcher final : public ReplySink {
   // its reply must carry.
   std::optional<wire::Op> answering_as_;
   std::size_t refusals_logged_ = 0;  // check_run
+  // (peer address, op) pairs whose refusal was logged; bounded, the count
+  // (PsStats::refused) has the rest.
+  std::set<std::pair<std::string, wire::Op>> rights_refusals_logged_;
+  static constexpr std::size_t kMaxRightsRefusalsLogged = 256;
 };
 
 }  // namespace pstrain::ps

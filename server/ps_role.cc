@@ -9,6 +9,7 @@
 #include "server/ps_stats.h"
 #include "server/request_loop.h"
 #include "server/shard_file.h"
+#include "shared/curve_keys.h"
 #include "shared/log.h"
 
 namespace pstrain {
@@ -20,6 +21,25 @@ std::uint64_t new_generation() {
   std::random_device random;
   const std::uint64_t g = std::uint64_t{random()} << 32 | random();
   return g == 0 ? 1 : g;
+}
+
+// Under security.curve: ps `index`'s key pair and the public list, which
+// must name this very key as ps `index` (else the workers could not reach it).
+std::optional<ps::CurveServerOptions> curve_options(const ClusterConfig& config,
+                                                    std::uint32_t index) {
+  if (!config.security.curve) return std::nullopt;
+  const auto dir = keys_dir(config);
+  ps::CurveServerOptions curve{
+      .own = read_key_pair(dir, {Identity::Role::ps, index}),
+      .allowed = read_public_keys(dir),
+      .rights = {.workers = static_cast<std::uint32_t>(config.workers.size()),
+                 .sync = config.mode == Mode::sync}};
+  if (public_key_of(curve.allowed, {Identity::Role::ps, index}, dir) != curve.own.public_key)
+    throw CurveKeyError((dir / kPublicKeysFile).string() + ": the key listed for ps:" +
+                        std::to_string(index) + " is not the one of " +
+                        (dir / Identity{Identity::Role::ps, index}.file_stem()).string() +
+                        ".key (keys of two different keygen runs?)");
+  return curve;
 }
 
 }  // namespace
@@ -43,6 +63,13 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     log("cannot restore: ", e.what());
     return 2;
   }
+  std::optional<ps::CurveServerOptions> curve;
+  try {
+    curve = curve_options(config, index);
+  } catch (const CurveKeyError& e) {
+    log("cannot start with security.curve: ", e.what());
+    return 2;
+  }
   // Logged, so that a restart's log says which checkpoint it continues.
   const std::uint64_t restored_from = restored ? restored->checkpoint_seq : 0;
   MetricsRegistry metrics;
@@ -55,7 +82,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                         .bind_address = address,
                         .generation = generation,
                         .fault = config.net.fault,
-                        .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1))},
+                        .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1)),
+                        .curve = std::move(curve)},
                        stats);
   ps::Coordinator coordinator({"ps " + std::to_string(index),
                                static_cast<std::uint32_t>(config.workers.size()),
@@ -76,7 +104,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   }
   log("serving on ", address, " (", config.workers.size(), " workers, optimizer ",
       to_string(config.optimizer.kind), ", restored_from ", restored_from,
-      ", generation ", generation, ")");
+      ", generation ", generation, config.security.curve ? ", CURVE" : "", ")");
   std::optional<ps::Checkpointer> checkpointer;
   if (config.checkpoint.every_s > 0)
     checkpointer.emplace(

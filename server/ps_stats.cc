@@ -36,6 +36,10 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
       nonfinite_(r.counter("pstrain_ps_nonfinite_refused_total",
                            "Pushes and assigns refused for NaN or infinite values; nothing stored.")
                      .with()),
+      refused_(r.counter("pstrain_ps_refused_total",
+                         "Requests refused because the sender's CURVE key lacks the right "
+                         "(security.curve).")
+                   .with()),
       replies_dropped_(r.counter("pstrain_ps_replies_dropped_total",
                                  "Replies not sent: their peer (or all peers) had the send "
                                  "budget's bytes of replies queued and unread.")
@@ -103,6 +107,7 @@ std::string PsStats::json(double now_unix) const {
     << ",\"requests_too_old\":" << whole(too_old_.value())
     << ",\"fault_drops\":" << whole(fault_drops_.value())
     << ",\"nonfinite_refused\":" << whole(nonfinite_.value())
+    << ",\"refused\":" << whole(refused_.value())
     << ",\"replies_dropped\":" << whole(replies_dropped_.value())
     << ",\"bytes_in\":" << whole(bytes_in_.value())
     << ",\"bytes_out\":" << whole(bytes_out_.value())

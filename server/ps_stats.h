@@ -7,6 +7,7 @@
 // The JSON object's keys (tests and tools read them by name):
 //   ps, requests (an object: count per op name), errors, malformed,
 //   resends_answered, requests_too_old, fault_drops, nonfinite_refused, replies_dropped,
+//   refused (requests whose key lacks the right, server/rights.h),
 //   bytes_in, bytes_out, optimizer_seconds, updates, copies_on_write,
 //   chunks, elements, version_sum, version_max, global_samples,
 //   parked_barrier, parked_kv_get, updates_lost (per worker: acknowledged
@@ -19,6 +20,7 @@
 //   pstrain_ps_malformed_requests_total, pstrain_ps_resends_answered_total,
 //   pstrain_ps_requests_too_old_total, pstrain_ps_fault_drops_total,
 //   pstrain_ps_nonfinite_refused_total, pstrain_ps_replies_dropped_total,
+//   pstrain_ps_refused_total,
 //   pstrain_ps_received_bytes_total,
 //   pstrain_ps_sent_bytes_total, pstrain_ps_updates_total,
 //   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
@@ -57,6 +59,7 @@ class PsStats {
   void too_old() { too_old_.add(); }         // a resend the record cannot tell about
   void fault_drop() { fault_drops_.add(); }  // a reply net.fault dropped
   void nonfinite_refused() { nonfinite_.add(); }  // an update with NaN or infinity
+  void refused() { refused_.add(); }  // its CURVE key lacks the right (server/rights.h)
   // A reply the send budget had no room for (server/send_budget.h).
   void reply_dropped() { replies_dropped_.add(); }
 
@@ -79,6 +82,7 @@ class PsStats {
   Counter& too_old_;
   Counter& fault_drops_;
   Counter& nonfinite_;
+  Counter& refused_;
   Counter& replies_dropped_;
   Counter& bytes_in_;
   Counter& bytes_out_;

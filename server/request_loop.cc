@@ -10,6 +10,7 @@
 
 #include "server/dispatcher.h"
 #include "server/send_budget.h"
+#include "server/zap_handler.h"
 #include "shared/log.h"
 #include "shared/messages.h"
 #include "shared/tsan.h"
@@ -117,14 +118,24 @@ struct RequestLoop::Impl final : ReplySink {
   std::optional<Peer> current_peer;
   std::string current_address;
   zmq::context_t context;
+  // Bound before the socket, so that no handshake is ever decided without it.
+  std::optional<ZapHandler> zap;
   zmq::socket_t socket{context, zmq::socket_type::router};
 
   Impl(RequestLoopOptions opts, PsStats& s)
       : options(std::move(opts)),
         stats(s),
-        dispatcher({options.ps_index, options.run_id, options.config_hash, options.config_yaml},
+        dispatcher({options.ps_index, options.run_id, options.config_hash, options.config_yaml,
+                    options.curve ? std::optional(options.curve->rights) : std::nullopt},
                    stats, *this),
         faults(options.fault, options.fault_seed) {
+    if (options.curve) {
+      zap.emplace(context, options.curve->allowed,
+                  "ps " + std::to_string(options.ps_index) + ": CURVE");
+      socket.set(zmq::sockopt::curve_server, true);
+      socket.set(zmq::sockopt::curve_secretkey, options.curve->own.secret_key);
+      socket.set(zmq::sockopt::zap_domain, "pstrain");
+    }
     socket.set(zmq::sockopt::sndhwm, 0);
     socket.set(zmq::sockopt::rcvhwm, 0);
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
@@ -157,7 +168,10 @@ struct RequestLoop::Impl final : ReplySink {
       current_peer = messages[0].to_string();
       const char* address = zmq_msg_gets(messages.back().handle(), "Peer-Address");
       current_address = address ? address : "";
-      dispatcher.handle(coordinator, frames, Clock::now());
+      // Under CURVE the ZAP handler named the connection's key.
+      const char* user_id = zmq_msg_gets(messages.back().handle(), "User-Id");
+      dispatcher.handle(coordinator, frames, Clock::now(),
+                        {user_id ? Identity::parse(user_id) : std::nullopt, current_address});
       current_peer.reset();
     }
   }

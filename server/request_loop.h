@@ -17,20 +17,31 @@
 //   loop.bind();
 //   return loop.run(coordinator, [&](Clock::time_point now) { checkpointer.tick(now); });
 //
+// With options.curve the socket is a CURVE server: a ZAP handler
+// (server/zap_handler.h) admits only the listed keys, and each request is
+// checked by the dispatcher against the rights of its connection's identity
+// (server/rights.h); a refusal gets an error reply naming the op
+// and the missing right, is counted (PsStats::refused) and logged once per
+// peer address and op.
+//
 // Thread rules: the ps is single-threaded and this is where that holds: run()
 // reads, dispatches and sends on its caller's thread, one request at a time,
-// so handlers need no locks. The only other thread is ZeroMQ's I/O thread,
+// so handlers need no locks. The other threads are ZeroMQ's I/O thread,
 // which merely drops its references to a sent frame's buffer and budget
-// claim (atomic counts) once the bytes are on the wire.
+// claim (atomic counts) once the bytes are on the wire, and under CURVE the
+// ZAP handler's, which shares nothing with the loop but the ZeroMQ context.
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "server/rights.h"
+#include "shared/curve_keys.h"
 #include "shared/fault.h"
 
 namespace pstrain::ps {
@@ -38,6 +49,14 @@ namespace pstrain::ps {
 // The socket cannot be bound, or failed while serving; the message says why.
 struct NetworkError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// security.curve: the ps's own key pair, the keys it accepts (each with its
+// identity) and what each identity may do.
+struct CurveServerOptions {
+  CurveKeyPair own;
+  std::vector<PublicKey> allowed;
+  RightsPolicy rights;
 };
 
 struct RequestLoopOptions {
@@ -51,6 +70,7 @@ struct RequestLoopOptions {
   std::uint64_t generation = 1;
   FaultConfig fault;            // for tests: off by default
   std::uint64_t fault_seed = 0;
+  std::optional<CurveServerOptions> curve;  // none: plain TCP, nobody authenticated
 };
 
 class RequestLoop final : public ReplySink {

@@ -119,6 +119,11 @@ const std::vector<Field<CheckpointConfig>> kCheckpointFields = {
     bounded("keep", &CheckpointConfig::keep, at_least(1)),
 };
 
+const std::vector<Field<SecurityConfig>> kSecurityFields = {
+    flag("curve", &SecurityConfig::curve),
+    text("keys", &SecurityConfig::keys),
+};
+
 const std::vector<Field<PsEndpoint>> kPsFields = {
     required(text("host", &PsEndpoint::host), "the address others dial"),
     required(bounded("port", &PsEndpoint::port, between(1, 65535)), ""),
@@ -362,6 +367,7 @@ const std::vector<Field<ClusterConfig>> kRootFields = {
     section("train", &ClusterConfig::train, kTrainFields),
     section("net", &ClusterConfig::net, kNetFields),
     section("checkpoint", &ClusterConfig::checkpoint, kCheckpointFields),
+    section("security", &ClusterConfig::security, kSecurityFields),
 };
 
 const std::string kRootWhat = "a map of settings (job, ps, workers, ...)";

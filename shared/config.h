@@ -107,6 +107,12 @@ struct CheckpointConfig {
   std::uint32_t keep = 3;  // generations each ps keeps
 };
 
+// Who may talk to a ps (docs/security.md).
+struct SecurityConfig {
+  bool curve = false;              // ZeroMQ CURVE on every pstrain socket, keys per identity
+  std::filesystem::path keys = "keys";  // pstrain keygen's directory (shared/curve_keys.h)
+};
+
 struct ClusterConfig {
   std::string job = "pstrain";
   std::filesystem::path run_dir;  // default runs/<job>
@@ -120,6 +126,7 @@ struct ClusterConfig {
   TrainConfig train;
   NetConfig net;
   CheckpointConfig checkpoint;
+  SecurityConfig security;
   // Not a config key and not part of hash() or to_yaml(): the nonce of this
   // launch (`pstrain --run-id`, which tools/launch draws afresh for every
   // launch and gives every process of it, restarts included). 0: none given.

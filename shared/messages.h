@@ -6,13 +6,16 @@
 //
 //   wire::Header h;
 //   h.op = wire::Op::kv_get;
-//   wire::KvGet{"gloo/rank0", 2000}.write(h);        // client
+//   wire::KvGet{"w0/gloo/0", 2000}.write(h);          // client
 //   const auto get = wire::KvGet::read(request);       // ps: get.key, get.timeout_ms
 //
 // Payload frames (values, gradients, kv values) are not part of any view:
 // they travel as their own frames, described by Header::dtype and elements.
+#include <charconv>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "shared/protocol.h"
 
@@ -68,6 +71,24 @@ struct BarrierReply {
   void write(Header& h) const { h.arg = released; }
   static BarrierReply read(const Header& h) { return {h.arg}; }
 };
+
+// Keys of the key-value store are namespaced by their writer: worker N
+// writes only under "w<N>/" (PsClient::kv_set adds it; under security.curve
+// the ps refuses a kv_set outside the sender key's namespace, server/rights.h),
+// and a reader names the writer whose key it wants (PsClient::kv_get).
+inline std::string kv_key(std::uint32_t writer, std::string_view key) {
+  return "w" + std::to_string(writer) + "/" + std::string(key);
+}
+// The writer a stored key's namespace names; nullopt when it names none.
+inline std::optional<std::uint32_t> kv_writer(std::string_view key) {
+  const auto slash = key.find('/');
+  if (key.size() < 3 || key[0] != 'w' || slash == std::string_view::npos || slash == 1)
+    return std::nullopt;
+  std::uint32_t writer = 0;
+  const auto [end, ec] = std::from_chars(key.data() + 1, key.data() + slash, writer);
+  if (ec != std::errc() || end != key.data() + slash) return std::nullopt;
+  return writer;
+}
 
 // kv_set: the value is the request's one bytes payload frame.
 struct KvSet {

@@ -28,9 +28,9 @@ std::string run_root(const ClusterConfig& config) {
 
 // The value of `key` if ps 0 holds it now. A ps that does not answer reads
 // as a missing key here, so callers check that it answers first.
-std::optional<std::string> peek(PsClient& ps, const std::string& key) {
+std::optional<std::string> peek(PsClient& ps, std::uint32_t writer, const std::string& key) {
   try {
-    const auto value = ps.kv_get(key, 0);
+    const auto value = ps.kv_get(writer, key, 0);
     return std::string(value.begin(), value.end());
   } catch (const PsError&) {
     return std::nullopt;
@@ -50,8 +50,9 @@ std::uint64_t number(const std::string& key, const std::string& value) {
 // what the key means ("worker 1 to join attempt 2") for the error. The wait
 // goes in slices of net.heartbeat with a heartbeat to every ps after each,
 // so that no ps takes this worker for dead while it waits.
-std::string wait_key(PsClient& ps, const ClusterConfig& config, const std::string& key,
-                     Clock::time_point deadline, const std::string& what) {
+std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t writer,
+                     const std::string& key, Clock::time_point deadline,
+                     const std::string& what) {
   const double slice = std::max(0.05, config.net.heartbeat);
   const std::string waiting = "sync rendezvous: waiting for " + what + " (key '" + key + "')";
   while (true) {
@@ -60,7 +61,7 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, const std::strin
     const double wait = std::clamp(left, 0.0, slice);
     std::string cause;
     try {
-      const auto value = ps.kv_get(key, wait);
+      const auto value = ps.kv_get(writer, key, wait);
       return {value.begin(), value.end()};
     } catch (const PsError& e) {
       cause = e.what();
@@ -97,26 +98,26 @@ SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
   } catch (const PsError& e) {
     throw CommError(std::string("sync rendezvous: joining an attempt: ") + e.what());
   }
-  const auto newest = peek(ps, root + "attempt");
+  const auto newest = peek(ps, 0, root + "attempt");
   const std::uint64_t latest = newest ? number(root + "attempt", *newest) : 0;
   SyncAttempt attempt;
   std::string step;
   if (index == 0) {
     attempt.number = latest + 1;
-    step = peek(ps, root + "step").value_or("0");
+    step = peek(ps, 0, root + "step").value_or("0");
     // "open" before "attempt": whoever reads the new number finds it open.
     ps.kv_set(root + std::to_string(attempt.number) + "/open", bytes(step));
     ps.kv_set(root + "attempt", bytes(std::to_string(attempt.number)));
   } else {
     if (failed > 0)
       attempt.number = failed + 1;
-    else if (latest > 0 && !peek(ps, root + std::to_string(latest) + "/member/" +
-                                         std::to_string(index)))
+    else if (latest > 0 && !peek(ps, index, root + std::to_string(latest) + "/member/" +
+                                                std::to_string(index)))
       attempt.number = latest;
     else
       attempt.number = latest + 1;
     const std::string open = root + std::to_string(attempt.number) + "/open";
-    step = wait_key(ps, config, open, deadline,
+    step = wait_key(ps, config, 0, open, deadline,
                     "worker 0 to open attempt " + std::to_string(attempt.number));
   }
   attempt.step = number(root + "step", step);
@@ -124,7 +125,7 @@ SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
   ps.kv_set(attempt.prefix + "member/" + std::to_string(index), bytes("1"));
   for (std::uint32_t w = 0; w < config.workers.size(); ++w)
     if (w != index)
-      wait_key(ps, config, attempt.prefix + "member/" + std::to_string(w), deadline,
+      wait_key(ps, config, w, attempt.prefix + "member/" + std::to_string(w), deadline,
                "worker " + std::to_string(w) + " to join attempt " +
                    std::to_string(attempt.number));
   return attempt;
@@ -145,7 +146,7 @@ cuda::NcclId share_nccl_id(PsClient& ps, const std::string& prefix, std::uint32_
   }
   std::vector<std::uint8_t> value;
   try {
-    value = ps.kv_get(key, timeout_s);
+    value = ps.kv_get(0, key, timeout_s);
   } catch (const PsError& e) {
     throw CommError(std::string("NCCL id from worker 0: ") + e.what());
   }
@@ -164,8 +165,20 @@ void RendezvousStore::set(const std::string& key, const std::vector<char>& data)
   ps_.kv_set(prefix_ + key, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()});
 }
 
+std::uint32_t RendezvousStore::writer(const std::string& key) {
+  // Gloo's keys are the rank that sets them ("1"), ours end with it
+  // ("failed/1"); sync ranks are worker indices.
+  const auto digits = key.find_last_not_of("0123456789") + 1;
+  std::uint32_t rank = 0;
+  const auto [end, ec] = std::from_chars(key.data() + digits, key.data() + key.size(), rank);
+  if (digits == key.size() || ec != std::errc() || end != key.data() + key.size())
+    throw CommError("sync rendezvous: store key '" + key +
+                    "' does not end with the rank that writes it");
+  return rank;
+}
+
 std::vector<char> RendezvousStore::get(const std::string& key) {
-  const auto value = ps_.kv_get(prefix_ + key, seconds(timeout_));
+  const auto value = ps_.kv_get(writer(key), prefix_ + key, seconds(timeout_));
   return {value.begin(), value.end()};
 }
 
@@ -178,7 +191,8 @@ void RendezvousStore::wait(const std::vector<std::string>& keys,
   for (const auto& key : keys) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    ps_.kv_get(prefix_ + key, seconds(std::max(left, std::chrono::milliseconds(0))));
+    ps_.kv_get(writer(key), prefix_ + key,
+               seconds(std::max(left, std::chrono::milliseconds(0))));
   }
 }
 

@@ -37,12 +37,14 @@ struct SyncAttempt {
 };
 
 // Joins the next attempt of the run and returns it; every worker of the run
-// gets the same one. Keys under "sync/<run id>/" on ps 0:
+// gets the same one. Keys under "sync/<run id>/" on ps 0, each in its
+// writer's namespace (wire::kv_key: worker 0's are "w0/sync/..."):
 //
 //   attempt           the newest attempt's number (worker 0 writes it)
 //   step              the step of the weights on the ps (record_sync_step)
 //   <n>/open          attempt n exists; its value is the step it resumes at
-//   <n>/member/<i>    worker i has joined attempt n
+//                     (worker 0)
+//   <n>/member/<i>    worker i has joined attempt n (worker i)
 //
 // Worker 0 opens attempt (newest + 1) at the recorded step, whether it is
 // starting, restarted, or survived a failure. Another worker that survived
@@ -85,6 +87,10 @@ class RendezvousStore : public gloo::rendezvous::Store {
   PsClient& ps_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+
+  // The worker whose namespace holds `key` (PsClient::kv_get): the rank the
+  // key ends with. Throws CommError for a key that names none.
+  static std::uint32_t writer(const std::string& key);
 };
 
 }  // namespace pstrain

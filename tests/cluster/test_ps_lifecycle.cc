@@ -220,7 +220,7 @@ TEST_CASE("ps: kv_get waits for kv_set without blocking other requests, or times
   std::vector<std::uint8_t> got;
   std::thread waiter([&] {
     PsClient c(config, 1, small_map(config));
-    got = c.kv_get("gloo/rank0", 10);
+    got = c.kv_get(0, "gloo/rank0", 10);
   });
   CHECK(parked(config, "parked_kv_get", 1));
   PsClient setter(config, 0, small_map(config));
@@ -229,9 +229,9 @@ TEST_CASE("ps: kv_get waits for kv_set without blocking other requests, or times
   setter.kv_set("gloo/rank0", value);
   waiter.join();
   CHECK(got == value);
-  CHECK(setter.kv_get("gloo/rank0", 0) == value);
+  CHECK(setter.kv_get(0, "gloo/rank0", 0) == value);
   const auto start = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH_AS(setter.kv_get("missing", 0.3), doctest::Contains("not set within"),
+  CHECK_THROWS_WITH_AS(setter.kv_get(0, "missing", 0.3), doctest::Contains("not set within"),
                        PsError);
   CHECK(std::chrono::steady_clock::now() - start >= 250ms);
 }

@@ -272,6 +272,8 @@ namespace {
 // it stays queued on the ps's side, as with a peer that never reads.
 class DeafPeer {
  public:
+  static constexpr std::uint32_t kSender = 7;  // not a worker
+
   explicit DeafPeer(const ClusterConfig& config) : run_id_(config.hash()) {
     socket_.set(zmq::sockopt::rcvhwm, 1);
     socket_.set(zmq::sockopt::rcvbuf, 4096);
@@ -282,7 +284,7 @@ class DeafPeer {
 
   void kv_set(const std::string& key, const std::vector<std::uint8_t>& value) {
     Header h = header(Op::kv_set);
-    wire::KvSet{key}.write(h);
+    wire::KvSet{wire::kv_key(kSender, key)}.write(h);  // in its own namespace, as PsClient
     h.dtype = wire::DType::bytes;
     h.elements = value.size();
     h.payload_frames = 1;
@@ -291,7 +293,7 @@ class DeafPeer {
   }
   void kv_get(const std::string& key, std::uint64_t timeout_ms) {
     Header h = header(Op::kv_get);
-    wire::KvGet{key, timeout_ms}.write(h);
+    wire::KvGet{wire::kv_key(kSender, key), timeout_ms}.write(h);  // its own keys
     socket_.send(zmq::buffer(wire::encode_header(h)), zmq::send_flags::none);
   }
   void barrier(const std::string& name, std::uint64_t count) {
@@ -310,7 +312,7 @@ class DeafPeer {
   Header header(Op op) {
     Header h;
     h.op = op;
-    h.sender = 7;  // not a worker
+    h.sender = kSender;
     h.request_id = ++request_id_;
     h.run_id = run_id_;
     return h;
@@ -367,7 +369,7 @@ TEST_CASE("ps: a peer that never reads its replies cannot queue more than its se
     deaf.kv_get("round", 0);
   }
   // Others are served meanwhile, large replies included.
-  CHECK(client.kv_get("big", 10) == value);
+  CHECK(client.kv_get(DeafPeer::kSender, "big", 10) == value);
   wait_for_requests(client, "kv_get", 121);
 
   const auto peak_after = status_kb(server.pid(), "VmHWM");
@@ -378,7 +380,7 @@ TEST_CASE("ps: a peer that never reads its replies cannot queue more than its se
   CHECK(stat(stats, "replies_dropped") > 0);
   CHECK(server.log_text().find("dropped a kv_get reply to peer 0x") != std::string::npos);
   CHECK(server.log_text().find("(address 127.0.0.1)") != std::string::npos);
-  CHECK(client.kv_get("round", 10) == round);
+  CHECK(client.kv_get(DeafPeer::kSender, "round", 10) == round);
   CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
 }
 
@@ -418,7 +420,7 @@ TEST_CASE("ps: one peer cannot park more than its share of barrier entries and k
 
   // Others still park and are answered.
   std::vector<std::uint8_t> got;
-  std::thread waiter([&] { got = client.kv_get("later", 10); });
+  std::thread waiter([&] { got = client.kv_get(kTool, "later", 10); });
   PsClient setter(config, kTool, one_chunk_map());
   wait_for_requests(setter, "kv_get", kRequests / 2 + 1);
   setter.kv_set("later", std::vector<std::uint8_t>{1, 2, 3});

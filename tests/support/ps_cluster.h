@@ -15,6 +15,7 @@
 
 #include "shared/child_process.h"
 #include "shared/config.h"
+#include "shared/curve_keys.h"
 
 namespace pstrain::testing {
 
@@ -36,6 +37,8 @@ struct ClusterSpec {
   double request_timeout = 10;
   double retry_interval = 1;
   double fault_drop = 0;  // net.fault.drop, for every process of the cluster
+  // security.curve, with a fresh key set in <dir>/keys (shared/curve_keys.h).
+  bool curve = false;
 };
 
 class PsCluster {
@@ -56,6 +59,10 @@ class PsCluster {
       << ", fault: {drop: " << spec.fault_drop << "}}\n"
       << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
       << "}\n";
+    if (spec.curve) {
+      y << "security: {curve: true, keys: " << (dir_.path() / "keys").string() << "}\n";
+      write_cluster_keys(dir_.path() / "keys", spec.ps, spec.workers);
+    }
     cluster_file_ = dir_.path() / "cluster.yaml";
     std::ofstream(cluster_file_) << y.str();
     config_ = load_config(cluster_file_);

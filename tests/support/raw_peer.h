@@ -11,6 +11,7 @@
 #include <zmq_addon.hpp>
 
 #include "shared/config.h"
+#include "shared/curve_keys.h"
 #include "shared/messages.h"
 #include "shared/snapshot.h"
 
@@ -23,9 +24,18 @@ struct RawReply {
 
 class RawPeer {
  public:
-  explicit RawPeer(const std::string& address) : socket_(context_, zmq::socket_type::dealer) {
+  // `curve`: speak CURVE with this key pair to a ps whose public key is
+  // `server_key` (security.curve).
+  explicit RawPeer(const std::string& address,
+                   const std::optional<std::pair<CurveKeyPair, std::string>>& curve = {})
+      : socket_(context_, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.set(zmq::sockopt::rcvtimeo, 5000);
+    if (curve) {
+      socket_.set(zmq::sockopt::curve_serverkey, curve->second);
+      socket_.set(zmq::sockopt::curve_publickey, curve->first.public_key);
+      socket_.set(zmq::sockopt::curve_secretkey, curve->first.secret_key);
+    }
     socket_.connect(address);
   }
 
