@@ -172,6 +172,14 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
 namespace {
 
 // A figure of /proc/<pid>/status in kB (VmHWM: the peak resident set).
+// The ps under test is built like this test: with AddressSanitizer in the
+// sanitizer stage of tools/test.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitizedBuild = true;
+#else
+constexpr bool kSanitizedBuild = false;
+#endif
+
 std::uint64_t status_kb(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(in, line);)
@@ -375,7 +383,10 @@ TEST_CASE("ps: a peer that never reads its replies cannot queue more than its se
   const auto peak_after = status_kb(server.pid(), "VmHWM");
   MESSAGE("ps peak resident set: ", peak_before / 1024, " MB before, ", peak_after / 1024,
           " MB after the never-reading peer");
-  CHECK(peak_after < peak_before + 100 * 1024);
+  // Under AddressSanitizer the ps's freed values stay in ASan's quarantine
+  // (256 MB by default), so resident memory says nothing about what the ps
+  // holds there; the drops below still show the budget at work.
+  if (!kSanitizedBuild) CHECK(peak_after < peak_before + 100 * 1024);
   const auto stats = client.stats(0);
   CHECK(stat(stats, "replies_dropped") > 0);
   CHECK(server.log_text().find("dropped a kv_get reply to peer 0x") != std::string::npos);
