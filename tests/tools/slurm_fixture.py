@@ -90,6 +90,8 @@ class SlurmCluster:
     def __init__(self):
         self.tmp = None
         self.daemons = []  # [(name, Popen, log path)]
+        self.jobs = []  # ids from sbatch(), cancelled by stop()
+        self.conf = None
         self.node = socket.gethostname().split(".")[0]
 
     # --- lifetime -----------------------------------------------------
@@ -129,8 +131,8 @@ class SlurmCluster:
 
         self._spawn("munged", ["munged", "-F", f"--socket={t}/munge.socket",
                                f"--key-file={key}", f"--pid-file={t}/munged.pid",
-                               f"--log-file={t}/munged.log", f"--seed-file={t}/munged.seed"],
-                    f"{t}/munged.log")
+                               f"--seed-file={t}/munged.seed"],
+                    None)  # in the foreground it logs to stderr
         self._wait(lambda: os.path.exists(f"{t}/munge.socket"), "munged",
                    "its socket did not appear")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", self.conf],
@@ -173,12 +175,16 @@ class SlurmCluster:
     def _why(self, headline):
         parts = [headline]
         for n, _, log in self.daemons:
-            parts.append(f"--- last lines of {n}'s log ({log}):\n{tail(log)}"
-                         f"--- its stdout/stderr:\n{tail(os.path.join(self.tmp, n + '.out'))}")
+            if log:
+                parts.append(f"--- last lines of {n}'s log ({log}):\n{tail(log)}")
+            parts.append(f"--- {n}'s stdout/stderr:\n{tail(os.path.join(self.tmp, n + '.out'))}")
         return "\n".join(parts)
 
     def stop(self):
-        """Ends every daemon by its process group, slurmd first, then cleans up."""
+        """Cancels the jobs still running, ends every daemon by its process
+        group, slurmd first, then every process a job left (slurmstepd
+        detaches from slurmd's group), then cleans up."""
+        self._cancel_jobs()
         for _, p, _ in reversed(self.daemons):
             if p.poll() is None:
                 try:
@@ -198,9 +204,46 @@ class SlurmCluster:
                 pass
             p.wait()
         self.daemons = []
+        self._kill_job_processes()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+    def _cancel_jobs(self):
+        running = [j for j in self.jobs if self._alive(j)]
+        if not running:
+            return
+        subprocess.run(["scancel", *running], env=self.env, capture_output=True, timeout=30)
+        deadline = time.monotonic() + STOP_GRACE_S * 2
+        while time.monotonic() < deadline and any(self._alive(j) for j in running):
+            time.sleep(0.3)
+
+    def _alive(self, job):
+        try:
+            return self.job_fields(job).get("JobState") in ("PENDING", "RUNNING", "COMPLETING",
+                                                             "CONFIGURING")
+        except (SlurmError, subprocess.TimeoutExpired):
+            return False
+
+    def _kill_job_processes(self):
+        """SIGKILL, by PID, to every process whose environment names this
+        cluster's slurm.conf: the job's tasks and steps that outlived it."""
+        if not self.conf:
+            return
+        mark = f"SLURM_CONF={self.conf}".encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if mark in env:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     # --- use ----------------------------------------------------------
     def run(self, argv, **kw):
@@ -214,7 +257,9 @@ class SlurmCluster:
     def sbatch(self, script, cwd=None):
         """Submits `script`; its job id."""
         out = self.run(["sbatch", "--parsable", script], cwd=cwd)
-        return out.strip().split(";")[0]
+        job = out.strip().split(";")[0]
+        self.jobs.append(job)
+        return job
 
     def job_fields(self, job):
         """scontrol show job's Key=Value fields (accounting is off: no sacct)."""
