@@ -194,15 +194,17 @@ Placement from_slurm(const Environment& env, std::uint32_t ps_count, std::uint32
   };
   const std::string nodelist_var = either("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
   const std::string per_node_var = either("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE");
+  const std::string nodelist_text = variable(env, nodelist_var, source);
+  const std::string per_node_text = variable(env, per_node_var, source);
   std::vector<std::string> nodes;
   std::vector<std::uint32_t> per_node;
   try {
-    nodes = expand_hostlist(variable(env, nodelist_var, source));
+    nodes = expand_hostlist(nodelist_text);
   } catch (const SchedulerError& e) {
     fail(nodelist_var + ": " + e.what());
   }
   try {
-    per_node = expand_tasks_per_node(variable(env, per_node_var, source));
+    per_node = expand_tasks_per_node(per_node_text);
   } catch (const SchedulerError& e) {
     fail(per_node_var + ": " + e.what());
   }
