@@ -53,6 +53,10 @@ constexpr const char* kUsage =
     "$PSTRAIN_KEYS, else from security.keys (docs/security.md).\n"
     "\n";
 
+constexpr const char* kNoRole =
+    "--role is required (ps, worker or eval; see --help) where no scheduler's environment "
+    "gives it (TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)";
+
 // A bad command line: reported with exit code 2 before anything starts.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -158,6 +162,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
     args.role = "check";
   } else if (vm.count("role")) {
     args.role = vm["role"].as<std::string>();
+  } else if (!vm.count("index") && !pstrain::scheduler_source(pstrain::process_environment())) {
+    throw UsageError(kNoRole);
   }
   if (args.keygen && vm.count("role")) throw UsageError("--keygen takes no --role");
   if (!args.check && !args.keygen && !args.role.empty() && args.role != "ps" &&
@@ -214,11 +220,11 @@ std::optional<pstrain::Placement> place(Args& args, pstrain::ClusterConfig& conf
       pstrain::process_environment(), static_cast<std::uint32_t>(config.ps.size()),
       static_cast<std::uint32_t>(config.workers.size()), config.job);
   if (!placement) {
+    // Without --role, parse_args has found a scheduler: only pending hosts get here.
     if (args.check) return std::nullopt;  // --check shows the file as it is
-    throw UsageError(std::string(role_needed ? "--role is required (ps, worker or eval; see --help)"
-                                             : where + ": ps: {count} leaves the hosts to a scheduler")
-                     + ", and no scheduler's environment was found "
-                       "(TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)");
+    throw UsageError(where + ": ps: {count} leaves the hosts to a scheduler, and no scheduler's "
+                             "environment was found (TF_CONFIG, SLURM_PROCID and "
+                             "KUBERNETES_SERVICE_HOST are unset)");
   }
   if (role_needed) {
     args.role = placement->role;

@@ -294,15 +294,26 @@ std::vector<std::uint32_t> expand_tasks_per_node(std::string_view text) {
   return counts;
 }
 
+std::optional<std::string> scheduler_source(const Environment& env) {
+  const auto set = [&](const char* name) {
+    const auto* value = find(env, name);
+    return value && !value->empty();
+  };
+  if (set("TF_CONFIG")) return "TF_CONFIG";
+  if (set("SLURM_PROCID")) return "slurm";
+  if (set("KUBERNETES_SERVICE_HOST")) return "kubernetes";
+  return std::nullopt;
+}
+
 std::optional<Placement> placement_from_environment(const Environment& env,
                                                     std::uint32_t ps_count,
                                                     std::uint32_t worker_count,
                                                     const std::string& job) {
-  if (const auto* tf = find(env, "TF_CONFIG"); tf && !tf->empty())
-    return from_tf_config(*tf, ps_count, worker_count);
-  if (find(env, "SLURM_PROCID")) return from_slurm(env, ps_count, worker_count);
-  if (find(env, "KUBERNETES_SERVICE_HOST")) return from_kubernetes(env, ps_count, worker_count, job);
-  return std::nullopt;
+  const auto source = scheduler_source(env);
+  if (!source) return std::nullopt;
+  if (*source == "TF_CONFIG") return from_tf_config(env.at("TF_CONFIG"), ps_count, worker_count);
+  if (*source == "slurm") return from_slurm(env, ps_count, worker_count);
+  return from_kubernetes(env, ps_count, worker_count, job);
 }
 
 }  // namespace pstrain

@@ -3,19 +3,20 @@
 // from the environment a scheduler gives its tasks (docs/clusters.md).
 //
 // Pure functions over an environment map, so tests need no real scheduler.
-// The sources, asked in this order; the first one present decides:
+// The sources, asked in this order; the first whose variable is set and not
+// empty decides (an empty one reads as unset, so a test can blank it):
 //   TF_CONFIG   a Kubeflow TFJob replica: JSON {"cluster": {"ps": ["h:p", ...],
 //               "worker": [...]}, "task": {"type": "ps"|"worker", "index": N}}.
 //               "chief" is not accepted: pstrain has no chief, a TFJob runs
 //               its workers as Worker replicas.
-//   Slurm       SLURM_PROCID is set: one srun step of SLURM_NTASKS tasks over
+//   Slurm       SLURM_PROCID: one srun step of SLURM_NTASKS tasks over
 //               the step's nodes (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST)
 //               with SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE).
 //               Tasks lie on the nodes in Slurm's default block distribution:
 //               the first count[0] tasks on the first node, and so on. Tasks
 //               0..P-1 are the servers, the rest the workers in order.
 //               SLURMD_NODENAME, where set, must be the node the rule gives.
-//   Kubernetes  KUBERNETES_SERVICE_HOST is set: the pod is StatefulSet member
+//   Kubernetes  KUBERNETES_SERVICE_HOST: the pod is StatefulSet member
 //               HOSTNAME = <job>-ps-N or <job>-worker-N, and process N of a
 //               role is reached at <job>-ps-N.<job>-ps (the headless Service
 //               of the StatefulSet), <job>-worker-N.<job>-worker.
@@ -53,6 +54,11 @@ struct Placement {
   std::vector<Address> ps;       // every server, by index
   std::vector<Address> workers;  // every worker, by index
 };
+
+// The name of the first source whose variable is set and not empty
+// ("TF_CONFIG", "slurm", "kubernetes"), or nullopt: this process was not
+// started by a scheduler pstrain knows.
+std::optional<std::string> scheduler_source(const Environment& env);
 
 // The placement the scheduler gave this process of a job of `ps_count`
 // servers and `worker_count` workers named `job`, or nullopt when no
