@@ -90,8 +90,9 @@ po::options_description options() {
       ("restore", po::value<std::string>()->value_name("DIR|latest"),
        "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
        "checkpoint in run_dir/checkpoints (fresh values when there is none); DIR: the "
-       "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>). With the role from the scheduler it applies to the servers "
-       "and workers ignore it, so one command serves every task")
+       "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>). With the role "
+       "from the scheduler it applies to the servers and workers ignore it, so one command "
+       "serves every task")
       ("run-id", po::value<std::string>()->value_name("HEX"),
        "ps and worker: this launch's nonce (1 to 16 hex digits, not 0), the same for every "
        "process of the launch; tools/launch draws a new one per launch. Without it the run id "
@@ -173,7 +174,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
   const bool from_scheduler = args.role.empty();
   const bool indexed = args.role == "ps" || args.role == "worker" || from_scheduler;
   if (vm.count("index")) {
-    if (from_scheduler) throw UsageError("--index needs --role (without both, the scheduler's environment gives them)");
+    if (from_scheduler)
+      throw UsageError("--index needs --role (without both, the scheduler's environment gives "
+                       "them)");
     if (!indexed) throw UsageError("--index does not apply to --" + args.role);
     args.index = parse_index(vm["index"].as<std::string>());
   } else if (indexed && !from_scheduler) {
@@ -245,7 +248,8 @@ std::optional<pstrain::Placement> place(Args& args, pstrain::ClusterConfig& conf
 
 // What --check and the log say about a placement, one line each.
 std::vector<std::string> describe(const pstrain::Placement& p, const pstrain::ClusterConfig& c) {
-  std::vector<std::string> lines = {"from " + p.source + ": " + p.role + " " + std::to_string(p.index)};
+  std::vector<std::string> lines = {"from " + p.source + ": " + p.role + " " +
+                                    std::to_string(p.index)};
   std::string ps = "ps:", workers = "workers:";
   for (const auto& e : c.ps) ps += " " + e.host + ":" + std::to_string(e.port);
   for (const auto& w : c.workers) workers += " " + w.host;

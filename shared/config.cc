@@ -171,17 +171,15 @@ struct WorkerGroup {
 struct PsGroup {
   std::uint32_t count = 0;
   std::uint16_t port_base = 7100;  // the port of the example cluster.yaml's ps 0
-  std::string bind;                // empty: each server's host
+  // A scheduler's host is a name, which ZeroMQ cannot bind (it reads it as
+  // an interface), and in Kubernetes it resolves only once the pod is ready.
+  std::string bind = "0.0.0.0";
 };
 
 const std::vector<Field<PsGroup>> kPsGroupFields = {
     required(bounded("count", &PsGroup::count, between(1, 65535)), "how many parameter servers"),
     bounded("port_base", &PsGroup::port_base, between(1, 65535)),
-    [] {
-      Field<PsGroup> bind = text("bind", &PsGroup::bind);
-      bind.omitted = [](const PsGroup& g) { return g.bind.empty(); };
-      return bind;
-    }(),
+    text("bind", &PsGroup::bind),
 };
 
 // count, then every key of a worker but gpu: identical workers on one host
@@ -431,7 +429,8 @@ void check_across(const Reader& r, const ClusterConfig& c) {
   }
   if (c.workers_auto) {
     if (c.hosts_pending)
-      r.fail("workers", "auto is resolved only by tools/launch; with ps: {count} give workers: {count: N}");
+      r.fail("workers",
+             "auto is resolved only by tools/launch; with ps: {count} give workers: {count: N}");
     return;
   }
   for (std::size_t i = 0; i < c.workers.size(); ++i) {

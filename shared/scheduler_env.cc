@@ -6,7 +6,6 @@
 #include <charconv>
 #include <numeric>
 
-
 namespace pstrain {
 
 Environment process_environment() {
@@ -46,7 +45,8 @@ std::vector<std::string_view> split_top_level(std::string_view text, std::string
   std::size_t start = 0;
   for (std::size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '[') ++depth;
-    if (text[i] == ']' && --depth < 0) fail("hostlist '" + std::string(whole) + "': unbalanced ']'");
+    if (text[i] == ']' && --depth < 0)
+      fail("hostlist '" + std::string(whole) + "': unbalanced ']'");
     if (text[i] == ',' && depth == 0) {
       parts.push_back(text.substr(start, i - start));
       start = i + 1;
@@ -62,7 +62,8 @@ std::vector<std::string_view> split_top_level(std::string_view text, std::string
 void expand_range(std::string_view range, std::string_view whole, std::vector<std::string>& out) {
   const auto dash = range.find('-');
   const std::string_view lo_text = range.substr(0, dash);
-  const std::string_view hi_text = dash == std::string_view::npos ? lo_text : range.substr(dash + 1);
+  const std::string_view hi_text =
+      dash == std::string_view::npos ? lo_text : range.substr(dash + 1);
   const auto lo = whole_number<std::uint64_t>(lo_text);
   const auto hi = whole_number<std::uint64_t>(hi_text);
   if (!lo || !hi || *hi < *lo || *hi - *lo > 100000)
@@ -119,7 +120,8 @@ Address tf_address(const std::string& entry, const std::string& where) {
   if (!port || *port == 0 || colon == 0)
     fail("TF_CONFIG: " + where + ": expected \"host:port\", got \"" + entry + "\"");
   std::string host = entry.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   return {host, *port};
 }
 
@@ -160,7 +162,8 @@ Placement from_tf_config(const std::string& text, std::uint32_t ps_count,
   p.source = "TF_CONFIG";
   p.ps = tf_role_list(cluster, "ps", ps_count);
   p.workers = tf_role_list(cluster, "worker", worker_count);
-  if (!task["type"].IsScalar() || (task["type"].Scalar() != "ps" && task["type"].Scalar() != "worker"))
+  if (!task["type"].IsScalar() ||
+      (task["type"].Scalar() != "ps" && task["type"].Scalar() != "worker"))
     fail("TF_CONFIG: task.type: expected \"ps\" or \"worker\", got " +
          (task["type"].IsScalar() ? "\"" + task["type"].Scalar() + "\"" : std::string("none")));
   p.role = task["type"].Scalar();
@@ -217,7 +220,8 @@ Placement from_slurm(const Environment& env, std::uint32_t ps_count, std::uint32
          ntasks_text);
 
   std::vector<std::string> task_host;  // block distribution
-  for (std::size_t n = 0; n < nodes.size(); ++n) task_host.insert(task_host.end(), per_node[n], nodes[n]);
+  for (std::size_t n = 0; n < nodes.size(); ++n)
+    task_host.insert(task_host.end(), per_node[n], nodes[n]);
   if (const auto* own = find(env, "SLURMD_NODENAME"); own && *own != task_host[*procid])
     fail("SLURMD_NODENAME is " + *own + " but block distribution puts task " +
          std::to_string(*procid) + " on " + task_host[*procid] +
@@ -240,7 +244,8 @@ Placement from_kubernetes(const Environment& env, std::uint32_t ps_count,
   for (const std::string role : {"ps", "worker"}) {
     const std::string prefix = job + "-" + role + "-";
     if (hostname.rfind(prefix, 0) != 0) continue;
-    const auto ordinal = whole_number<std::uint32_t>(std::string_view(hostname).substr(prefix.size()));
+    const auto ordinal =
+        whole_number<std::uint32_t>(std::string_view(hostname).substr(prefix.size()));
     if (!ordinal) continue;
     p.role = role;
     p.index = *ordinal;
@@ -250,11 +255,12 @@ Placement from_kubernetes(const Environment& env, std::uint32_t ps_count,
          "-ps-N or " + job + "-worker-N (a StatefulSet member)");
   const std::uint32_t count = p.role == "ps" ? ps_count : worker_count;
   if (p.index >= count)
-    fail("HOSTNAME is '" + hostname + "' but cluster.yaml asks for " + std::to_string(count) +
-         " " + p.role + " (ordinals 0.." + std::to_string(count) + "-1)");
+    fail("HOSTNAME is '" + hostname + "' but cluster.yaml asks for " + std::to_string(count) + " " +
+         p.role + " (ordinals 0.." + std::to_string(count) + "-1)");
   const auto names = [&](const std::string& role, std::uint32_t n, std::vector<Address>& out) {
     for (std::uint32_t i = 0; i < n; ++i)
-      out.push_back({job + "-" + role + "-" + std::to_string(i) + "." + job + "-" + role, std::nullopt});
+      out.push_back(
+          {job + "-" + role + "-" + std::to_string(i) + "." + job + "-" + role, std::nullopt});
   };
   names("ps", ps_count, p.ps);
   names("worker", worker_count, p.workers);
@@ -305,8 +311,7 @@ std::optional<std::string> scheduler_source(const Environment& env) {
   return std::nullopt;
 }
 
-std::optional<Placement> placement_from_environment(const Environment& env,
-                                                    std::uint32_t ps_count,
+std::optional<Placement> placement_from_environment(const Environment& env, std::uint32_t ps_count,
                                                     std::uint32_t worker_count,
                                                     const std::string& job) {
   const auto source = scheduler_source(env);

@@ -64,8 +64,7 @@ std::optional<std::string> scheduler_source(const Environment& env);
 // servers and `worker_count` workers named `job`, or nullopt when no
 // scheduler's variables are set. Throws SchedulerError naming the variable
 // that is missing, malformed or disagrees with the counts.
-std::optional<Placement> placement_from_environment(const Environment& env,
-                                                    std::uint32_t ps_count,
+std::optional<Placement> placement_from_environment(const Environment& env, std::uint32_t ps_count,
                                                     std::uint32_t worker_count,
                                                     const std::string& job);
 

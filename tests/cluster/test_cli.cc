@@ -176,7 +176,7 @@ TEST_CASE("cli: without --role, Slurm's variables place the process; --check sho
   const auto bare = run_cli(dir, {"--check", "--cluster", cluster});
   CHECK(bare.code == 0);
   CHECK(bare.output.rfind("# hosts: left to the scheduler", 0) == 0);
-  CHECK(bare.output.find("ps: {count: 2, port_base: 7100}") != std::string::npos);
+  CHECK(bare.output.find("ps: {count: 2, port_base: 7100, bind: 0.0.0.0}") != std::string::npos);
 
   auto three = slurm;
   three[1] = "SLURM_NTASKS=3";

@@ -88,7 +88,8 @@ TEST_CASE("scheduler_env: Slurm: the first tasks serve, hosts by block distribut
 }
 
 TEST_CASE("scheduler_env: Slurm errors name the variable") {
-  CHECK(error_of(slurm("1"), 2, 1) == "SLURM_NTASKS is 4 but cluster.yaml asks for 2 ps + 1 workers");
+  CHECK(error_of(slurm("1"), 2, 1) ==
+        "SLURM_NTASKS is 4 but cluster.yaml asks for 2 ps + 1 workers");
   auto env = slurm("x");
   CHECK(error_of(env) == "SLURM_PROCID is 'x', not a task number");
   env = slurm("4");
@@ -152,8 +153,9 @@ TEST_CASE("scheduler_env: TF_CONFIG errors name the key") {
   CHECK(error_of(tf(R"({"type": "ps", "index": 0})"), 3, 2) ==
         "TF_CONFIG: cluster.ps has 2 entries but cluster.yaml asks for 3");
   CHECK(error_of({{"TF_CONFIG", "{not json"}}).starts_with("TF_CONFIG is not valid JSON"));
-  CHECK(error_of({{"TF_CONFIG", R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}})"}},
-                 1, 1) == "TF_CONFIG: cluster.worker is missing or not a list of \"host:port\"");
+  CHECK(error_of(
+            {{"TF_CONFIG", R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}})"}},
+            1, 1) == "TF_CONFIG: cluster.worker is missing or not a list of \"host:port\"");
   CHECK(error_of({{"TF_CONFIG", R"({"cluster": {"ps": ["a"], "worker": ["b:1"]},
                                     "task": {"type": "ps", "index": 0}})"}},
                  1, 1) == "TF_CONFIG: cluster.ps[0]: expected \"host:port\", got \"a\"");
@@ -195,7 +197,7 @@ TEST_CASE("scheduler_env: ps: {count} is pending until filled; the hash is over 
   auto c = parse_config(file);
   CHECK(c.hosts_pending);
   CHECK(c.ps[1].port == 9001);
-  CHECK(c.to_yaml().find("ps: {count: 2, port_base: 9000}") != std::string::npos);
+  CHECK(c.to_yaml().find("ps: {count: 2, port_base: 9000, bind: 0.0.0.0}") != std::string::npos);
   // The pending form reads back as itself.
   CHECK(parse_config(c.to_yaml()).to_yaml() == c.to_yaml());
 
@@ -210,6 +212,7 @@ TEST_CASE("scheduler_env: ps: {count} is pending until filled; the hash is over 
   CHECK(a.ps[0].host == "node01");
   CHECK(a.ps[0].port == 9000);
   CHECK(a.ps[1].port == 7200);
+  CHECK(a.ps[1].bind_address() == "tcp://0.0.0.0:7200");
   CHECK(a.workers[1].host == "node02");
   CHECK(a.hash() == b.hash());
   CHECK(a.hash() != c.hash());
