@@ -156,7 +156,7 @@ TEST_CASE("cli: a failure after start exits 1 naming the role and index") {
   CHECK(result.output.rfind("pstrain: ps 0: ", 0) == 0);
 }
 
-TEST_CASE("cli: without --role, Slurm's variables place the process; --check shows where") {
+TEST_CASE("cli: without --role, Slurm's variables place the process and --check shows where") {
   TempDir dir;
   const auto cluster = (dir.path() / "slurm.yaml").string();
   std::ofstream(cluster) << "job: cli\nps: {count: 2}\nworkers: {count: 2}\n"

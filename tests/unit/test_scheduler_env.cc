@@ -123,7 +123,7 @@ Environment tf(const std::string& task) {
   return {{"TF_CONFIG", "{" + kTfCluster + ", \"task\": " + task + "}"}};
 }
 
-TEST_CASE("scheduler_env: TF_CONFIG gives role, index, hosts and ports; it comes first") {
+TEST_CASE("scheduler_env: TF_CONFIG gives role, index, hosts and ports, and comes first") {
   auto env = tf(R"({"type": "worker", "index": 1})");
   env["SLURM_PROCID"] = "0";  // TF_CONFIG is asked first
   const auto p = placement_from_environment(env, 2, 2, "demo");
@@ -192,7 +192,7 @@ TEST_CASE("scheduler_env: no scheduler, no placement") {
   CHECK(!placement_from_environment({{"HOME", "/root"}, {"TF_CONFIG", ""}}, 2, 2, "demo"));
 }
 
-TEST_CASE("scheduler_env: ps: {count} is pending until filled; the hash is over the hosts") {
+TEST_CASE("scheduler_env: ps: {count} is pending until filled, and the hash is over the hosts") {
   const std::string file = "job: demo\nps: {count: 2, port_base: 9000}\nworkers: {count: 2}\n";
   auto c = parse_config(file);
   CHECK(c.hosts_pending);
