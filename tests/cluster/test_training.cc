@@ -129,7 +129,8 @@ TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alo
   std::ofstream(cluster) << "job: tf-test\nrun_dir: " << (dir.path() / "run").string()
                          << "\nps: {count: 1, port_base: 1}\nworkers: {count: 2}\n"
                             "data: {name: synthetic, synthetic_train: 2000, synthetic_test: 500}\n"
-                            "train: {epochs: 1, eval_every: 0}\n";
+                            "optimizer: {name: adam, lr: 0.001}\n"
+                            "train: {epochs: 2, eval_every: 0}\n";
   // TFJob's form; the workers' ports are not used by an async run.
   const std::string ps = "127.0.0.1:" + std::to_string(free_port());
   const std::string spec = R"({"cluster": {"ps": [")" + ps +
