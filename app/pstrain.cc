@@ -23,6 +23,7 @@
 #include "shared/curve_keys.h"
 #include "shared/log.h"
 #include "shared/protocol.h"
+#include "shared/scheduler_env.h"
 
 namespace po = boost::program_options;
 
@@ -36,6 +37,7 @@ constexpr const char* kUsage =
     "Usage:\n"
     "  pstrain --role ps     --index N [options]    serve parameter server N of the cluster\n"
     "  pstrain --role worker --index N [options]    train as worker N\n"
+    "  pstrain [options]                            ps or worker as the scheduler says\n"
     "  pstrain --role eval   --model FILE [options] print the test accuracy of a saved model\n"
     "  pstrain --keygen DIR  [options]              write the cluster's CURVE keys into DIR\n"
     "\n"
@@ -43,9 +45,17 @@ constexpr const char* kUsage =
     "(their hash is checked when a worker connects) and the same --run-id.\n"
     "tools/launch starts a whole cluster from one file, with a new run id.\n"
     "\n"
+    "Without --role, the role and index come from the scheduler's environment:\n"
+    "TF_CONFIG, else Slurm (SLURM_PROCID), else Kubernetes (KUBERNETES_SERVICE_HOST);\n"
+    "a cluster file with ps: {count: N} takes its hosts from there (docs/clusters.md).\n"
+    "\n"
     "With security.curve, each process reads its secret key and the public list from\n"
     "$PSTRAIN_KEYS, else from security.keys (docs/security.md).\n"
     "\n";
+
+constexpr const char* kNoRole =
+    "--role is required (ps, worker or eval; see --help) where no scheduler's environment "
+    "gives it (TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)";
 
 // A bad command line: reported with exit code 2 before anything starts.
 struct UsageError : std::runtime_error {
@@ -55,7 +65,7 @@ struct UsageError : std::runtime_error {
 struct Args {
   bool check = false;
   std::optional<std::filesystem::path> keygen;
-  std::string role;
+  std::string role;  // empty: from the scheduler's environment
   std::uint32_t index = 0;
   std::filesystem::path cluster;
   std::vector<std::string> overrides;
@@ -80,7 +90,9 @@ po::options_description options() {
       ("restore", po::value<std::string>()->value_name("DIR|latest"),
        "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
        "checkpoint in run_dir/checkpoints (fresh values when there is none); DIR: the "
-       "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>)")
+       "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>). With the role "
+       "from the scheduler it applies to the servers and workers ignore it, so one command "
+       "serves every task")
       ("run-id", po::value<std::string>()->value_name("HEX"),
        "ps and worker: this launch's nonce (1 to 16 hex digits, not 0), the same for every "
        "process of the launch; tools/launch draws a new one per launch. Without it the run id "
@@ -149,21 +161,25 @@ std::optional<Args> parse_args(int argc, char** argv) {
     args.role = "keygen";
   } else if (args.check) {
     args.role = "check";
-  } else if (!vm.count("role")) {
-    throw UsageError("--role is required (ps, worker or eval; see --help)");
-  } else {
+  } else if (vm.count("role")) {
     args.role = vm["role"].as<std::string>();
+  } else if (!vm.count("index") && !pstrain::scheduler_source(pstrain::process_environment())) {
+    throw UsageError(kNoRole);
   }
   if (args.keygen && vm.count("role")) throw UsageError("--keygen takes no --role");
-  if (!args.check && !args.keygen && args.role != "ps" && args.role != "worker" &&
-      args.role != "eval") {
+  if (!args.check && !args.keygen && !args.role.empty() && args.role != "ps" &&
+      args.role != "worker" && args.role != "eval") {
     throw UsageError("--role: expected ps, worker or eval, got '" + args.role + "'");
   }
-  const bool indexed = args.role == "ps" || args.role == "worker";
+  const bool from_scheduler = args.role.empty();
+  const bool indexed = args.role == "ps" || args.role == "worker" || from_scheduler;
   if (vm.count("index")) {
+    if (from_scheduler)
+      throw UsageError("--index needs --role (without both, the scheduler's environment gives "
+                       "them)");
     if (!indexed) throw UsageError("--index does not apply to --" + args.role);
     args.index = parse_index(vm["index"].as<std::string>());
-  } else if (indexed) {
+  } else if (indexed && !from_scheduler) {
     throw UsageError("--index is required for --role " + args.role);
   }
   args.cluster = vm["cluster"].as<std::string>();
@@ -176,7 +192,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
     args.overrides.push_back("mode=" + mode);
   }
   if (vm.count("restore")) {
-    if (args.role != "ps") throw UsageError("--restore applies only to --role ps");
+    if (args.role != "ps" && !from_scheduler)
+      throw UsageError("--restore applies only to --role ps");
     args.restore = vm["restore"].as<std::string>();
   }
   if (vm.count("run-id")) {
@@ -190,6 +207,55 @@ std::optional<Args> parse_args(int argc, char** argv) {
     throw UsageError("--role eval needs --model FILE");
   }
   return args;
+}
+
+// The scheduler's placement where this process needs one: its role was not
+// given, or the file leaves the hosts to the scheduler. Fills args' role and
+// index and the config's pending hosts; nullopt when none was needed.
+std::optional<pstrain::Placement> place(Args& args, pstrain::ClusterConfig& config) {
+  const bool role_needed = args.role.empty() && !args.check;
+  if (!role_needed && !config.hosts_pending) return std::nullopt;
+  const std::string where = args.cluster.string();
+  if (config.workers_auto)
+    throw UsageError(where + ": workers: auto is resolved only by tools/launch; under a "
+                             "scheduler give workers: {count: N}");
+  const auto placement = pstrain::placement_from_environment(
+      pstrain::process_environment(), static_cast<std::uint32_t>(config.ps.size()),
+      static_cast<std::uint32_t>(config.workers.size()), config.job);
+  if (!placement) {
+    // Without --role, parse_args has found a scheduler: only pending hosts get here.
+    if (args.check) return std::nullopt;  // --check shows the file as it is
+    throw UsageError(where + ": ps: {count} leaves the hosts to a scheduler, and no scheduler's "
+                             "environment was found (TF_CONFIG, SLURM_PROCID and "
+                             "KUBERNETES_SERVICE_HOST are unset)");
+  }
+  if (role_needed) {
+    args.role = placement->role;
+    args.index = placement->index;
+  }
+  if (config.hosts_pending) {
+    std::vector<std::string> ps_hosts, worker_hosts;
+    std::vector<std::optional<std::uint16_t>> ps_ports;
+    for (const auto& a : placement->ps) {
+      ps_hosts.push_back(a.host);
+      ps_ports.push_back(a.port);
+    }
+    for (const auto& a : placement->workers) worker_hosts.push_back(a.host);
+    config.fill_hosts(ps_hosts, ps_ports, worker_hosts);
+  }
+  return placement;
+}
+
+// What --check and the log say about a placement, one line each.
+std::vector<std::string> describe(const pstrain::Placement& p, const pstrain::ClusterConfig& c) {
+  std::vector<std::string> lines = {"from " + p.source + ": " + p.role + " " +
+                                    std::to_string(p.index)};
+  std::string ps = "ps:", workers = "workers:";
+  for (const auto& e : c.ps) ps += " " + e.host + ":" + std::to_string(e.port);
+  for (const auto& w : c.workers) workers += " " + w.host;
+  lines.push_back(ps);
+  lines.push_back(workers);
+  return lines;
 }
 
 void check_index(const Args& args, const pstrain::ClusterConfig& config) {
@@ -238,13 +304,16 @@ int keygen(const std::filesystem::path& dir, const std::filesystem::path& cluste
   return 0;
 }
 
-int run(const Args& args, const pstrain::ClusterConfig& config) {
+int run(const Args& args, const pstrain::ClusterConfig& config,
+        const std::optional<pstrain::Placement>& placement) {
   if (args.role == "eval") {
     pstrain::log_open("eval", {});
     return pstrain::run_eval_role(config, *args.model);
   }
   const std::string name = args.role + std::to_string(args.index);
   pstrain::log_open(name, config.run_dir / (name + ".log"));
+  if (placement)
+    for (const auto& line : describe(*placement, config)) pstrain::log("placed " + line);
   if (args.index == 0) write_resolved_config(config);
   if (config.launch_nonce == 0)
     pstrain::log("no --run-id: the run id is the config hash alone, so a stale process of an "
@@ -263,6 +332,7 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   Args args;
   pstrain::ClusterConfig config;
+  std::optional<pstrain::Placement> placement;
   try {
     auto parsed = parse_args(argc, argv);
     if (!parsed) return 0;
@@ -271,11 +341,17 @@ int main(int argc, char** argv) {
     // tests it with that model and data (and the command line's --set).
     config = args.role == "eval" ? pstrain::load_model_config(*args.model, args.overrides)
                                  : pstrain::load_config(args.cluster, args.overrides);
+    if (args.keygen) return keygen(*args.keygen, args.cluster, config);
+    if (args.role != "eval") placement = place(args, config);
     if (args.check) {
+      // As YAML comments, so that the output still reads as the config.
+      if (placement)
+        for (const auto& line : describe(*placement, config)) std::cout << "# " << line << "\n";
+      else if (config.hosts_pending)
+        std::cout << "# hosts: left to the scheduler (none found in the environment)\n";
       std::cout << config.to_yaml();
       return 0;
     }
-    if (args.keygen) return keygen(*args.keygen, args.cluster, config);
     check_index(args, config);
     config.launch_nonce = args.run_nonce;
   } catch (const po::error& e) {
@@ -288,7 +364,7 @@ int main(int argc, char** argv) {
 
   const std::string who = args.role == "eval" ? args.role : args.role + " " + std::to_string(args.index);
   try {
-    return run(args, config);
+    return run(args, config, placement);
   } catch (const std::exception& e) {
     pstrain::log_plain("pstrain: " + who + ": " + e.what());
     return 1;

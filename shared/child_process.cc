@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace pstrain {
@@ -40,16 +42,29 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-ChildProcess::ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log)
+ChildProcess::ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log,
+                           const std::vector<std::string>& env)
     : log_(log) {
+  // Built before the fork: the child of a threaded parent may only exec.
+  std::vector<std::string> environment = env;
+  const auto name = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
+  for (char** entry = environ; *entry; ++entry) {
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& e) {
+      return name(e) == name(*entry);
+    });
+    if (!replaced) environment.emplace_back(*entry);
+  }
+  std::vector<char*> envp;
+  for (auto& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
     redirect_and_die_with_parent(log);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
+    ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }
 }

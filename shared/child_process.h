@@ -40,8 +40,10 @@ class TempDir {
 
 class ChildProcess {
  public:
-  // Starts argv[0] with stdout and stderr appended to `log`.
-  ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log);
+  // Starts argv[0] with stdout and stderr appended to `log`, in this
+  // process's environment with `env` ("NAME=VALUE", each replacing NAME) on top.
+  ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log,
+               const std::vector<std::string>& env = {});
   // Forks and runs `body` in the child (no exec), its return value the exit
   // code: for benchmarks that run a role in-process. Fork before creating
   // any ZeroMQ context or thread.

@@ -146,8 +146,16 @@ Field<WorkerSpec> gpu_field() {
       [](int gpu) { return gpu < 0 ? std::string("auto") : number(gpu); });
 }
 
+// Where the file leaves a worker's host out it is 127.0.0.1, or the
+// scheduler's (hosts_pending), and not written until filled.
+Field<WorkerSpec> worker_host_field() {
+  Field<WorkerSpec> field = text("host", &WorkerSpec::host);
+  field.omitted = [](const WorkerSpec& w) { return w.host.empty(); };
+  return field;
+}
+
 const std::vector<Field<WorkerSpec>> kWorkerFields = {
-    text("host", &WorkerSpec::host),
+    worker_host_field(),
     choice("device", &WorkerSpec::device, {Device::cpu, Device::cuda, Device::auto_}),
     gpu_field(),
 };
@@ -156,6 +164,22 @@ const std::vector<Field<WorkerSpec>> kWorkerFields = {
 struct WorkerGroup {
   std::uint32_t count = 0;
   WorkerSpec spec;
+};
+
+// The shorthand `ps: {count: N, port_base, bind}`: N servers whose hosts
+// the scheduler gives (shared/scheduler_env.h), on ports port_base + i.
+struct PsGroup {
+  std::uint32_t count = 0;
+  std::uint16_t port_base = 7100;  // the port of the example cluster.yaml's ps 0
+  // A scheduler's host is a name, which ZeroMQ cannot bind (it reads it as
+  // an interface), and in Kubernetes it resolves only once the pod is ready.
+  std::string bind = "0.0.0.0";
+};
+
+const std::vector<Field<PsGroup>> kPsGroupFields = {
+    required(bounded("count", &PsGroup::count, between(1, 65535)), "how many parameter servers"),
+    bounded("port_base", &PsGroup::port_base, between(1, 65535)),
+    text("bind", &PsGroup::bind),
 };
 
 // count, then every key of a worker but gpu: identical workers on one host
@@ -233,10 +257,25 @@ Field<ClusterConfig> run_dir_field() {
 Field<ClusterConfig> ps_field() {
   std::vector<std::string> keys = {"ps"};
   for (const auto& key : keys_below("ps.N.", kPsFields)) keys.push_back(key);
+  for (const auto& key : keys_below("ps.", kPsGroupFields)) keys.push_back(key);
   const auto read = [](const Reader& r, const YAML::Node& node, const std::string& path,
                        ClusterConfig& c) {
+    if (node.IsMap()) {
+      PsGroup group;
+      read_map(r, node, path, kPsGroupFields, group);
+      if (group.port_base + group.count - 1 > 65535) {
+        r.fail(join(path, "port_base"), "port_base + count - 1 must be at most 65535");
+      }
+      c.hosts_pending = true;
+      for (std::uint32_t i = 0; i < group.count; ++i) {
+        c.ps.push_back(PsEndpoint{.host = "",
+                                  .port = static_cast<std::uint16_t>(group.port_base + i),
+                                  .bind = group.bind});
+      }
+      return;
+    }
     if (!node.IsSequence() || node.size() == 0) {
-      r.fail(path, "expected a non-empty list of {host, port}, got " + shown(node));
+      r.fail(path, "expected a non-empty list of {host, port} or {count: N}, got " + shown(node));
     }
     c.ps = read_items(r, node, path, kPsFields);
     std::map<std::string, std::size_t> seen;  // "host:port" -> first index
@@ -249,10 +288,19 @@ Field<ClusterConfig> ps_field() {
     }
   };
   const auto write = [](YAML::Emitter& out, const ClusterConfig& c) {
-    write_items(out, kPsFields, c.ps);
+    if (!c.hosts_pending) {
+      write_items(out, kPsFields, c.ps);
+      return;
+    }
+    PsGroup group{.count = static_cast<std::uint32_t>(c.ps.size()),
+                  .port_base = c.ps.front().port,
+                  .bind = c.ps.front().bind};
+    out << YAML::Flow << YAML::BeginMap;
+    write_fields(out, kPsGroupFields, group);
+    out << YAML::EndMap;
   };
   return required(Field<ClusterConfig>{.key = "ps", .read = read, .write = write, .keys = keys},
-                  "the list of parameter servers, [{host, port}, ...]");
+                  "the list of parameter servers, [{host, port}, ...], or {count: N}");
 }
 
 // A list of workers, the shorthand {count, ...} or `auto` (left for the
@@ -379,7 +427,18 @@ void check_across(const Reader& r, const ClusterConfig& c) {
                                 number(c.net.worker_timeout) +
                                 " s), or every ps would time out live workers");
   }
-  if (c.workers_auto) return;
+  if (c.workers_auto) {
+    if (c.hosts_pending)
+      r.fail("workers",
+             "auto is resolved only by tools/launch; with ps: {count} give workers: {count: N}");
+    return;
+  }
+  for (std::size_t i = 0; i < c.workers.size(); ++i) {
+    if (c.hosts_pending && !c.workers[i].host.empty()) {
+      r.fail(join(join("workers", std::to_string(i)), "host"),
+             "leave it out: ps: {count} takes every host from the scheduler");
+    }
+  }
   const auto workers = static_cast<std::int64_t>(c.workers.size());
   if (c.train.straggler_worker >= workers) {
     r.fail("train.straggler_worker", std::to_string(c.train.straggler_worker) +
@@ -393,6 +452,9 @@ ClusterConfig read_config(const Reader& r, const YAML::Node& root) {
   ClusterConfig c;
   read_fields(r, root, "", kRootFields, c);
   check_across(r, c);
+  if (!c.hosts_pending)
+    for (auto& w : c.workers)
+      if (w.host.empty()) w.host = "127.0.0.1";
   return c;
 }
 
@@ -449,6 +511,24 @@ std::string ClusterConfig::to_yaml() const {
   write_fields(out, kRootFields, *this);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+void ClusterConfig::fill_hosts(const std::vector<std::string>& ps_hosts,
+                               const std::vector<std::optional<std::uint16_t>>& ps_ports,
+                               const std::vector<std::string>& worker_hosts) {
+  if (!hosts_pending) throw ConfigError("fill_hosts: the hosts are not pending");
+  if (ps_hosts.size() != ps.size() || ps_ports.size() != ps.size() ||
+      worker_hosts.size() != workers.size()) {
+    throw ConfigError("the scheduler placed " + std::to_string(ps_hosts.size()) + " ps and " +
+                      std::to_string(worker_hosts.size()) + " workers, the file asks for " +
+                      std::to_string(ps.size()) + " and " + std::to_string(workers.size()));
+  }
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    ps[i].host = ps_hosts[i];
+    if (ps_ports[i]) ps[i].port = *ps_ports[i];
+  }
+  for (std::size_t i = 0; i < workers.size(); ++i) workers[i].host = worker_hosts[i];
+  hosts_pending = false;
 }
 
 std::vector<std::string> config_keys() {

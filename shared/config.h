@@ -35,7 +35,8 @@ struct PsEndpoint {
 enum class Device { cpu, cuda, auto_ };
 
 struct WorkerSpec {
-  std::string host = "127.0.0.1";
+  // Left out: 127.0.0.1, or the scheduler's host when ClusterConfig::hosts_pending.
+  std::string host;
   Device device = Device::cpu;
   int gpu = -1;  // -1: auto (the launcher assigns one per worker on a host)
 };
@@ -118,6 +119,11 @@ struct ClusterConfig {
   std::filesystem::path run_dir;  // default runs/<job>
   Mode mode = Mode::async;
   std::vector<PsEndpoint> ps;
+  // `ps: {count: N}`: the file leaves every host to the scheduler
+  // (shared/scheduler_env.h); ps[i].host and workers[i].host stay empty
+  // (ports port_base + i) until fill_hosts(). Written as {count, port_base}
+  // while pending, as the filled lists after, so the hash is over the hosts.
+  bool hosts_pending = false;
   std::vector<WorkerSpec> workers;
   bool workers_auto = false;      // `workers: auto`, unresolved
   OptimizerConfig optimizer;
@@ -140,6 +146,12 @@ struct ClusterConfig {
   // same config is refused; the config hash alone without a nonce (then
   // stale processes of an earlier run of the same config are accepted).
   std::uint64_t run_id() const;
+  // Fills pending hosts: ps i at ps_hosts[i] (on ps_ports[i] when given, else
+  // the port_base + i it has), worker i at worker_hosts[i]. Throws
+  // ConfigError when nothing is pending or a list has the wrong length.
+  void fill_hosts(const std::vector<std::string>& ps_hosts,
+                  const std::vector<std::optional<std::uint16_t>>& ps_ports,
+                  const std::vector<std::string>& worker_hosts);
   // The resolved configuration as YAML, as written to run_dir/config.yaml.
   std::string to_yaml() const;
 };

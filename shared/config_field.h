@@ -34,6 +34,9 @@ struct Field {
   // The dotted keys this field accepts relative to its parent: itself for a
   // value, "key.sub" for a section's keys, "key.N.sub" for a list entry's.
   std::vector<std::string> keys = {};
+  // True when the value is not written: a value left out of the file to be
+  // filled later (a host the scheduler gives). Unset: always written.
+  std::function<bool(const S&)> omitted = {};
 };
 
 // A field holding one scalar member: `parse` reads it, `show` writes it.
@@ -191,6 +194,7 @@ void read_map(const Reader& r, const YAML::Node& node, const std::string& path,
 template <class S>
 void write_fields(YAML::Emitter& out, const std::vector<Field<S>>& fields, const S& s) {
   for (const auto& f : fields) {
+    if (f.omitted && f.omitted(s)) continue;
     out << YAML::Key << f.key << YAML::Value;
     f.write(out, s);
   }

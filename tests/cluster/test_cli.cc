@@ -23,12 +23,21 @@ struct Result {
 };
 
 // Runs pstrain to completion; these invocations never start a role, or fail
-// before it starts, so they end at once.
-Result run_cli(const TempDir& dir, std::vector<std::string> args) {
+// before it starts, so they end at once. The scheduler variables the test
+// itself may run under are blanked (shared/scheduler_env.h reads an empty
+// one as unset); `env` adds others.
+Result run_cli(const TempDir& dir, std::vector<std::string> args,
+               std::vector<std::string> env = {}) {
   static int runs = 0;
   const auto log = dir.path() / ("cli-" + std::to_string(runs++) + ".log");
   args.insert(args.begin(), PSTRAIN_BINARY);
-  ChildProcess child(args, log);
+  for (const char* blank : {"TF_CONFIG=", "SLURM_PROCID=", "KUBERNETES_SERVICE_HOST="}) {
+    const std::string name = std::string(blank).substr(0, std::string(blank).size() - 1);
+    const bool given = std::any_of(env.begin(), env.end(),
+                                   [&](const std::string& e) { return e.starts_with(name + "="); });
+    if (!given) env.push_back(blank);
+  }
+  ChildProcess child(args, log, env);
   const auto code = child.wait_for(20s);
   REQUIRE_MESSAGE(code.has_value(), "pstrain did not exit: " << child.log_text());
   return {*code, child.log_text()};
@@ -67,7 +76,9 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {{}, "pstrain: --role is required"},
+      {{}, "pstrain: --role is required (ps, worker or eval; see --help) where no scheduler's "
+           "environment gives it (TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)"},
+      {{"--index", "0", "--cluster", cluster}, "pstrain: --index needs --role"},
       {{"--role", "boss", "--cluster", cluster}, "pstrain: --role: expected ps, worker or eval, got 'boss'"},
       {{"--role", "ps", "--cluster", cluster}, "pstrain: --index is required for --role ps"},
       {{"--role", "worker", "--index", "x", "--cluster", cluster},
@@ -143,6 +154,40 @@ TEST_CASE("cli: a failure after start exits 1 naming the role and index") {
                                     "run_dir=" + (blocker / "run").string()});
   CHECK(result.code == 1);
   CHECK(result.output.rfind("pstrain: ps 0: ", 0) == 0);
+}
+
+TEST_CASE("cli: without --role, Slurm's variables place the process and --check shows where") {
+  TempDir dir;
+  const auto cluster = (dir.path() / "slurm.yaml").string();
+  std::ofstream(cluster) << "job: cli\nps: {count: 2}\nworkers: {count: 2}\n"
+                            "data: {name: synthetic}\n";
+  const std::vector<std::string> slurm = {"SLURM_PROCID=3", "SLURM_NTASKS=4",
+                                          "SLURM_JOB_NODELIST=node[08-09]",
+                                          "SLURM_TASKS_PER_NODE=3,1"};
+  const auto check = run_cli(dir, {"--check", "--cluster", cluster}, slurm);
+  CHECK(check.code == 0);
+  CHECK_MESSAGE(check.output.rfind("# from slurm: worker 1\n"
+                                   "# ps: node08:7100 node08:7101\n"
+                                   "# workers: node08 node09\n", 0) == 0,
+                check.output);
+  CHECK_MESSAGE(check.output.find("  - {host: node09, device: cpu") != std::string::npos, check.output);
+
+  // Without a scheduler the file is shown as given.
+  const auto bare = run_cli(dir, {"--check", "--cluster", cluster});
+  CHECK(bare.code == 0);
+  CHECK(bare.output.rfind("# hosts: left to the scheduler", 0) == 0);
+  CHECK(bare.output.find("ps: {count: 2, port_base: 7100, bind: 0.0.0.0}") != std::string::npos);
+
+  auto three = slurm;
+  three[1] = "SLURM_NTASKS=3";
+  const auto bad = run_cli(dir, {"--cluster", cluster}, three);
+  CHECK(bad.code == 2);
+  CHECK(bad.output == "pstrain: SLURM_NTASKS is 3 but cluster.yaml asks for 2 ps + 2 workers\n");
+
+  const auto unplaced = run_cli(dir, {"--role", "ps", "--index", "0", "--cluster", cluster});
+  CHECK(unplaced.code == 2);
+  CHECK(unplaced.output.rfind("pstrain: " + cluster + ": ps: {count} leaves the hosts to a "
+                              "scheduler, and no scheduler's environment was found", 0) == 0);
 }
 
 }  // namespace pstrain

@@ -123,6 +123,42 @@ TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") 
   CHECK(std::abs(std::stod(m[1]) - accuracy) < 1e-4);
 }
 
+TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alone") {
+  TempDir dir;
+  const auto cluster = dir.path() / "cluster.yaml";
+  std::ofstream(cluster) << "job: tf-test\nrun_dir: " << (dir.path() / "run").string()
+                         << "\nps: {count: 1, port_base: 1}\nworkers: {count: 2}\n"
+                            "data: {name: synthetic, synthetic_train: 2000, synthetic_test: 500}\n"
+                            "optimizer: {name: adam, lr: 0.001}\n"
+                            "train: {epochs: 2, eval_every: 0}\n";
+  // TFJob's form; the workers' ports are not used by an async run.
+  const std::string ps = "127.0.0.1:" + std::to_string(free_port());
+  const std::string spec = R"({"cluster": {"ps": [")" + ps +
+                           R"("], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": )";
+  const auto start = [&](const std::string& type, int index) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{PSTRAIN_BINARY, "--cluster", cluster.string()},
+        dir.path() / (type + std::to_string(index) + ".out"),
+        std::vector<std::string>{"TF_CONFIG=" + spec + R"({"type": ")" + type +
+                                 R"(", "index": )" + std::to_string(index) + "}}"});
+  };
+  std::vector<std::unique_ptr<ChildProcess>> processes;
+  processes.push_back(start("ps", 0));
+  processes.push_back(start("worker", 0));
+  processes.push_back(start("worker", 1));
+  std::string logs;
+  for (auto& p : processes) p->wait_for(120s);
+  for (auto& p : processes) logs += p->log_text();
+  for (auto& p : processes) CHECK_MESSAGE(p->wait_for(0s) == 0, logs);
+  CHECK_MESSAGE(logs.find("placed from TF_CONFIG: worker 1") != std::string::npos, logs);
+  const double accuracy = final_accuracy(processes[1]->log_text());
+  MESSAGE("final test accuracy ", accuracy);
+  CHECK_MESSAGE(accuracy > 0.3, logs);  // trained: chance is 0.1 on 10 classes
+  // ps 0 wrote the filled hosts: the port TF_CONFIG gave, not port_base.
+  CHECK(read_file(dir.path() / "run" / "config.yaml").find("ps:\n  - {host: 127.0.0.1, port: " +
+                                                           ps.substr(10) + ",") != std::string::npos);
+}
+
 TEST_CASE("async: a single worker with a fixed seed trains bit-identically twice") {
   std::string models[2];
   for (auto& model : models) {

@@ -93,5 +93,43 @@ class EmitTest(unittest.TestCase):
         self.assertIn("workers: auto counts this host's GPUs", r.stderr)
 
 
+class SlurmTrainTest(unittest.TestCase):
+    """sbatch of the emitted script trains the default job on a real Slurm."""
+
+    def setUp(self):
+        support.require_binary(self)
+
+    def test_default_job_trains_under_sbatch(self):
+        tmp = tempfile.TemporaryDirectory(prefix="pstrain-slurmjob-")
+        self.addCleanup(tmp.cleanup)
+        w = support.Workspace(default_job())
+        self.addCleanup(w.cleanup)
+        run_dir = os.path.join(tmp.name, "run")
+        script = os.path.join(tmp.name, "job.sh")
+        r = emit(w.cluster, run_dir, "-o", script, "--max-restarts", "0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with slurm_fixture.SlurmCluster() as slurm:
+            job = slurm.sbatch(script, cwd=support.ROOT)
+            fields = slurm.wait_job(job, JOB_DEADLINE_S)
+            out_path = os.path.join(run_dir, f"slurm-{job}.out")
+            out = support.read_text(out_path) if os.path.exists(out_path) else "(no output)"
+            context = f"\n--- {out_path}:\n{out[-4000:]}\n{slurm.daemon_logs()}"
+        self.assertEqual(fields.get("JobState"), "COMPLETED",
+                         f"job {job}: {fields.get('JobState')} {fields.get('Reason')}" + context)
+        self.assertEqual(fields.get("NumTasks"), "4", context)
+        # Slurm numbered 4 tasks (--label prefixes); each ran its own role.
+        self.assertEqual({int(t) for t in re.findall(r"^\s*(\d+): ", out, re.M)}, {0, 1, 2, 3},
+                         context)
+        for name in ("ps0", "ps1", "worker0", "worker1"):
+            self.assertTrue(os.path.exists(os.path.join(run_dir, f"{name}.log")),
+                            f"no {name}.log in {run_dir}" + context)
+        # Worker 0 is task 2, the first after the servers.
+        found = re.findall(r"^\s*2: final test accuracy (\d+\.\d+)", out, re.M)
+        self.assertTrue(found, "worker 0 (task 2) printed no final accuracy" + context)
+        accuracy = float(found[-1])
+        print(f"slurm job {job}: final test accuracy {accuracy:.4f}", file=sys.stderr)
+        self.assertGreaterEqual(accuracy, TARGET_ACCURACY, context)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

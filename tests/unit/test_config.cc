@@ -323,7 +323,7 @@ TEST_CASE("config: bad files name the key and the problem") {
        "t.yaml: workers.0.gpu: expected an integer >= 0, got '-1'"},
       // ps
       {"workers: {count: 1}\n", {}, "t.yaml: ps: missing"},
-      {"ps: []\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list of {host, port}, got a list"},
+      {"ps: []\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list of {host, port} or {count: N}, got a list"},
       {"ps: 127.0.0.1:7000\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list"},
       {"ps: [{host: a}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.port: missing"},
       {"ps: [{port: 1}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.host: missing"},
