@@ -114,8 +114,9 @@ struct RequestLoop::Impl final : ReplySink {
   // gone by the time the budget is.
   SendBudget budget;
   std::set<Peer> slow_peers;  // logged for dropped replies; bounded
-  // While a request is handled: its sender's identity and IP address.
-  std::optional<Peer> current_peer;
+  // While a request is handled: its sender's identity (a view of the
+  // received frame, not a copy per request) and IP address.
+  std::optional<std::string_view> current_peer;
   std::string current_address;
   zmq::context_t context;
   // Bound before the socket, so that no handshake is ever decided without it.
@@ -165,7 +166,7 @@ struct RequestLoop::Impl final : ReplySink {
         stats.received(m.size());
         frames.emplace_back(m.data<std::uint8_t>(), m.size());
       }
-      current_peer = messages[0].to_string();
+      current_peer = messages[0].to_string_view();
       const char* address = zmq_msg_gets(messages.back().handle(), "Peer-Address");
       current_address = address ? address : "";
       // Under CURVE the ZAP handler named the connection's key.
