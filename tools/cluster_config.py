@@ -48,6 +48,30 @@ def check(binary, cluster, overrides=()):
     return r.stdout, yaml.load(r.stdout, Loader=yaml.BaseLoader)
 
 
+class EmitError(Exception):
+    """The cluster file cannot run under a scheduler (`tools/launch --emit`)
+    as it is; the message says why."""
+
+
+def scheduled_device(workers, scheduler):
+    """The one device ("cpu" or "cuda") of a checked config's workers, for
+    `scheduler` (named in the errors), which runs them all alike on nodes it
+    picks: `workers: auto`, `device: auto` (this host's GPUs) and mixed
+    devices are refused."""
+    if workers == "auto":
+        raise EmitError(f"workers: auto counts this host's GPUs; for {scheduler} give the "
+                        "workers as {count: N} (with device: cpu or cuda)")
+    items = workers if isinstance(workers, list) else [workers]
+    devices = {w.get("device", "cpu") for w in items if isinstance(w, dict)}
+    if "auto" in devices:
+        raise EmitError(f"workers: device: auto means this host's GPUs; for {scheduler} say "
+                        "device: cpu or device: cuda")
+    if len(devices) > 1:
+        raise EmitError(f"workers: {scheduler} runs all workers alike; give them one device "
+                        f"(got {sorted(devices)})")
+    return devices.pop()
+
+
 def gpu_count():
     """GPUs visible to this host, from nvidia-smi; 0 where there is none."""
     if not shutil.which("nvidia-smi"):

@@ -25,11 +25,9 @@ Every task of one job shares a run id, the job id in hex, so the servers
 refuse a stale process of another job of the same file.
 """
 
-import os
 import shlex
 
-class EmitError(Exception):
-    """The cluster file cannot run under Slurm as it is; the message says why."""
+from cluster_config import EmitError, scheduled_device
 
 
 def role_count(section, role):
@@ -43,34 +41,17 @@ def role_count(section, role):
                     f"got {section!r}")
 
 
-def gpu_workers(workers):
-    """True when the workers train on GPUs; every worker must say which
-    device, since the GPUs are those of nodes Slurm picks, not of this host."""
-    items = workers if isinstance(workers, list) else [workers]
-    devices = {w.get("device", "cpu") for w in items if isinstance(w, dict)}
-    if "auto" in devices:
-        raise EmitError("workers: device: auto means this host's GPUs; for Slurm say "
-                        "device: cpu or device: cuda")
-    if len(devices) > 1:
-        raise EmitError("workers: Slurm runs all workers alike; give them one device "
-                        f"(got {sorted(devices)})")
-    return devices == {"cuda"}
-
-
 def script(cfg, binary, cluster_file, run_dir, workdir, delays):
     """The batch script's text for the resolved config `cfg`, whose file
     (with run_dir set) is at `cluster_file`; all paths absolute. `delays`:
     the seconds before each restart of the step (tools/launch's backoff),
     as many as --max-restarts."""
-    if cfg.get("workers") == "auto":
-        raise EmitError("workers: auto counts this host's GPUs; for Slurm give the workers "
-                        "as {count: N} (with device: cpu or cuda)")
     if cfg.get("security", {}).get("curve") == "true":
         raise EmitError("security.curve: --emit slurm does not hand out CURVE keys yet; "
                         "run without it or with tools/launch")
+    gpus = scheduled_device(cfg["workers"], "Slurm") == "cuda"
     ps = role_count(cfg["ps"], "ps")
     workers = role_count(cfg["workers"], "workers")
-    gpus = gpu_workers(cfg["workers"])
     tasks = ps + workers
     q = shlex.quote
     lines = [
