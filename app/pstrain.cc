@@ -85,7 +85,7 @@ po::options_description options() {
       ("set", po::value<std::vector<std::string>>()->composing()->value_name("KEY=VALUE"),
        "override a cluster file value, e.g. --set optimizer.lr=0.05 --set workers.0.device=cuda "
        "(repeatable; values are YAML)")
-      ("mode", po::value<std::string>()->value_name("async|sync"),
+      ("mode", po::value<std::string>()->value_name("async|sync|ssp|backup|local"),
        "shorthand for --set mode=..., applied after every --set")
       ("restore", po::value<std::string>()->value_name("DIR|latest"),
        "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
@@ -186,8 +186,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (vm.count("set")) args.overrides = vm["set"].as<std::vector<std::string>>();
   if (vm.count("mode")) {
     const auto mode = vm["mode"].as<std::string>();
-    if (mode != "async" && mode != "sync") {
-      throw UsageError("--mode: expected async or sync, got '" + mode + "'");
+    if (mode != "async" && mode != "sync" && mode != "ssp" && mode != "backup" &&
+        mode != "local") {
+      throw UsageError("--mode: expected async, sync, ssp, backup or local, got '" + mode + "'");
     }
     args.overrides.push_back("mode=" + mode);
   }

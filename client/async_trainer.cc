@@ -36,6 +36,7 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
     ps.wait_all();
   };
+  ps.set_clock(first_step);
   pull_all();
 
   ProgressReporter reporter(context);
@@ -57,6 +58,9 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   std::deque<Pending> pending;
 
   for (std::uint64_t step = first_step; step < steps; ++step) {
+    // This step's pushes; their replies are the next step's weights, which
+    // a ps in mode ssp holds until the slowest worker is near enough.
+    ps.set_clock(step);
     if (rejoin_restarted_servers(ps)) pull_all();
     if (!direct)
       for (std::size_t i = 0; i < nv; ++i)
@@ -109,6 +113,7 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     max_staleness.raise(stale);
     reporter.end_step(step + 1 == steps);
   }
+  ps.finished_pushing();
   return reporter.finish();
 }
 

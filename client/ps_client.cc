@@ -120,6 +120,7 @@ struct PsClient::Impl {
   std::uint64_t run_id;
   PsClientOptions options;
   std::vector<std::uint64_t> pulled_version;  // per chunk of map.all_chunks()
+  std::uint64_t clock = 0;                     // set_clock(): what data requests carry
   std::vector<double> staleness;              // per variable
   std::vector<std::uint64_t> generations;     // per ps: the latest its replies carried
   std::vector<bool> generation_changed;       // per ps: since take_generation_change
@@ -302,7 +303,8 @@ struct PsClient::Impl {
     for (const auto& c : map.chunks(v)) {
       Header h;
       h.op = op;
-      wire::ChunkRequest{map.variables()[v].name, c.index}.write(h);
+      const auto g = static_cast<std::size_t>(&c - map.all_chunks().data());
+      wire::ChunkRequest{map.variables()[v].name, c.index, clock, pulled_version[g]}.write(h);
       const auto payload = grad.empty() ? grad : grad.subspan(c.offset, c.count);
       send(id, t, {0, c.server, &c, out.empty() ? nullptr : out.data()}, std::move(h), payload);
     }
@@ -637,6 +639,8 @@ PsClient::Ticket PsClient::assign(std::string_view variable, std::span<const flo
   return impl_->data_op(Op::assign, variable, values, {}, values.size());
 }
 
+void PsClient::set_clock(std::uint64_t steps_done) { impl_->clock = steps_done; }
+
 void PsClient::wait(Ticket ticket) { impl_->wait(ticket); }
 
 std::uint64_t PsClient::generation(std::uint32_t server) const {
@@ -686,6 +690,12 @@ std::uint64_t PsClient::heartbeat(std::uint64_t samples_since_last) {
   const auto replies =
       impl_->control(Op::heartbeat, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
   return wire::GlobalSamples::read(replies.front().header).global_samples;
+}
+
+void PsClient::finished_pushing() {
+  Header h;
+  wire::Heartbeat{0, true}.write(h);
+  impl_->control(Op::heartbeat, impl_->all_servers(), std::move(h), impl_->options.timeout_s);
 }
 
 std::pair<std::uint64_t, std::uint64_t> PsClient::heartbeat_ps0(std::uint64_t samples) {

@@ -118,6 +118,11 @@ class PsClient {
   Ticket push_pull(std::string_view variable, std::span<const float> grad,
                    std::span<float> out);
   Ticket assign(std::string_view variable, std::span<const float> values);
+  // The worker's clock: the steps it completed before the one its next
+  // pulls and pushes are for. Every data request carries it (with a push,
+  // also the chunk version the gradient was computed on), which mode ssp's
+  // servers hold pulls by (shared/messages.h, ChunkRequest). 0 until set.
+  void set_clock(std::uint64_t steps_done);
   void wait(Ticket ticket);
   void wait_all();
 
@@ -142,6 +147,9 @@ class PsClient {
   // Liveness and progress, sent to every ps; returns the global samples
   // counted by ps 0 so far (this call's samples included).
   std::uint64_t heartbeat(std::uint64_t samples_since_last);
+  // Tells every ps that this worker pushed its last step (a ps in mode
+  // backup stops waiting for its gradients; wire::Heartbeat).
+  void finished_pushing();
   // Progress to ps 0 alone, which keeps the global count (the heartbeat
   // thread, client/heartbeat.h, keeps every ps aware the worker lives);
   // returns the global samples so far, this report's included.

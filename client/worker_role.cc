@@ -73,7 +73,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   // A restarted async worker goes on where ps 0 counted it (a restored ps 0:
   // as of its checkpoint); sync workers join the step their peers recorded.
   std::uint64_t first_step = 0;
-  if (config.mode == Mode::async) {
+  if (!allreduce_mode(config.mode)) {
     if (const auto done = ps.samples_counted(); done > 0) {
       first_step = steps_for_samples(shard, done, config.train.batch_size);
       shard.seek(first_step, config.train.batch_size);
@@ -116,7 +116,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
   const TrainSummary summary =
-      config.mode == Mode::sync ? train_sync(context) : train_async(context, first_step);
+      allreduce_mode(config.mode) ? train_sync(context) : train_async(context, first_step);
 
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
       summary.seconds, " s; waiting for the other workers");

@@ -72,10 +72,10 @@ std::span<float> ChunkStore::writable(ValueBuffer& buffer) {
 }
 
 const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
-                              std::span<const float> grad) {
+                              std::span<const float> grad, float lr_scale) {
   Chunk& c = existing(name, chunk, grad.size());
   const auto start = std::chrono::steady_clock::now();
-  optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1);
+  optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1, lr_scale);
   stats_.optimizer_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++c.version;

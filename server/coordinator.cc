@@ -217,6 +217,7 @@ void Coordinator::heartbeat(const Request& request) {
                                 " overflows the global sample count");
   global_samples_ += beat.samples;
   worker_samples_[request.header.sender] += beat.samples;
+  if (beat.finished_pushing) workers_[request.header.sender].finished_pushing = true;
   Reply reply{wire::reply_to(request.header), {}};
   wire::GlobalSamples{global_samples_, worker_samples_[request.header.sender]}.write(
       reply.header);
@@ -282,6 +283,7 @@ bool Coordinator::admit(const Request& request) {
       if (w.replaced.size() > kReplacedKept) w.replaced.erase(w.replaced.begin());
     }
     w.incarnation = h.incarnation;
+    w.finished_pushing = false;
   }
   heard(h.sender, request.received);
   return true;
@@ -446,6 +448,17 @@ Coordinator::Figures Coordinator::figures() const {
   f.parked_kv_get = kv_waits_.size();
   f.updates_lost = updates_lost_;
   return f;
+}
+
+bool Coordinator::absent(std::uint32_t worker) const {
+  return worker < workers_.size() && workers_[worker].state == Liveness::absent;
+}
+
+std::size_t Coordinator::workers_training() const {
+  std::size_t n = 0;
+  for (const auto& w : workers_)
+    n += (w.state == Liveness::pending || w.state == Liveness::live) && !w.finished_pushing;
+  return n;
 }
 
 }  // namespace pstrain::ps

@@ -135,6 +135,13 @@ class Coordinator {
   };
   Figures figures() const;
   std::uint64_t global_samples() const { return global_samples_; }
+  // Whether worker `worker` was lost (absent under on_worker_loss:
+  // continue); false for any other sender.
+  bool absent(std::uint32_t worker) const;
+  // Workers still training: pending or live (not done, not lost), and not
+  // finished pushing (a heartbeat says so after a worker's last step; a
+  // restarted process of it trains again).
+  std::size_t workers_training() const;
   // What a checkpoint records of progress: the global samples and, per
   // worker, its samples (its heartbeats' sum, or its done's total when
   // larger), its incarnation and the updates of it this ps applied.
@@ -169,6 +176,7 @@ class Coordinator {
     std::uint64_t incarnation = 0;  // the process holding the index; 0: none yet
     std::vector<std::uint64_t> replaced;  // oldest first, at most kReplacedKept
     std::uint64_t last_refused = 0;  // the newcomer whose refusal was logged last
+    bool finished_pushing = false;   // its incarnation's last step is pushed
   };
 
   // A parked kv_get, indexed by its key (what kv_set looks up) and by its

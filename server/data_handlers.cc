@@ -44,14 +44,18 @@ class FloatPayload {
 DataHandlers::DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
                            PsStats& stats,
                            std::filesystem::path run_dir, std::uint32_t ps_index,
-                           std::uint64_t config_hash)
+                           std::uint64_t config_hash, Consistency consistency)
     : store_(store),
       coordinator_(coordinator),
       sink_(sink),
       stats_(stats),
       run_dir_(std::move(run_dir)),
       ps_index_(ps_index),
-      config_hash_(config_hash) {}
+      config_hash_(config_hash) {
+  if (consistency.mode == Mode::ssp) ssp_.emplace(consistency.workers, consistency.staleness_bound);
+  if (consistency.mode == Mode::backup) backup_.emplace(consistency.backup_workers);
+  lr_scaling_ = consistency.lr_scaling;
+}
 
 void DataHandlers::add_handlers(Handlers& handlers) {
   handlers.on(Op::init, [this](const Request& r) { init(r); });
@@ -81,21 +85,89 @@ void DataHandlers::init(const Request& request) {
   reply_version(request, *store_.find(id.variable, id.chunk));
 }
 
-void DataHandlers::pull(const Request& request) {
-  const auto id = wire::ChunkRequest::read(request.header);
+void DataHandlers::reply_update(const Request& request, const Chunk& chunk) {
+  if (request.header.op == Op::push_pull) return reply_values(request, chunk);
+  reply_version(request, chunk);
+}
+
+const Chunk& DataHandlers::chunk_of(const wire::ChunkRequest& id) const {
   const Chunk* c = store_.find(id.variable, id.chunk);
   if (!c) throw std::invalid_argument("unknown chunk (not initialized on this ps)");
-  reply_values(request, *c);
+  return *c;
+}
+
+// Also the pull half of a resent push_pull (op push_pull, no payload;
+// Dispatcher::answer_resend).
+void DataHandlers::pull(const Request& request) {
+  const auto id = wire::ChunkRequest::read(request.header);
+  const Chunk& c = chunk_of(id);
+  if ((ssp_ && ssp_->retarget(request)) || (backup_ && backup_->retarget(request))) return;
+  if (ssp_) {
+    // A push_pull's reply is the read of the pusher's next step.
+    const auto clock = request.header.op == Op::push_pull ? id.clock + 1 : id.clock;
+    if (!ssp_->may_read(clock, slowest())) {
+      ssp_->park(request, clock, store_.size());
+      return count_held();
+    }
+  }
+  reply_values(request, c);
 }
 
 void DataHandlers::push(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
   const FloatPayload grad(request);
   refuse_nonfinite(request, grad.get());
+  if (backup_) return push_backup(request, id, grad.get());
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
   coordinator_.applied_update(request.header);
-  if (request.header.op == Op::push_pull) return reply_values(request, c);
-  reply_version(request, c);
+  if (ssp_) {
+    stats_.ssp_staleness(SspGate::staleness(id.clock, slowest()));
+    ssp_->completed(request.header.sender, id.clock + 1);
+    release_reads();
+    if (request.header.op == Op::push_pull && !ssp_->may_read(id.clock + 1, slowest())) {
+      sink_.accepted(request.header, c.version);
+      ssp_->park(request, id.clock + 1, store_.size());
+      return count_held();
+    }
+  }
+  reply_update(request, c);
+}
+
+std::uint64_t DataHandlers::slowest() const {
+  return ssp_->slowest([this](std::uint32_t w) { return !coordinator_.absent(w); });
+}
+
+void DataHandlers::release_reads() {
+  const auto released = ssp_->release(slowest());
+  for (const auto& read : released) reply_values(read, chunk_of(wire::ChunkRequest::read(read.header)));
+  if (!released.empty()) count_held();
+}
+
+void DataHandlers::push_backup(const Request& request, const wire::ChunkRequest& id,
+                               std::span<const float> grad) {
+  const Chunk& c = chunk_of(id);
+  const auto needed = backup_->needed(coordinator_.workers_training());
+  const auto verdict = backup_->add(request, id.variable, id.chunk, c.version, grad, needed);
+  // Acknowledged, whether applied with its step or dropped: what the
+  // sender counts (PsClient::acked_updates, compared after a restore).
+  coordinator_.applied_update(request.header);
+  if (verdict == BackupAggregator::Verdict::late) {
+    stats_.gradient_dropped();
+    return reply_update(request, c);
+  }
+  sink_.accepted(request.header, c.version);
+  if (auto step = backup_->take_if_complete(id.variable, id.chunk, needed)) apply_step(*step);
+  count_held();
+}
+
+void DataHandlers::apply_step(const BackupAggregator::Step& step) {
+  const float lr_scale = lr_scaling_ ? static_cast<float>(step.waiting.size()) : 1.0f;
+  const Chunk& c = store_.push(step.name, step.chunk, step.mean, lr_scale);
+  for (const auto& r : step.waiting) reply_update(r, c);
+}
+
+void DataHandlers::count_held() {
+  stats_.held(ssp_ ? ssp_->parked() : 0, backup_ ? backup_->held() : 0);
 }
 
 void DataHandlers::assign(const Request& request) {
@@ -145,6 +217,12 @@ void DataHandlers::snapshot(const Request& request) {
 
 void DataHandlers::tick() {
   if (snapshot_ && snapshot_->done.load(std::memory_order_acquire)) answer_snapshot();
+  if (ssp_) release_reads();
+  if (backup_) {
+    const auto steps = backup_->take_complete(backup_->needed(coordinator_.workers_training()));
+    for (const auto& step : steps) apply_step(step);
+    if (!steps.empty()) count_held();
+  }
 }
 
 void DataHandlers::finish() {

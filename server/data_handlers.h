@@ -12,6 +12,12 @@
 // Pulled values go out without a copy (ReplyPayload holds the chunk's
 // buffer); incoming values and gradients are read in place from the frame.
 //
+// In modes ssp and backup pushes and pulls are answered as those modes say
+// (server/ssp_gate.h, server/backup_aggregator.h): a reply may be held
+// until the slowest worker catches up, or until a step has its gradients;
+// tick() lets go of what the coordinator's news (a worker lost or finished)
+// releases. A resend of a held request is answered by the held reply.
+//
 // A snapshot takes a cut of the shard (references to the chunks, which
 // updates then copy on write) and a thread of its own writes it, so serving
 // goes on however large the store; tick() replies once the file is written.
@@ -24,17 +30,35 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <thread>
 
+#include "server/backup_aggregator.h"
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "server/ssp_gate.h"
+#include "shared/config.h"
+#include "shared/messages.h"
 
 namespace pstrain::ps {
+
+// How the ps answers pushes and pulls (ClusterConfig::mode and its train.*
+// keys). Modes other than ssp and backup are answered as async: the ps of
+// an all-reduce mode only receives worker 0's assigns.
+struct Consistency {
+  Mode mode = Mode::async;
+  std::uint32_t workers = 0;
+  std::uint64_t staleness_bound = 0;  // ssp
+  std::uint32_t backup_workers = 0;   // backup
+  // backup: a step's mean applied with the learning rate times the
+  // gradients it averages (train.lr_scaling: the linear scaling rule).
+  bool lr_scaling = false;
+};
 
 class DataHandlers {
  public:
@@ -43,7 +67,8 @@ class DataHandlers {
   // `coordinator` counts the updates applied (Coordinator::applied_update).
   // `stats` counts refused updates.
   DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink, PsStats& stats,
-               std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash);
+               std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash,
+               Consistency consistency = {});
 
   // Registers init, pull, push, push_pull, assign and snapshot.
   void add_handlers(Handlers& handlers);
@@ -59,7 +84,8 @@ class DataHandlers {
   void snapshot(const Request& request);
 
   // On the ps thread, between requests: answers a snapshot whose file is
-  // written (or whose write failed).
+  // written (or whose write failed), and the held replies that workers lost
+  // or finished since release.
   void tick();
   // Waits for a snapshot being written and answers it; the destructor too.
   void finish();
@@ -83,6 +109,19 @@ class DataHandlers {
 
   void reply_version(const Request& request, const Chunk& chunk);
   void reply_values(const Request& request, const Chunk& chunk);
+  // A push's or push_pull's answer: the version, or the values.
+  void reply_update(const Request& request, const Chunk& chunk);
+  const Chunk& chunk_of(const wire::ChunkRequest& id) const;
+
+  // Mode ssp: the fewest steps a worker not lost completed, and the reads
+  // that lets go.
+  std::uint64_t slowest() const;
+  void release_reads();
+  // Mode backup: a gradient for its step; a step's mean applied.
+  void push_backup(const Request& request, const wire::ChunkRequest& id,
+                   std::span<const float> grad);
+  void apply_step(const BackupAggregator::Step& step);
+  void count_held();
 
   ChunkStore& store_;
   Coordinator& coordinator_;
@@ -93,6 +132,9 @@ class DataHandlers {
   std::uint32_t ps_index_;
   std::uint64_t config_hash_;
   std::unique_ptr<SnapshotWrite> snapshot_;  // the one being written, if any
+  std::optional<SspGate> ssp_;                // mode ssp
+  std::optional<BackupAggregator> backup_;    // mode backup
+  bool lr_scaling_ = false;                   // mode backup
 };
 
 }  // namespace pstrain::ps

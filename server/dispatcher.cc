@@ -72,7 +72,6 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
     dispatch(coordinator, request, frames.subspan(2), connection);
   } catch (const std::exception& e) {
     recording_ = nullptr;
-    answering_as_.reset();
     stats_.error();
     send(request.from,
          {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
@@ -107,6 +106,7 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
                              "already, so it is not applied again");
   }
   recording_ = &request.header;
+  recording_from_ = &request.from;
   (*handler)(request);
   recording_ = nullptr;
 }
@@ -120,14 +120,14 @@ void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
     wire::ChunkReply{version}.write(reply.header);
     return send(request.from, std::move(reply));
   }
+  // The pull handler answers its pull half: a push_pull without its
+  // gradient (the op stays, so the reply carries it, and a ps in mode ssp
+  // reads the clock as the pusher's next step's).
   Request as_pull = request;
-  as_pull.header.op = Op::pull;
   as_pull.header.payload_frames = 0;
   as_pull.header.elements = 0;
   as_pull.payload = {};
-  answering_as_ = Op::push_pull;
   (*handlers_.find(Op::pull))(as_pull);
-  answering_as_.reset();
 }
 
 // What every request must satisfy before its handler sees it.
@@ -188,11 +188,17 @@ void Dispatcher::check_run(const Header& request) {
 }
 
 void Dispatcher::send(const Peer& to, Reply reply) {
-  Header& h = reply.header;
-  if (answering_as_) h.op = *answering_as_;
-  if (recording_ && h.status == wire::Status::ok && h.request_id == recording_->request_id)
-    dedup_.record(*recording_, h.version);
+  const Header& h = reply.header;
+  if (recording_ && h.status == wire::Status::ok && h.request_id == recording_->request_id &&
+      to == *recording_from_)
+    accepted(*recording_, h.version);
   wire_.send(to, std::move(reply));
+}
+
+void Dispatcher::accepted(const Header& request, std::uint64_t version) {
+  if (recording_ != &request) return;
+  dedup_.record(request, version);
+  recording_ = nullptr;  // recorded once; the held reply, when sent, is not
 }
 
 }  // namespace pstrain::ps

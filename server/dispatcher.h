@@ -89,6 +89,9 @@ class Dispatcher final : public ReplySink {
   // Every reply, the handlers' included: records an applied update's reply
   // in the dedup record, then passes it to the wire sink.
   void send(const Peer& to, Reply reply) override;
+  // Records the update of the request being handled, whose reply a
+  // handler holds (ReplySink::accepted).
+  void accepted(const wire::Header& request, std::uint64_t version) override;
 
  private:
   void dispatch(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
@@ -106,12 +109,11 @@ class Dispatcher final : public ReplySink {
   ReplySink& wire_;
   Handlers handlers_;
   Dedup dedup_;
-  // While a recorded op's handler runs: its request, whose reply send()
-  // records in the dedup record.
+  // While a recorded op's handler runs: its request and sender, whose reply
+  // send() records in the dedup record (a held reply to another sender that
+  // the handler releases may carry the same request id).
   const wire::Header* recording_ = nullptr;
-  // While a resent push_pull is answered through the pull handler: the op
-  // its reply must carry.
-  std::optional<wire::Op> answering_as_;
+  const Peer* recording_from_ = nullptr;
   std::size_t refusals_logged_ = 0;  // check_run
   // (peer address, op) pairs whose refusal was logged; bounded, the count
   // (PsStats::refused) has the rest.

@@ -66,6 +66,20 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                       {"wait"})),
       parked_barrier_(parked_.with({"barrier"})),
       parked_kv_get_(parked_.with({"kv_get"})),
+      parked_read_(parked_.with({"read"})),
+      parked_gradient_(parked_.with({"gradient"})),
+      ssp_staleness_(r.histogram("pstrain_ps_ssp_staleness_steps",
+                                 "Mode ssp: steps the pusher of an applied update was ahead of "
+                                 "the slowest worker.",
+                                 {0, 1, 2, 3, 4, 6, 8, 16, 32, 64})
+                         .with()),
+      ssp_staleness_max_(r.gauge("pstrain_ps_ssp_staleness_max_steps",
+                                 "Mode ssp: the largest staleness of an applied update so far.")
+                             .with()),
+      gradients_dropped_(r.counter("pstrain_ps_gradients_dropped_total",
+                                   "Mode backup: gradients that arrived after their step was "
+                                   "applied; never applied.")
+                             .with()),
       updates_lost_(r.counter("pstrain_ps_updates_lost_total",
                               "Acknowledged updates of a worker that a restore of this ps lost.",
                               {"worker"})),
@@ -77,6 +91,16 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
   for (std::uint8_t op = 1; op <= wire::kMaxOp; ++op)
     requests_[op] = &requests.with({std::string(wire::to_string(static_cast<wire::Op>(op)))});
   start_time_.set(unix_time());
+}
+
+void PsStats::ssp_staleness(std::uint64_t steps) {
+  ssp_staleness_.observe(double(steps));
+  ssp_staleness_max_.raise(double(steps));
+}
+
+void PsStats::held(std::size_t reads, std::size_t gradients) {
+  parked_read_.set(double(reads));
+  parked_gradient_.set(double(gradients));
 }
 
 void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coordinator) {
@@ -119,7 +143,11 @@ std::string PsStats::json(double now_unix) const {
     << ",\"version_max\":" << whole(version_max_.value())
     << ",\"global_samples\":" << whole(global_samples_.value())
     << ",\"parked_barrier\":" << whole(parked_barrier_.value())
-    << ",\"parked_kv_get\":" << whole(parked_kv_get_.value()) << ",\"updates_lost\":[";
+    << ",\"parked_kv_get\":" << whole(parked_kv_get_.value())
+    << ",\"parked_read\":" << whole(parked_read_.value())
+    << ",\"parked_gradient\":" << whole(parked_gradient_.value())
+    << ",\"ssp_staleness_max\":" << whole(ssp_staleness_max_.value())
+    << ",\"gradients_dropped\":" << whole(gradients_dropped_.value()) << ",\"updates_lost\":[";
   for (std::size_t w = 0; w < workers_; ++w)
     j << (w ? "," : "") << whole(updates_lost_.with({std::to_string(w)}).value());
   j << "]"

@@ -10,8 +10,12 @@
 //   refused (requests whose key lacks the right, server/rights.h),
 //   bytes_in, bytes_out, optimizer_seconds, updates, copies_on_write,
 //   chunks, elements, version_sum, version_max, global_samples,
-//   parked_barrier, parked_kv_get, updates_lost (per worker: acknowledged
-//   updates a restore of this ps lost), uptime_seconds.
+//   parked_barrier, parked_kv_get, parked_read (mode ssp), parked_gradient
+//   (mode backup), updates_lost (per worker: acknowledged updates a restore
+//   of this ps lost), ssp_staleness_max (mode ssp: the largest staleness in
+//   steps of an applied update, server/ssp_gate.h), gradients_dropped (mode
+//   backup: late gradients never applied, server/backup_aggregator.h),
+//   uptime_seconds.
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
 //
@@ -25,6 +29,7 @@
 //   pstrain_ps_sent_bytes_total, pstrain_ps_updates_total,
 //   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
 //   pstrain_ps_updates_lost_total{worker},
+//   pstrain_ps_ssp_staleness_steps (a histogram), pstrain_ps_gradients_dropped_total,
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
 //   pstrain_ps_version_sum, pstrain_ps_version_max, pstrain_ps_global_samples,
 //   pstrain_ps_parked_requests{wait}, pstrain_ps_start_time_seconds.
@@ -62,6 +67,12 @@ class PsStats {
   void refused() { refused_.add(); }  // its CURVE key lacks the right (server/rights.h)
   // A reply the send budget had no room for (server/send_budget.h).
   void reply_dropped() { replies_dropped_.add(); }
+  // Mode ssp: an update applied `steps` ahead of the slowest worker.
+  void ssp_staleness(std::uint64_t steps);
+  // Mode backup: a late gradient dropped.
+  void gradient_dropped() { gradients_dropped_.add(); }
+  // Reads (ssp) and gradients' replies (backup) held right now.
+  void held(std::size_t reads, std::size_t gradients);
 
   // Copies the store's and the coordinator's figures into their series.
   void refresh(const ChunkStore& store, const Coordinator::Figures& coordinator);
@@ -97,6 +108,11 @@ class PsStats {
   MetricFamily<Gauge>& parked_;  // by what the requests wait in
   Gauge& parked_barrier_;
   Gauge& parked_kv_get_;
+  Gauge& parked_read_;
+  Gauge& parked_gradient_;
+  Histogram& ssp_staleness_;
+  Gauge& ssp_staleness_max_;
+  Counter& gradients_dropped_;
   MetricFamily<Counter>& updates_lost_;  // by worker
   std::size_t workers_ = 0;              // updates_lost_'s series, as of refresh()
   Gauge& start_time_;

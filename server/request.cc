@@ -24,4 +24,9 @@ const Handler* Handlers::find(wire::Op op) const {
   return i < table_.size() && table_[i] ? &table_[i] : nullptr;
 }
 
+bool repeats(const Request& resend, const Request& held) {
+  const auto &a = resend.header, &b = held.header;
+  return a.sender == b.sender && a.incarnation == b.incarnation && a.request_id == b.request_id;
+}
+
 }  // namespace pstrain::ps

@@ -46,6 +46,10 @@ struct Request {
   std::span<const std::uint8_t> payload_of(wire::DType type) const;
 };
 
+// Whether `resend` repeats `held`: the same sender, incarnation and request
+// id (a client resends an unanswered request with its id, server/dedup.h).
+bool repeats(const Request& resend, const Request& held);
+
 // Bytes shared by whoever holds them: a kv value answers any number of
 // kv_gets with one copy, held by the store and the replies in flight.
 using SharedBytes = std::shared_ptr<const std::vector<std::uint8_t>>;
@@ -66,6 +70,15 @@ class ReplySink {
   // Sends `reply` to `to`. The sink fills the header's payload description
   // (payload_frames, dtype, elements) from `reply.payload`.
   virtual void send(const Peer& to, Reply reply) = 0;
+  // A handler took the update of `request` (applied it, or kept it to apply
+  // with others) but answers it later (modes ssp and backup hold replies):
+  // the record of applied updates (server/dedup.h) must know it now, so a
+  // resend meanwhile is not applied again. `version`: the chunk's version
+  // now. Sinks that keep no record ignore it.
+  virtual void accepted(const wire::Header& request, std::uint64_t version) {
+    (void)request;
+    (void)version;
+  }
 };
 
 using Handler = std::function<void(const Request&)>;

@@ -269,5 +269,8 @@ int RequestLoop::run(Coordinator& coordinator,
 }
 
 void RequestLoop::send(const Peer& to, Reply reply) { impl_->dispatcher.send(to, std::move(reply)); }
+void RequestLoop::accepted(const wire::Header& request, std::uint64_t version) {
+  impl_->dispatcher.accepted(request, version);
+}
 
 }  // namespace pstrain::ps

@@ -92,6 +92,7 @@ class RequestLoop final : public ReplySink {
 
   // Fills the reply's payload description and run id, and sends it.
   void send(const Peer& to, Reply reply) override;
+  void accepted(const wire::Header& request, std::uint64_t version) override;
 
  private:
   struct Impl;

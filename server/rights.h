@@ -9,7 +9,7 @@
 //   barrier, heartbeat, done, kv_get
 //   kv_set                               workers, only keys of their own
 //                                        namespace (wire::kv_key)
-//   assign                               worker 0 in sync mode (it writes the
+//   assign                               worker 0 in sync and local mode (it writes the
 //                                        replicas' weights back)
 //   snapshot                             the tool, and worker 0 (it saves the
 //                                        servers' state at the end of a run)
@@ -27,7 +27,7 @@ namespace pstrain::ps {
 
 struct RightsPolicy {
   std::uint32_t workers = 0;  // worker indices are 0 .. workers-1; senders past them are tools
-  bool sync = false;          // mode: sync (worker 0 assigns)
+  bool sync = false;          // mode: sync or local (worker 0 assigns)
 };
 
 // nullopt when `who` may send `request`; else why not, e.g. "shutdown needs

@@ -37,8 +37,17 @@ std::string PsEndpoint::bind_address() const {
 }
 
 std::string_view to_string(Mode mode) {
-  return mode == Mode::sync ? "sync" : "async";
+  switch (mode) {
+    case Mode::async: return "async";
+    case Mode::sync: return "sync";
+    case Mode::ssp: return "ssp";
+    case Mode::backup: return "backup";
+    case Mode::local: return "local";
+  }
+  return "unknown";
 }
+
+bool allreduce_mode(Mode mode) { return mode == Mode::sync || mode == Mode::local; }
 
 std::string_view to_string(WorkerLoss loss) {
   return loss == WorkerLoss::fail ? "fail" : "continue";
@@ -95,6 +104,10 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("straggler_worker", &TrainConfig::straggler_worker, at_least(-1)),
     bounded("straggler_delay_ms", &TrainConfig::straggler_delay_ms, kNonNegative),
     bounded("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
+    bounded("staleness_bound", &TrainConfig::staleness_bound, at_least(0)),
+    // Fewer than the workers: checked across sections (check_across).
+    bounded("backup_workers", &TrainConfig::backup_workers, at_least(0)),
+    bounded("local_steps", &TrainConfig::local_steps, at_least(1)),
     choice("on_worker_loss", &TrainConfig::on_worker_loss,
            {WorkerLoss::continue_, WorkerLoss::fail}),
 };
@@ -341,11 +354,15 @@ Field<ClusterConfig> workers_field() {
 // goes on without a lost worker, a sync run cannot. The root table reads
 // train after mode, so a value given there wins.
 Field<ClusterConfig> mode_field() {
-  Field<ClusterConfig> field = choice("mode", &ClusterConfig::mode, {Mode::async, Mode::sync});
+  Field<ClusterConfig> field =
+      choice("mode", &ClusterConfig::mode,
+             {Mode::async, Mode::sync, Mode::ssp, Mode::backup, Mode::local});
   field.read = [read = field.read](const Reader& r, const YAML::Node& node,
                                    const std::string& path, ClusterConfig& c) {
     read(r, node, path, c);
-    c.train.on_worker_loss = c.mode == Mode::sync ? WorkerLoss::fail : WorkerLoss::continue_;
+    // Every step of an all-reduce needs every worker; through the ps the
+    // others go on (ssp and backup count only the live ones).
+    c.train.on_worker_loss = allreduce_mode(c.mode) ? WorkerLoss::fail : WorkerLoss::continue_;
   };
   return field;
 }
@@ -440,6 +457,11 @@ void check_across(const Reader& r, const ClusterConfig& c) {
     }
   }
   const auto workers = static_cast<std::int64_t>(c.workers.size());
+  if (c.mode == Mode::backup && c.train.backup_workers >= workers) {
+    r.fail("train.backup_workers",
+           std::to_string(c.train.backup_workers) + " leaves no gradient to wait for (there are " +
+               std::to_string(workers) + " workers; each step waits for workers - backup_workers)");
+  }
   if (c.train.straggler_worker >= workers) {
     r.fail("train.straggler_worker", std::to_string(c.train.straggler_worker) +
                                          " is not a worker index (there are " +

@@ -41,7 +41,21 @@ struct WorkerSpec {
   int gpu = -1;  // -1: auto (the launcher assigns one per worker on a host)
 };
 
-enum class Mode { async, sync };
+// How workers combine their work (docs/modes.md):
+// - async: each gradient is applied by the ps as it arrives;
+// - sync: gradients all-reduced between workers every step, each worker
+//   applying the same averaged update;
+// - ssp: async through the ps, but no worker more than train.staleness_bound
+//   steps ahead of the slowest (the ps holds its pulls);
+// - backup: each step the ps applies the mean of the first N - b gradients
+//   (train.backup_workers b) and drops the late ones;
+// - local: each worker steps on its own for train.local_steps steps, then
+//   the workers average their weights through the all-reduce.
+enum class Mode { async, sync, ssp, backup, local };
+
+// The modes whose workers all-reduce between themselves (Gloo or NCCL),
+// with the ps holding only a copy worker 0 assigns: sync and local.
+bool allreduce_mode(Mode mode);
 
 // What a ps does when a worker that has not finished goes silent for
 // net.worker_timeout: go on with the live ones, or exit 3 naming it.
@@ -80,6 +94,9 @@ struct TrainConfig {
   // sync mode: all-reduce bucket size; small enough that a model of ~1 MB
   // fills several, so reducing the first overlaps the rest of backward.
   std::uint32_t bucket_bytes = 256 * 1024;
+  std::uint32_t staleness_bound = 1;  // ssp: steps a worker may run ahead of the slowest
+  std::uint32_t backup_workers = 1;   // backup: gradients of a step the ps does not wait for
+  std::uint32_t local_steps = 8;      // local: steps between weight averages
   // Follows the mode unless given (the mode's field sets it): an async run
   // can finish without a worker, a sync one cannot.
   WorkerLoss on_worker_loss = WorkerLoss::continue_;

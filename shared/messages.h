@@ -23,11 +23,24 @@ namespace pstrain::wire {
 
 // init, pull, push, push_pull, assign: one chunk of a variable. init, push,
 // push_pull and assign carry one f32 payload frame (values or gradient).
+// pull, push and push_pull also carry the sender's clock: the steps it
+// completed before the one it pulls for or pushes from (mode ssp holds a
+// pull of a worker too far ahead, server/ssp_gate.h); push and push_pull
+// the chunk's version their gradient was computed on, the one the sender
+// last pulled (mode backup drops a gradient of a step already applied,
+// server/backup_aggregator.h).
 struct ChunkRequest {
   std::string variable;
   std::uint32_t chunk = 0;
-  void write(Header& h) const { h.name = variable; h.chunk = chunk; }
-  static ChunkRequest read(const Header& h) { return {h.name, h.chunk}; }
+  std::uint64_t clock = 0;
+  std::uint64_t base_version = 0;
+  void write(Header& h) const {
+    h.name = variable;
+    h.chunk = chunk;
+    h.arg = clock;
+    h.version = base_version;
+  }
+  static ChunkRequest read(const Header& h) { return {h.name, h.chunk, h.arg, h.version}; }
 };
 
 // Their replies: the chunk's version after the op; pull and push_pull also
@@ -106,10 +119,17 @@ struct KvGet {
   static KvGet read(const Header& h) { return {h.name, h.arg}; }
 };
 
+// A worker's progress: samples trained since its last heartbeat; and, once
+// its last step's gradients are pushed, that it pushes no more (a ps in
+// mode backup then stops waiting for its gradients).
 struct Heartbeat {
-  std::uint64_t samples = 0;  // trained since the sender's last heartbeat
-  void write(Header& h) const { h.arg = samples; }
-  static Heartbeat read(const Header& h) { return {h.arg}; }
+  std::uint64_t samples = 0;
+  bool finished_pushing = false;
+  void write(Header& h) const {
+    h.arg = samples;
+    h.version = finished_pushing ? 1 : 0;
+  }
+  static Heartbeat read(const Header& h) { return {h.arg, h.version != 0}; }
 };
 
 struct Done {

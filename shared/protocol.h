@@ -37,7 +37,9 @@ namespace pstrain::wire {
 // from `count` to `arg`, and `count` became `elements` (payload only).
 // 3: `incarnation` and `generation`; request ids are sequence numbers a
 // resend repeats.
-inline constexpr std::uint32_t kProtocolVersion = 3;
+// 4: pull, push and push_pull carry the sender's clock (`arg`), push and
+// push_pull the chunk version their gradient was computed on (`version`).
+inline constexpr std::uint32_t kProtocolVersion = 4;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON

@@ -31,14 +31,15 @@ float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
 
 SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
                          const OptimizerConfig& optimizer, std::size_t bucket_bytes,
-                         bool overlap)
+                         bool overlap, std::uint32_t local_steps)
     : backend_(backend),
       model_(model),
       comm_(comm),
       optimizer_(optimizer),
       slots_(Optimizer(optimizer).state_slots()),
       packed_(backend.host_accessible()),
-      overlap_(overlap && backend.host_accessible()) {
+      overlap_(overlap && backend.host_accessible() && local_steps == 0),
+      local_steps_(local_steps) {
   const auto& vars = model.variables();
   std::size_t total = 0;
   for (const auto& v : vars) {
@@ -119,7 +120,39 @@ void SyncReplica::wait_reduced() {
   if (error_) std::rethrow_exception(error_);
 }
 
+SyncStepTimes SyncReplica::local_step(int n, float lr_scale) {
+  SyncStepTimes times;
+  const auto& vars = model_.variables();
+  const auto t_compute = Clock::now();
+  model_.forward_backward(n, [](std::size_t) {});
+  const auto t_optimizer = Clock::now();
+  times.compute_ms = ms_between(t_compute, t_optimizer);
+  steps_ += 1;
+  for (std::size_t i = 0; i < vars.size(); ++i)
+    backend_.apply_optimizer(optimizer_, model_.param(i).data(), model_.grad(i).data(),
+                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
+                             vars[i].size, steps_, lr_scale);
+  const auto t_average = Clock::now();
+  times.optimizer_ms = ms_between(t_optimizer, t_average);
+  if (steps_ % local_steps_ == 0) {
+    average_weights();
+    // Nothing overlaps the average: all of it is waited for.
+    times.allreduce_ms = times.wait_ms = ms_between(t_average, Clock::now());
+  }
+  return times;
+}
+
+void SyncReplica::average_weights() {
+  const auto& vars = model_.variables();
+  const float average = 1.0f / static_cast<float>(comm_.size());
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    comm_.allreduce_sum(model_.param(i).data(), vars[i].size);
+    backend_.scale(model_.param(i).data(), average, vars[i].size);
+  }
+}
+
 SyncStepTimes SyncReplica::step(int n, float lr_scale) {
+  if (local_steps_ > 0) return local_step(n, lr_scale);
   SyncStepTimes times;
   const auto& vars = model_.variables();
   {
@@ -222,16 +255,24 @@ TrainSummary train_sync(const TrainContext& context) {
   const auto train_attempt = [&](const SyncAttempt& attempt, Communicator& comm) {
     read_from_ps();
     shard.seek(attempt.step, config.train.batch_size);
+    const std::uint32_t local_steps = config.mode == Mode::local ? config.train.local_steps : 0;
     SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes,
-                        true);
+                        true, local_steps);
     BatchFeeder feeder(backend, model, shard, config.train.batch_size);
-    log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
-        replica.buckets(), " buckets, ", steps, " steps; attempt ", attempt.number,
-        " starts at step ", attempt.step + 1);
+    if (local_steps > 0)
+      log("local SGD: weights averaged every ", local_steps, " steps by ", comm.name(),
+          " all-reduce over ", comm.size(), " workers, ", steps, " steps; attempt ",
+          attempt.number, " starts at step ", attempt.step + 1);
+    else
+      log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
+          replica.buckets(), " buckets, ", steps, " steps; attempt ", attempt.number,
+          " starts at step ", attempt.step + 1);
     for (std::uint64_t step = attempt.step + 1; step <= steps; ++step) {
       const Batch b = feeder.load();
       const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
       const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
+      // Local SGD ends on an average, whatever H: every replica the same.
+      if (local_steps > 0 && step == steps && step % local_steps != 0) replica.average_weights();
       feeder.fetch_losses();
       feeder.stage_next();
       if (!direct) backend.synchronize();

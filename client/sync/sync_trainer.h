@@ -8,6 +8,12 @@
 // snapshots, the saved model and restarts: worker 0 writes it every
 // train.sync_every steps and at the end.
 //
+// Local SGD (mode: local) is the same replica with local_steps H: each
+// worker applies its own gradient with its own optimizer state, and every H
+// steps the workers average their weights with one all-reduce per variable,
+// H times fewer exchanges than sync. With H = 1 and SGD or momentum (linear
+// in the gradient) the average equals sync's step, to float rounding.
+//
 // Gradients are fused into buckets of about train.bucket_bytes, filled from
 // the last layer down as backward produces them. With Gloo, a communication
 // thread all-reduces each bucket as soon as it is full, while backward still
@@ -53,15 +59,23 @@ class SyncReplica {
   // `overlap`: all-reduce buckets on a communication thread during backward
   // (host-accessible backends); otherwise after backward, on the caller's
   // thread.
+  // `local_steps`: 0 for sync; H > 0 for local SGD (no gradient all-reduce,
+  // weights averaged every H steps).
   SyncReplica(Backend& backend, Model& model, Communicator& comm,
-              const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap);
+              const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
+              std::uint32_t local_steps = 0);
   SyncReplica(const SyncReplica&) = delete;
   SyncReplica& operator=(const SyncReplica&) = delete;
 
   // forward_backward on the first n samples of the model's input, all-reduce,
   // average, and the optimizer step. Throws CommError when a peer fails.
+  // Local SGD: the step averages the weights every local_steps steps
+  // (allreduce_ms times it).
   SyncStepTimes step(int n, float lr_scale);
   std::size_t buckets() const { return buckets_.size(); }
+  // Local SGD: averages the weights over the workers now (every worker must
+  // call it at the same step: a run's last, so all end alike).
+  void average_weights();
 
  private:
   struct Bucket {
@@ -74,6 +88,7 @@ class SyncReplica {
   void communicate(std::stop_token stop);
   void enqueue(std::size_t bucket);
   void wait_reduced();
+  SyncStepTimes local_step(int n, float lr_scale);
 
   Backend& backend_;
   Model& model_;
@@ -82,6 +97,7 @@ class SyncReplica {
   std::size_t slots_;
   bool packed_;   // gradients are copied into flat_ (host-accessible backends)
   bool overlap_;
+  std::uint32_t local_steps_;
   std::vector<std::size_t> offset_;  // of each variable in flat_ and, x slots, in state_
   std::vector<std::size_t> bucket_of_;
   std::vector<Bucket> buckets_;

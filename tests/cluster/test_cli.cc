@@ -94,7 +94,7 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
       {{"--role", "worker", "--index", "0", "--cluster", cluster, "--set", "foo"},
        "pstrain: --set 'foo': expected key=value"},
       {{"--role", "worker", "--index", "0", "--cluster", cluster, "--mode", "lazy"},
-       "pstrain: --mode: expected async or sync, got 'lazy'"},
+       "pstrain: --mode: expected async, sync, ssp, backup or local, got 'lazy'"},
       {{"--role", "ps", "--index", "0", "--cluster", (dir.path() / "none.yaml").string()},
        "pstrain: " + (dir.path() / "none.yaml").string() + ": no such file"},
       {{"--role", "worker", "--index", "0", "--cluster", cluster, "--restore", "x"},

@@ -342,7 +342,7 @@ TEST_CASE("config: bad files name the key and the problem") {
        "t.yaml: workers.0.device: expected cpu, cuda or auto, got 'gpu'"},
       {m, {"workers.device=tpu"}, "t.yaml: workers.device: expected cpu, cuda or auto, got 'tpu'"},
       // enumerations
-      {m + "mode: lazy\n", {}, "t.yaml: mode: expected async or sync, got 'lazy'"},
+      {m + "mode: lazy\n", {}, "t.yaml: mode: expected async, sync, ssp, backup or local, got 'lazy'"},
       {m + "optimizer: {name: rmsprop}\n", {},
        "t.yaml: optimizer.name: expected sgd, momentum, adam or adagrad, got 'rmsprop'"},
       {m + "data: {name: cifar}\n", {}, "t.yaml: data.name: expected fashion-mnist or synthetic"},
