@@ -260,6 +260,23 @@ class ReportNumbersTest(unittest.TestCase):
         self.assertEqual(self.summary(self.async_dir, 0.85)["time_to_target_s"], 14.5)
         self.assertIsNone(self.summary(self.async_dir, 0.95)["time_to_target_s"])
 
+    def test_accuracy_bands_interpolate_the_runs_on_one_grid(self):
+        # async's evaluations: 0.5 at 4, 0.8 at 8.5, 0.7 at 12.5, 0.9 at 14.5;
+        # sync's one: 0.76 at 4, held to the end. The grid runs 4 to 14.5.
+        group = report.Group("both", "", [report.Run(self.async_dir), report.Run(self.sync_dir)])
+        grid, median, low, high = report.accuracy_bands(group)
+        self.assertEqual((grid[0], grid[-1], len(grid)), (4.0, 14.5, 200))
+        at = lambda t: int(round((t - 4.0) / 10.5 * 199))  # noqa: E731
+        for t, async_acc in [(4.0, 0.5), (14.5, 0.9)]:
+            i = at(t)
+            self.assertAlmostEqual(low[i], min(async_acc, 0.76))
+            self.assertAlmostEqual(high[i], max(async_acc, 0.76))
+            self.assertAlmostEqual(median[i], (async_acc + 0.76) / 2)
+        i = at(4.0 + 10.5 * 60 / 199)  # between 4 and 8.5: linear from 0.5 to 0.8
+        expected = 0.5 + 0.3 * (grid[i] - 4.0) / 4.5
+        self.assertAlmostEqual(low[i], min(expected, 0.76))
+        self.assertAlmostEqual(high[i], max(expected, 0.76))
+
     def test_report_tool_writes_the_table_and_summary(self):
         out = os.path.join(self.tmp.name, "report")
         r = subprocess.run([sys.executable, os.path.join(support.TOOLS, "report.py"), out,
@@ -559,12 +576,11 @@ class RepeatedCompareTest(unittest.TestCase):
         for w in summary["winners"]:
             self.assertIn(f"- {w['text']}", text)
 
-    def test_the_accuracy_plot_draws_bands(self):
+    def test_the_accuracy_plot_is_an_image(self):
         import matplotlib.image
         pixels = matplotlib.image.imread(os.path.join(self.out, "accuracy_vs_time.png"))
         colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::7].tolist()}
         self.assertGreater(len(colours), 20, "accuracy_vs_time.png looks blank")
-
 
 if __name__ == "__main__":
     unittest.main()
