@@ -6,6 +6,7 @@
 
 #include "client/model.h"
 #include "client/ps_client.h"
+#include "client/straggler.h"
 #include "shared/log.h"
 
 namespace pstrain {
@@ -110,8 +111,7 @@ ProgressReporter::ProgressReporter(const TrainContext& context)
       // reports more often than liveness alone needs.
       heartbeat_s_(context.index == 0 ? std::min(context.config.net.heartbeat, 0.25)
                                       : context.config.net.heartbeat),
-      straggler_(context.config.train.straggler_worker == static_cast<int>(context.index) &&
-                 context.config.train.straggler_delay_ms > 0),
+      straggler_(straggles(context.config.train, context.index)),
       steps_(context.registry.counter("pstrain_worker_steps_total",
                                       "Training steps this worker has taken.")
                  .with()),
@@ -163,8 +163,8 @@ Counter& ProgressReporter::total(std::string field, std::string name, std::strin
 
 void ProgressReporter::end_step(bool last) {
   if (straggler_)
-    std::this_thread::sleep_for(
-        std::chrono::duration<double, std::milli>(context_.config.train.straggler_delay_ms));
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(straggler_delay_ms(
+        context_.config.train, context_.index, static_cast<std::uint64_t>(steps_.value()))));
   if (last || std::chrono::duration<double>(Clock::now() - last_heartbeat_).count() >= heartbeat_s_)
     report();
 }

@@ -147,8 +147,9 @@ class ProgressReporter {
   // A count since the worker started: counter `name`, written as `field`
   // with its value (not a window's).
   Counter& total(std::string field, std::string name, std::string help);
-  // Ends the step: sleeps when this worker is the configured straggler, and
-  // reports if a heartbeat is due or `last`.
+  // Ends the step: sleeps when this worker is a configured straggler (as
+  // long as client/straggler.h says for its step count), and reports if a
+  // heartbeat is due or `last`.
   void end_step(bool last);
 
   // The totals so far, with the seconds since construction.

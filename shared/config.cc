@@ -91,6 +91,21 @@ const std::vector<Field<DataConfig>> kDataFields = {
     bounded("synthetic_test", &DataConfig::synthetic_test, at_least(1)),
 };
 
+// straggler_worker: an index, -1 (none) or all (kEveryWorker), so that a
+// comparison can slow every worker at random.
+Field<TrainConfig> straggler_worker_field() {
+  return scalar(
+      "straggler_worker", &TrainConfig::straggler_worker,
+      [](const Reader& r, const YAML::Node& node, const std::string& path) {
+        return node.IsScalar() && node.Scalar() == "all"
+                   ? kEveryWorker
+                   : r.integer<std::int32_t>(node, path, at_least(-1));
+      },
+      [](std::int32_t worker) {
+        return worker == kEveryWorker ? std::string("all") : number(worker);
+      });
+}
+
 const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("batch_size", &TrainConfig::batch_size, at_least(1)),
     bounded("epochs", &TrainConfig::epochs, kPositive),
@@ -101,8 +116,12 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     flag("lr_scaling", &TrainConfig::lr_scaling),
     bounded("warmup_steps", &TrainConfig::warmup_steps, at_least(0)),
     // Whether it names a worker is checked across sections (check_across).
-    bounded("straggler_worker", &TrainConfig::straggler_worker, at_least(-1)),
+    straggler_worker_field(),
     bounded("straggler_delay_ms", &TrainConfig::straggler_delay_ms, kNonNegative),
+    bounded("straggler_jitter_ms", &TrainConfig::straggler_jitter_ms, kNonNegative),
+    bounded("straggler_pause_probability", &TrainConfig::straggler_pause_probability,
+            between(0, 1)),
+    bounded("straggler_pause_ms", &TrainConfig::straggler_pause_ms, kNonNegative),
     bounded("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
     bounded("staleness_bound", &TrainConfig::staleness_bound, at_least(0)),
     // Fewer than the workers: checked across sections (check_across).
@@ -463,9 +482,9 @@ void check_across(const Reader& r, const ClusterConfig& c) {
                std::to_string(workers) + " workers; each step waits for workers - backup_workers)");
   }
   if (c.train.straggler_worker >= workers) {
-    r.fail("train.straggler_worker", std::to_string(c.train.straggler_worker) +
-                                         " is not a worker index (there are " +
-                                         std::to_string(workers) + " workers; -1: none)");
+    r.fail("train.straggler_worker",
+           std::to_string(c.train.straggler_worker) + " is not a worker index (there are " +
+               std::to_string(workers) + " workers; -1: none, all: every one)");
   }
 }
 

@@ -80,6 +80,9 @@ struct DataConfig {
   std::uint64_t synthetic_test = 1000;
 };
 
+// train.straggler_worker: all, every worker straggles.
+inline constexpr std::int32_t kEveryWorker = -2;
+
 struct TrainConfig {
   std::uint32_t batch_size = 64;     // per worker
   double epochs = 1;                 // passes of each worker over its part
@@ -89,8 +92,13 @@ struct TrainConfig {
   std::uint32_t sync_every = 50;     // sync mode: steps between writes to the ps
   bool lr_scaling = false;           // sync mode: lr x workers (Goyal et al.)
   std::uint32_t warmup_steps = 0;    // sync mode: linear warm-up to the scaled lr
-  std::int32_t straggler_worker = -1;     // worker slowed down on purpose
-  double straggler_delay_ms = 0;          // ... by this much per step
+  // Workers slowed down on purpose (client/straggler.h): an index, -1 for
+  // none, or kEveryWorker.
+  std::int32_t straggler_worker = -1;
+  double straggler_delay_ms = 0;           // ... by this much per step
+  double straggler_jitter_ms = 0;          // ... give or take up to this much
+  double straggler_pause_probability = 0;  // ... and per step, this likely,
+  double straggler_pause_ms = 0;           // ... an extra pause this long
   // sync mode: all-reduce bucket size; small enough that a model of ~1 MB
   // fills several, so reducing the first overlaps the rest of backward.
   std::uint32_t bucket_bytes = 256 * 1024;

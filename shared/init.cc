@@ -6,17 +6,17 @@
 namespace pstrain {
 namespace {
 
+// Uniform in (0, 1): 24 random bits, offset by half a step so log() is finite.
+double unit(std::uint64_t bits) { return (double(bits >> 40) + 0.5) / double(1 << 24); }
+
+}  // namespace
+
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
-
-// Uniform in (0, 1): 24 random bits, offset by half a step so log() is finite.
-double unit(std::uint64_t bits) { return (double(bits >> 40) + 0.5) / double(1 << 24); }
-
-}  // namespace
 
 std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t seed) {
   std::uint64_t h = seed;

@@ -16,6 +16,10 @@ struct InitSpec {
   float scale = 0.0f;  // uniform: values in [-scale, scale); normal: stddev
 };
 
+// splitmix64's output function: a well-mixed 64-bit hash of x, the step of
+// every counter-based generator here (also client/straggler.h's).
+std::uint64_t splitmix64(std::uint64_t x);
+
 // 64-bit FNV-1a; also names variables in the generator's counter.
 std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t seed = 0xcbf29ce484222325ULL);
 

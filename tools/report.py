@@ -18,12 +18,24 @@ What the numbers mean (all from the workers' metrics files):
   samples/s is all workers' samples over the longest worker training time.
 - Staleness (async only) is weighted by steps: each record's staleness is the
   mean over the steps of its window.
+- Repeated runs (tools/compare --repeats) are grouped by mode and straggler
+  setting: a group's time to target, final accuracy and samples/s are the
+  median of its runs with their range [min-max]; a run that never reached
+  the target counts as slower than any that did ("not reached"), so a
+  median is "not reached" when at most half the runs reached it. Staleness:
+  the median of the runs' means / the largest maximum.
+- The winners, per straggler setting: the group with the lowest median time
+  to target, and the one with the highest median final accuracy. When the
+  winner's range overlaps another group's, the data cannot tell them apart,
+  and the summary says so rather than naming a clear winner.
 """
 
 import argparse
 import glob
 import json
+import math
 import os
+import statistics
 import sys
 
 import yaml
@@ -166,6 +178,104 @@ def summarize(run, target):
     return summary
 
 
+class Group:
+    """The runs of one mode under one straggler setting (one per seed)."""
+
+    def __init__(self, mode, straggler, runs):
+        self.mode = mode            # the mode as compare's --modes spells it
+        self.straggler = straggler  # the straggler setting's label; "" for none given
+        self.runs = runs
+
+    @property
+    def label(self):
+        return f"{self.mode}, {self.straggler}" if self.straggler else self.mode
+
+
+def spread(values):
+    """{median, min, max} of numbers where None means never (slower than any
+    number: it sorts last, and a median or bound that falls on it is None);
+    None when there are no values."""
+    if not values:
+        return None
+    ranked = [math.inf if v is None else v for v in values]
+    finite = lambda v: None if math.isinf(v) else v  # noqa: E731
+    return {"median": finite(statistics.median(ranked)), "min": finite(min(ranked)),
+            "max": finite(max(ranked))}
+
+
+def summarize_group(group, summaries):
+    """The group's medians and ranges from its runs' summaries."""
+    stale = [s["mean_staleness"] for s in summaries if s["mean_staleness"] is not None]
+    peaks = [s["max_staleness"] for s in summaries if s["max_staleness"] is not None]
+    finals = [s["final_accuracy"] for s in summaries if s["final_accuracy"] is not None]
+    return {
+        "mode": group.mode,
+        "straggler": group.straggler,
+        "runs": [s["run"] for s in summaries],
+        "time_to_target_s": spread([s["time_to_target_s"] for s in summaries]),
+        "final_accuracy": spread(finals),
+        "samples_per_s": spread([s["samples_per_s"] for s in summaries]),
+        "mean_staleness": statistics.median(stale) if stale else None,
+        "max_staleness": max(peaks) if peaks else None,
+    }
+
+
+def overlaps(a, b):
+    """Whether two spreads' [min, max] ranges share a value (None: never)."""
+    lo = lambda v: math.inf if v is None else v  # noqa: E731
+    return lo(a["min"]) <= lo(b["max"]) and lo(b["min"]) <= lo(a["max"])
+
+
+# The columns a winner is named for: (key, what the winner did, higher is
+# better, unit).
+WINNER_COLUMNS = (("time_to_target_s", "reached the target soonest", False, " s"),
+                  ("final_accuracy", "ended with the best final accuracy", True, ""))
+
+
+def winners(group_summaries):
+    """Per straggler setting and column: the group with the best median, and
+    the groups whose range overlaps its own."""
+    out = []
+    settings = list(dict.fromkeys(g["straggler"] for g in group_summaries))
+    for straggler in settings:
+        groups = [g for g in group_summaries if g["straggler"] == straggler]
+        for key, what, higher, unit in WINNER_COLUMNS:
+            ranked = [g for g in groups if g[key] is not None]
+            if not ranked:
+                continue
+            # None (not reached) ranks last; higher-is-better columns by -value.
+            rank = lambda g: (g[key]["median"] is None,  # noqa: E731
+                              (-1 if higher else 1) * (g[key]["median"] or 0))
+            best = min(ranked, key=rank)
+            entry = {"straggler": straggler, "column": key, "mode": best["mode"],
+                     "spread": best[key],
+                     "overlaps": [g["mode"] for g in ranked
+                                  if g is not best and overlaps(g[key], best[key])]}
+            entry["text"] = _winner_text(entry, what, unit, key == "time_to_target_s")
+            out.append(entry)
+    return out
+
+
+def _winner_text(entry, what, unit, timed):
+    s = entry["spread"]
+    setting = f"with {entry['straggler']}: " if entry["straggler"] else ""
+    if s["median"] is None:
+        return f"{setting}no mode reached the target in most of its runs"
+    spec = ".1f" if timed else ".4f"
+    text = f"{setting}**{entry['mode']}** {what} ({_spread_text(s, spec, unit)})"
+    if entry["overlaps"]:
+        return text + "; not a clear winner: ranges overlap with " + ", ".join(entry["overlaps"])
+    return text + "; its range overlaps no other mode's"
+
+
+def _spread_text(s, spec, unit):
+    """'4.0 s' for one value, 'median 3.5 s, range 2.0-5.0 s' for several."""
+    if s["min"] == s["max"]:
+        return f"{s['median']:{spec}}{unit}"
+    return (f"median {s['median']:{spec}}{unit}, range {_fmt(s['min'], spec, 'not reached')}-"
+            f"{_fmt(s['max'], spec, 'not reached')}{unit}")
+
+
 def _fmt(value, spec, missing="-"):
     return missing if value is None else format(value, spec)
 
@@ -188,7 +298,50 @@ def table(summaries):
     return "\n".join(lines) + "\n"
 
 
-def plots(runs, out_dir):
+def _spread_cell(s, spec, missing="-"):
+    """'median [min-max]', or the median alone when the range is one value."""
+    if s is None:
+        return "-"
+    median = _fmt(s["median"], spec, missing)
+    if s["min"] == s["max"]:
+        return median
+    return f"{median} [{_fmt(s['min'], spec, missing)}-{_fmt(s['max'], spec, missing)}]"
+
+
+def group_table(group_summaries, target):
+    """One row per mode and straggler setting: medians and [min-max] ranges."""
+    head = ["straggler", "mode", "runs", f"time to {target:.0%} (s)", "final accuracy",
+            "samples/s", "staleness mean / max"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in group_summaries:
+        stale = ("-" if g["mean_staleness"] is None
+                 else f"{g['mean_staleness']:.2f} / {g['max_staleness']:.2f}")
+        row = [g["straggler"] or "-", g["mode"], str(len(g["runs"])),
+               _spread_cell(g["time_to_target_s"], ".1f", "not reached"),
+               _spread_cell(g["final_accuracy"], ".4f"), _spread_cell(g["samples_per_s"], ".0f"),
+               stale]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_bands(group):
+    """(time grid, median, min, max) of the group's test accuracy: each run's
+    evaluations interpolated linearly on a common grid, from the latest first
+    evaluation (where every run has one) to the last; a run that ended
+    earlier holds its last accuracy."""
+    import numpy as np
+    curves = [r.eval_points() for r in group.runs]
+    curves = [c for c in curves if c]
+    if not curves:
+        return None
+    start = max(c[0][0] for c in curves)
+    end = max(c[-1][0] for c in curves)
+    grid = np.linspace(start, end, 200)
+    values = np.array([np.interp(grid, [p[0] for p in c], [p[1] for p in c]) for c in curves])
+    return grid, np.median(values, axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def plots(runs, out_dir, groups=None):
     """Writes the PNGs; returns {title: file name}."""
     import matplotlib
     matplotlib.use("Agg")
@@ -202,14 +355,29 @@ def plots(runs, out_dir):
         plt.close(fig)
         files[title] = name
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in runs:
-        points = run.eval_points()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=run.label)
-    ax.set(xlabel="seconds since the first step", ylabel="test accuracy",
-           title="Test accuracy vs wall time")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    if groups is None:
+        groups = [Group(run.label, "", [run]) for run in runs]
+    settings = list(dict.fromkeys(g.straggler for g in groups))
+    fig, axes = plt.subplots(1, len(settings), figsize=(7 * len(settings), 4.5), sharey=True,
+                             squeeze=False)
+    for ax, straggler in zip(axes[0], settings):
+        for group in (g for g in groups if g.straggler == straggler):
+            if len(group.runs) == 1:
+                points = group.runs[0].eval_points()
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                        label=group.mode)
+                continue
+            bands = accuracy_bands(group)
+            if bands is None:
+                continue
+            grid, median, low, high = bands
+            line, = ax.plot(grid, median, label=f"{group.mode} (median of {len(group.runs)})")
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+        ax.set(xlabel="seconds since the first step",
+               title="Test accuracy vs wall time" + (f": {straggler}" if straggler else ""))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0][0].set_ylabel("test accuracy")
     save(fig, "accuracy_vs_time.png", "Test accuracy vs wall time")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -256,15 +424,26 @@ def plots(runs, out_dir):
     return files
 
 
-def write(runs, out_dir, target, notes=()):
+def write(runs, out_dir, target, notes=(), groups=None):
     """Writes report.md, summary.json and the plots into out_dir; returns the
-    table."""
+    tables. `groups` (default: one per run) are the runs of each mode and
+    straggler setting; when some group has several runs or there are several
+    settings, a table of medians and ranges comes first. The plots other
+    than accuracy show the first run of each group."""
     os.makedirs(out_dir, exist_ok=True)
+    if groups is None:
+        groups = [Group(run.label, "", [run]) for run in runs]
     summaries = [summarize(r, target) for r in runs]
+    by_run = {id(r): s for r, s in zip(runs, summaries)}
+    grouped = [summarize_group(g, [by_run[id(r)] for r in g.runs]) for g in groups]
+    named = winners(grouped)
     text = table(summaries)
-    figures = plots(runs, out_dir)
+    if any(len(g.runs) > 1 for g in groups) or len({g.straggler for g in groups}) > 1:
+        text = group_table(grouped, target) + "\n" + text
+    text += "\n" + "".join(f"- {w['text']}\n" for w in named)
+    figures = plots([g.runs[0] for g in groups], out_dir, groups)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summaries, f, indent=1)
+        json.dump({"runs": summaries, "groups": grouped, "winners": named}, f, indent=1)
     md = ["# pstrain run comparison", ""]
     md += [f"- **{s['run']}**: {s['mode']}, {s['workers']} workers, "
            f"{s['samples']} samples, run directory `{s['dir']}`" for s in summaries]

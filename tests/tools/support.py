@@ -16,6 +16,18 @@ TOOLS = os.path.join(ROOT, "tools")
 PSTRAIN = os.path.abspath(os.environ.get("PSTRAIN") or os.path.join(ROOT, "build", "pstrain"))
 
 
+def load_tool(name):
+    """tools/NAME as a module (it has no .py suffix), for its pure functions."""
+    import importlib.machinery
+    import importlib.util
+    path = os.path.join(TOOLS, name)
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 def require_binary(testcase):
     if not os.access(PSTRAIN, os.X_OK):
         testcase.fail(f"no pstrain binary at {PSTRAIN}; set $PSTRAIN (ctest does)")

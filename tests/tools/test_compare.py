@@ -260,6 +260,23 @@ class ReportNumbersTest(unittest.TestCase):
         self.assertEqual(self.summary(self.async_dir, 0.85)["time_to_target_s"], 14.5)
         self.assertIsNone(self.summary(self.async_dir, 0.95)["time_to_target_s"])
 
+    def test_accuracy_bands_interpolate_the_runs_on_one_grid(self):
+        # async's evaluations: 0.5 at 4, 0.8 at 8.5, 0.7 at 12.5, 0.9 at 14.5;
+        # sync's one: 0.76 at 4, held to the end. The grid runs 4 to 14.5.
+        group = report.Group("both", "", [report.Run(self.async_dir), report.Run(self.sync_dir)])
+        grid, median, low, high = report.accuracy_bands(group)
+        self.assertEqual((grid[0], grid[-1], len(grid)), (4.0, 14.5, 200))
+        at = lambda t: int(round((t - 4.0) / 10.5 * 199))  # noqa: E731
+        for t, async_acc in [(4.0, 0.5), (14.5, 0.9)]:
+            i = at(t)
+            self.assertAlmostEqual(low[i], min(async_acc, 0.76))
+            self.assertAlmostEqual(high[i], max(async_acc, 0.76))
+            self.assertAlmostEqual(median[i], (async_acc + 0.76) / 2)
+        i = at(4.0 + 10.5 * 60 / 199)  # between 4 and 8.5: linear from 0.5 to 0.8
+        expected = 0.5 + 0.3 * (grid[i] - 4.0) / 4.5
+        self.assertAlmostEqual(low[i], min(expected, 0.76))
+        self.assertAlmostEqual(high[i], max(expected, 0.76))
+
     def test_report_tool_writes_the_table_and_summary(self):
         out = os.path.join(self.tmp.name, "report")
         r = subprocess.run([sys.executable, os.path.join(support.TOOLS, "report.py"), out,
@@ -272,17 +289,298 @@ class ReportNumbersTest(unittest.TestCase):
             "|---|---|---|---|---|---|---|---|",
             "| async | async | 8.5 | 0.8125 | 125 | 50 150 | 2.20 / 7.00 | 12.5 |",
             "| sync | sync | 4.0 | 0.7500 | 256 | 160 128 | - | 8.0 |",
+            "",
+            "- **sync** reached the target soonest (4.0 s); its range overlaps no other mode's",
+            "- **async** ended with the best final accuracy (0.8125); "
+            "its range overlaps no other mode's",
         ])
         self.assertIn(r.stdout, support.read_text(os.path.join(out, "report.md")))
-        summaries = support.read_json(os.path.join(out, "summary.json"))
-        self.assertEqual([(s["run"], s["samples_per_s"]) for s in summaries],
+        summary = support.read_json(os.path.join(out, "summary.json"))
+        self.assertEqual([(s["run"], s["samples_per_s"]) for s in summary["runs"]],
                          [("async", 125.0), ("sync", 256.0)])
+        self.assertEqual([(w["column"], w["mode"]) for w in summary["winners"]],
+                         [("time_to_target_s", "sync"), ("final_accuracy", "async")])
         r = subprocess.run([sys.executable, os.path.join(support.TOOLS, "report.py"), out,
                             self.async_dir, "--target", "0.95"],
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("| async | async | not reached | 0.8125 |", r.stdout)
 
+
+compare = support.load_tool("compare")
+
+
+class SpecTest(unittest.TestCase):
+    """--modes and --straggler as compare reads them, without pstrain."""
+
+    def test_modes_become_their_overrides(self):
+        modes = compare.parse_modes("async,sync,ssp:1,ssp:4,backup:1,local:8")
+        self.assertEqual([(m.spec, m.dir, m.overrides) for m in modes], [
+            ("async", "async", ["mode=async"]),
+            ("sync", "sync", ["mode=sync"]),
+            ("ssp:1", "ssp-1", ["mode=ssp", "train.staleness_bound=1"]),
+            ("ssp:4", "ssp-4", ["mode=ssp", "train.staleness_bound=4"]),
+            ("backup:1", "backup-1", ["mode=backup", "train.backup_workers=1"]),
+            ("local:8", "local-8", ["mode=local", "train.local_steps=8"]),
+        ])
+        self.assertEqual([m.spec for m in compare.parse_modes(" sync , ssp:0")], ["sync", "ssp:0"])
+
+    def test_bad_modes_are_named(self):
+        for text, message in [
+                ("ssp:x", "'ssp:x': ssp needs a whole number staleness bound"),
+                ("ssp", "'ssp': ssp needs a whole number staleness bound"),
+                ("backup:-1", "'backup:-1': backup needs a whole number of backup workers"),
+                ("local:1.5", "'local:1.5': local needs a whole number of local steps"),
+                ("sync:2", "'sync:2': sync takes no parameter"),
+                ("async,bsp", "'bsp': unknown mode; expected async, sync, ssp:S, backup:B or"),
+                ("async,ssp:1,async", "async listed twice")]:
+            with self.subTest(text):
+                with self.assertRaises(compare.argparse.ArgumentTypeError) as caught:
+                    compare.parse_modes(text)
+                self.assertIn(message, str(caught.exception))
+        r = support.run_tool("compare", ["cluster.yaml", "--modes", "ssp:x"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--modes: 'ssp:x': ssp needs a whole number staleness bound", r.stderr)
+
+    def test_stragglers_become_their_overrides(self):
+        rest = ["train.straggler_jitter_ms=0", "train.straggler_pause_probability=0",
+                "train.straggler_pause_ms=0"]
+        for text, label, overrides in [
+                ("worker1=30ms", "worker1=30ms",
+                 ["train.straggler_worker=1", "train.straggler_delay_ms=30"] + rest),
+                ("worker0=0.5s", "worker0=500ms",
+                 ["train.straggler_worker=0", "train.straggler_delay_ms=500"] + rest),
+                ("worker1=30ms±20ms", "worker1=30ms±20ms",
+                 ["train.straggler_worker=1", "train.straggler_delay_ms=30",
+                  "train.straggler_jitter_ms=20", "train.straggler_pause_probability=0",
+                  "train.straggler_pause_ms=0"]),
+                ("worker1=30ms+-0.02s", "worker1=30ms±20ms",
+                 ["train.straggler_worker=1", "train.straggler_delay_ms=30",
+                  "train.straggler_jitter_ms=20", "train.straggler_pause_probability=0",
+                  "train.straggler_pause_ms=0"]),
+                ("worker*=5%:200ms", "worker*=5%:200ms",
+                 ["train.straggler_worker=all", "train.straggler_delay_ms=0",
+                  "train.straggler_jitter_ms=0", "train.straggler_pause_probability=0.05",
+                  "train.straggler_pause_ms=200"]),
+                ("none", "none", ["train.straggler_worker=-1"])]:
+            with self.subTest(text):
+                s = compare.parse_straggler(text)
+                self.assertEqual((s.label, s.overrides), (label, overrides))
+        dirs = [compare.parse_straggler(t).dir
+                for t in ("worker1=30ms", "worker1=30ms±20ms", "worker*=5%:200ms", "none")]
+        self.assertEqual(dirs, ["worker1-30ms", "worker1-30ms-pm20ms", "worker-all-5pct-200ms",
+                                "none"])
+
+    def test_bad_stragglers_are_named(self):
+        for text in ("worker1=fast", "worker=30ms", "worker1=30", "worker1=30ms±",
+                     "worker*=150%:200ms", "worker*=5%", "all=30ms"):
+            with self.subTest(text):
+                with self.assertRaises(compare.argparse.ArgumentTypeError) as caught:
+                    compare.parse_straggler(text)
+                self.assertIn(f"'{text}': expected workerN=DELAY, workerN=DELAY±JITTER, "
+                              "workerN=P%:PAUSE", str(caught.exception))
+        r = support.run_tool("compare", ["cluster.yaml", "--straggler", "none",
+                                         "--straggler", "none"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--straggler: a setting is given twice", r.stderr)
+        r = support.run_tool("compare", ["cluster.yaml", "--repeats", "0"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--repeats: '0': expected a whole number >= 1", r.stderr)
+
+
+def run_summary(run, time_to_target, final, samples_per_s, staleness=None):
+    return {"run": run, "time_to_target_s": time_to_target, "final_accuracy": final,
+            "samples_per_s": samples_per_s, "mean_staleness": staleness and staleness[0],
+            "max_staleness": staleness and staleness[1]}
+
+
+def group_summary(mode, straggler, *summaries):
+    return report.summarize_group(report.Group(mode, straggler, []), list(summaries))
+
+
+class RepeatsTest(unittest.TestCase):
+    """Medians, ranges and winners of repeated runs, on constructed summaries."""
+
+    def test_spread_ranks_not_reached_last(self):
+        self.assertEqual(report.spread([3.0, 1.0, 2.0]), {"median": 2.0, "min": 1.0, "max": 3.0})
+        self.assertEqual(report.spread([4.0, 1.0]), {"median": 2.5, "min": 1.0, "max": 4.0})
+        self.assertEqual(report.spread([None, 1.0, 2.0]),
+                         {"median": 2.0, "min": 1.0, "max": None})
+        # Half the runs not reaching it: the median falls on "not reached".
+        self.assertEqual(report.spread([None, 1.0]), {"median": None, "min": 1.0, "max": None})
+        self.assertIsNone(report.spread([]))
+
+    def test_groups_take_medians_ranges_and_the_staleness(self):
+        g = group_summary("async", "worker1=30ms",
+                          run_summary("a", 2.2, 0.85, 1000, (0.5, 20)),
+                          run_summary("b", 5.1, 0.86, 3000, (0.75, 24)),
+                          run_summary("c", 3.0, 0.84, 2000, (1.5, 10)))
+        self.assertEqual(g["time_to_target_s"], {"median": 3.0, "min": 2.2, "max": 5.1})
+        self.assertEqual(g["final_accuracy"], {"median": 0.85, "min": 0.84, "max": 0.86})
+        self.assertEqual(g["samples_per_s"], {"median": 2000, "min": 1000, "max": 3000})
+        self.assertEqual((g["mean_staleness"], g["max_staleness"]), (0.75, 24))
+        self.assertEqual(g["runs"], ["a", "b", "c"])
+        sync = group_summary("sync", "", run_summary("s", 4.0, 0.9, 100))
+        self.assertIsNone(sync["mean_staleness"])
+
+    def test_overlap(self):
+        r = lambda lo, hi: {"median": lo, "min": lo, "max": hi}  # noqa: E731
+        self.assertTrue(report.overlaps(r(1, 3), r(2, 5)))
+        self.assertTrue(report.overlaps(r(2, 5), r(1, 3)))
+        self.assertTrue(report.overlaps(r(1, 3), r(3, 4)))
+        self.assertFalse(report.overlaps(r(1, 2), r(2.5, 4)))
+        self.assertFalse(report.overlaps(r(2.5, 4), r(1, 2)))
+        self.assertTrue(report.overlaps(r(1, None), r(50, 60)))
+        self.assertFalse(report.overlaps(r(1, 2), r(None, None)))
+
+    def test_winners_are_named_with_their_overlaps(self):
+        groups = [
+            group_summary("async", "w1", run_summary("a1", 2.0, 0.85, 1),
+                          run_summary("a2", 5.0, 0.86, 1)),
+            group_summary("sync", "w1", run_summary("s1", 20.0, 0.87, 1),
+                          run_summary("s2", 24.0, 0.88, 1)),
+            group_summary("ssp:4", "w1", run_summary("p1", 3.0, 0.80, 1),
+                          run_summary("p2", 4.5, 0.81, 1)),
+            group_summary("local:8", "w1", run_summary("l1", None, 0.70, 1),
+                          run_summary("l2", None, 0.71, 1)),
+            group_summary("async", "none", run_summary("n1", 1.0, 0.85, 1),
+                          run_summary("n2", None, 0.85, 1)),
+            group_summary("sync", "none", run_summary("m1", 9.0, 0.86, 1),
+                          run_summary("m2", 9.5, 0.87, 1)),
+        ]
+        named = {(w["straggler"], w["column"]): w for w in report.winners(groups)}
+        self.assertEqual(sorted(named), [("none", "final_accuracy"), ("none", "time_to_target_s"),
+                                         ("w1", "final_accuracy"), ("w1", "time_to_target_s")])
+        soonest = named[("w1", "time_to_target_s")]
+        # async's median 3.5 s beats ssp:4's 3.75 s, but [2, 5] holds [3, 4.5].
+        self.assertEqual(soonest["mode"], "async")
+        self.assertEqual(soonest["overlaps"], ["ssp:4"])
+        self.assertEqual(soonest["text"],
+                         "with w1: **async** reached the target soonest (median 3.5 s, range "
+                         "2.0-5.0 s); not a clear winner: ranges overlap with ssp:4")
+        best = named[("w1", "final_accuracy")]
+        self.assertEqual((best["mode"], best["overlaps"]), ("sync", []))
+        self.assertEqual(best["text"],
+                         "with w1: **sync** ended with the best final accuracy (median 0.8750, "
+                         "range 0.8700-0.8800); its range overlaps no other mode's")
+        # One of async's two runs never reached it: its median is "not
+        # reached", ranked after sync's 9.25 s, though its range overlaps.
+        unstraggled = named[("none", "time_to_target_s")]
+        self.assertEqual((unstraggled["mode"], unstraggled["overlaps"]), ("sync", ["async"]))
+        self.assertIn("not a clear winner: ranges overlap with async", unstraggled["text"])
+
+    def test_the_group_table(self):
+        groups = [group_summary("async", "worker1=30ms", run_summary("a1", 2.0, 0.85, 1000,
+                                                                    (0.5, 20)),
+                                run_summary("a2", None, 0.86, 3000, (1.0, 24))),
+                  group_summary("sync", "worker1=30ms", run_summary("s1", 20.0, 0.87, 500),
+                                run_summary("s2", 20.0, 0.87, 500))]
+        self.assertEqual(report.group_table(groups, 0.85).splitlines(), [
+            "| straggler | mode | runs | time to 85% (s) | final accuracy | samples/s "
+            "| staleness mean / max |",
+            "|---|---|---|---|---|---|---|",
+            "| worker1=30ms | async | 2 | not reached [2.0-not reached] | 0.8550 [0.8500-0.8600] "
+            "| 2000 [1000-3000] | 0.75 / 24.00 |",
+            "| worker1=30ms | sync | 2 | 20.0 | 0.8700 | 500 | - |",
+        ])
+
+
+def recomputed(run_dir, target):
+    """(time to target or None, final accuracy, samples/s) from a run's
+    metrics files, worked out here rather than by tools/report.py."""
+    train, evals, final = metrics(run_dir)
+    starts, longest, samples = [], 0.0, 0
+    for records in train.values():
+        records.sort(key=lambda r: r["time"])
+        seconds, prev = 0.0, 0
+        for r in records:
+            seconds += (r["local_samples"] - prev) / r["samples_per_s"]
+            prev = r["local_samples"]
+        first = records[0]
+        starts.append(first["time"] - first["local_samples"] / first["samples_per_s"])
+        longest = max(longest, seconds)
+        samples += records[-1]["local_samples"]
+    origin = min(starts)
+    reached = [e["time"] - e["eval_s"] - origin
+               for e in sorted(evals, key=lambda e: e["time"]) if e["test_accuracy"] >= target]
+    return (reached[0] if reached else None), final["test_accuracy"], samples / longest
+
+
+class RepeatedCompareTest(unittest.TestCase):
+    """A short real comparison with --repeats 2: each mode runs with seeds 42
+    and 43, and the table's medians and ranges are those of the runs'
+    metrics files."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.space = support.Workspace(support.cluster(train={"eval_every": 400}))
+        cls.out = os.path.join(cls.space.path, "cmp")
+        if os.access(support.PSTRAIN, os.X_OK):
+            cls.result = support.run_tool("compare", [
+                cls.space.cluster, "--modes", "async,sync", "--repeats", "2",
+                "--target", str(TARGET), "--out", cls.out, "--set", "optimizer.lr=0.05"],
+                timeout=300)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.space.cleanup()
+
+    def setUp(self):
+        support.require_binary(self)
+
+    def test_every_mode_ran_with_the_same_seeds(self):
+        r = self.result
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        for mode in ("async", "sync"):
+            for seed in (42, 43):
+                run_dir = os.path.join(self.out, mode, f"seed{seed}")
+                self.assertEqual(support.read_json(os.path.join(run_dir, "launch.json"))["mode"],
+                                 mode)
+                resolved = support.read_text(os.path.join(run_dir, "cluster.yaml"))
+                self.assertIn(f"seed: {seed}\n", resolved)
+
+    def test_the_table_gives_the_runs_medians_and_ranges(self):
+        text = support.read_text(os.path.join(self.out, "report.md"))
+        self.assertIn(text[text.index("| straggler |"):text.index("\n\n", text.index(
+            "| straggler |"))], self.result.stdout)
+        rows = {}
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| - |"):
+                rows[cells[1]] = cells
+        self.assertEqual(sorted(rows), ["async", "sync"])
+        summary = support.read_json(os.path.join(self.out, "summary.json"))
+        for mode in ("async", "sync"):
+            runs = [recomputed(os.path.join(self.out, mode, f"seed{s}"), TARGET)
+                    for s in (42, 43)]
+            times = sorted(t if t is not None else float("inf") for t, _, _ in runs)
+            finals = sorted(f for _, f, _ in runs)
+            rates = sorted(r for _, _, r in runs)
+
+            def cell(values, spec):
+                shown = ["not reached" if v == float("inf") else format(v, spec)
+                         for v in values]
+                median = (values[0] + values[1]) / 2
+                median = "not reached" if median == float("inf") else format(median, spec)
+                return median if shown[0] == shown[1] and values[0] == values[1] \
+                    else f"{median} [{shown[0]}-{shown[1]}]"
+            with self.subTest(mode):
+                self.assertEqual(rows[mode][2], "2")
+                self.assertEqual(rows[mode][3], cell(times, ".1f"))
+                self.assertEqual(rows[mode][4], cell(finals, ".4f"))
+                self.assertEqual(rows[mode][5], cell(rates, ".0f"))
+                group = next(g for g in summary["groups"] if g["mode"] == mode)
+                self.assertAlmostEqual(group["final_accuracy"]["median"], sum(finals) / 2)
+        self.assertEqual(sorted(w["column"] for w in summary["winners"]),
+                         ["final_accuracy", "time_to_target_s"])
+        for w in summary["winners"]:
+            self.assertIn(f"- {w['text']}", text)
+
+    def test_the_accuracy_plot_is_an_image(self):
+        import matplotlib.image
+        pixels = matplotlib.image.imread(os.path.join(self.out, "accuracy_vs_time.png"))
+        colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::7].tolist()}
+        self.assertGreater(len(colours), 20, "accuracy_vs_time.png looks blank")
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,8 +5,6 @@ ports that were free a moment before. The restart policy is also tested with
 fake_pstrain, a script that fails on cue, so those tests do not depend on how
 the C++ side fails or recovers."""
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shlex
@@ -27,15 +25,6 @@ REMOTE_PS, REMOTE_WORKER = "127.0.0.2", "127.0.0.3"
 
 FAKE_PSTRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_pstrain")
 
-
-def load_launch():
-    """tools/launch as a module (it has no .py suffix), for its pure functions."""
-    path = os.path.join(support.TOOLS, "launch")
-    loader = importlib.machinery.SourceFileLoader("launch", path)
-    spec = importlib.util.spec_from_loader("launch", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 # Logs its argv and runs the remote command in a new session, as sshd would
 # on another host: a signal to the local ssh's process group does not reach
@@ -424,13 +413,13 @@ class RestartPolicyTest(unittest.TestCase):
             self.assertEqual(argv[argv.index("--run-id") + 1], again["run_id"], run["name"])
 
     def test_backoff_doubles_and_is_capped(self):
-        launch = load_launch()
+        launch = support.load_tool("launch")
         self.assertEqual([launch.backoff(n, 1.0) for n in range(1, 8)],
                          [1, 2, 4, 8, 16, 30, 30])
         self.assertEqual(launch.backoff(3, 0.25), 1.0)
 
     def test_on_worker_loss_defaults_to_the_modes(self):
-        launch = load_launch()
+        launch = support.load_tool("launch")
         self.assertEqual(launch.on_worker_loss({"mode": "async", "train": {}}), "continue")
         self.assertEqual(launch.on_worker_loss({"mode": "sync", "train": {}}), "fail")
         self.assertEqual(launch.on_worker_loss(

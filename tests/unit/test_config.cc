@@ -100,7 +100,8 @@ TEST_CASE("config: every section is read") {
       "data: {name: synthetic, dir: /d, synthetic_train: 100, synthetic_test: 10}\n"
       "train: {batch_size: 32, epochs: 0.5, seed: 18446744073709551615, eval_every: 0,\n"
       "        threads: 2, sync_every: 5, lr_scaling: yes, warmup_steps: 10,\n"
-      "        straggler_worker: 2, straggler_delay_ms: 12.5, bucket_bytes: 4096}\n"
+      "        straggler_worker: 2, straggler_delay_ms: 12.5, straggler_jitter_ms: 2.5,\n"
+      "        straggler_pause_probability: 1, straggler_pause_ms: 300, bucket_bytes: 4096}\n"
       "net: {chunk_bytes: 4, request_timeout: 2, worker_timeout: 3, heartbeat: 0.25}\n");
   CHECK(c.job == "exp-1.a_b");
   CHECK(c.run_dir == "/tmp/x");
@@ -136,6 +137,9 @@ TEST_CASE("config: every section is read") {
   CHECK(c.train.lr_scaling);
   CHECK(c.train.straggler_worker == 2);
   CHECK(c.train.straggler_delay_ms == 12.5);
+  CHECK(c.train.straggler_jitter_ms == 2.5);
+  CHECK(c.train.straggler_pause_probability == 1);
+  CHECK(c.train.straggler_pause_ms == 300);
   CHECK(c.train.bucket_bytes == 4096);
   CHECK(c.net.chunk_bytes == 4);
   CHECK(c.net.heartbeat == 0.25);
@@ -230,7 +234,9 @@ TEST_CASE("config: the hash is stable and covers every value") {
       "data.synthetic_test=5", "train.batch_size=65",  "train.epochs=1.5",
       "train.seed=1",       "train.eval_every=1",      "train.threads=2",
       "train.sync_every=2", "train.lr_scaling=true",   "train.warmup_steps=1",
-      "train.straggler_worker=1", "train.straggler_delay_ms=1",
+      "train.straggler_worker=1", "train.straggler_worker=all", "train.straggler_delay_ms=1",
+      "train.straggler_jitter_ms=1", "train.straggler_pause_probability=0.5",
+      "train.straggler_pause_ms=1",
       "train.bucket_bytes=1024", "net.chunk_bytes=1024", "net.request_timeout=1",
       "net.worker_timeout=2", "net.heartbeat=0.5",
   };
@@ -248,6 +254,7 @@ TEST_CASE("config: to_yaml round-trips") {
       {"workers=[{host: a, device: cuda, gpu: 2}, {device: auto}]", "ps.0.bind='*'",
        "optimizer={name: adagrad, lr: 0.3, eps: 3e-9}", "train.epochs=0.1",
        "job=\"true\"", "data.dir='/path with: colon'", "train.straggler_delay_ms=0.1"},
+      {"train.straggler_worker=all", "train.straggler_pause_probability=0.05"},
   };
   for (const auto& overrides : variants) {
     const auto c = parse(kMinimal, overrides);
@@ -263,6 +270,9 @@ TEST_CASE("config: to_yaml round-trips") {
   CHECK(again.optimizer.eps == 3e-9f);
   CHECK(again.workers[0].gpu == 2);
   CHECK(again.ps[0].bind_address() == "tcp://*:7000");
+  const auto every = parse(parse(kMinimal, variants[3]).to_yaml());
+  CHECK(every.train.straggler_worker == kEveryWorker);
+  CHECK(every.to_yaml().find("straggler_worker: all") != std::string::npos);
 }
 
 TEST_CASE("config: bad files name the key and the problem") {
@@ -312,6 +322,12 @@ TEST_CASE("config: bad files name the key and the problem") {
       {m + "train: {epochs: 0}\n", {}, "t.yaml: train.epochs: expected a number > 0"},
       {m + "train: {straggler_worker: 2}\n", {},
        "t.yaml: train.straggler_worker: 2 is not a worker index (there are 2 workers"},
+      {m + "train: {straggler_worker: -2}\n", {},
+       "t.yaml: train.straggler_worker: expected an integer >= -1, got '-2'"},
+      {m + "train: {straggler_pause_probability: 1.5}\n", {},
+       "t.yaml: train.straggler_pause_probability: expected a number in 0..1, got '1.5'"},
+      {m + "train: {straggler_jitter_ms: -1}\n", {},
+       "t.yaml: train.straggler_jitter_ms: expected a number >= 0, got '-1'"},
       {m + "net: {chunk_bytes: 2}\n", {}, "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
       {m + "net: {chunk_bytes: 16777217}\n", {}, "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
       {m + "net: {heartbeat: 5, worker_timeout: 5}\n", {},
