@@ -1,5 +1,6 @@
 #include "server/data_handlers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -121,7 +122,9 @@ void DataHandlers::push(const Request& request) {
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
   coordinator_.applied_update(request.header);
   if (ssp_) {
-    stats_.ssp_staleness(SspGate::staleness(id.clock, slowest()));
+    const auto staleness = SspGate::staleness(id.clock, slowest());
+    stats_.ssp_staleness(staleness);
+    largest_staleness_ = std::max(largest_staleness_, staleness);
     ssp_->completed(request.header.sender, id.clock + 1);
     release_reads();
     if (request.header.op == Op::push_pull && !ssp_->may_read(id.clock + 1, slowest())) {
@@ -153,6 +156,7 @@ void DataHandlers::push_backup(const Request& request, const wire::ChunkRequest&
   coordinator_.applied_update(request.header);
   if (verdict == BackupAggregator::Verdict::late) {
     stats_.gradient_dropped();
+    ++gradients_dropped_;
     return reply_update(request, c);
   }
   sink_.accepted(request.header, c.version);
@@ -163,6 +167,7 @@ void DataHandlers::push_backup(const Request& request, const wire::ChunkRequest&
 void DataHandlers::apply_step(const BackupAggregator::Step& step) {
   const float lr_scale = lr_scaling_ ? static_cast<float>(step.waiting.size()) : 1.0f;
   const Chunk& c = store_.push(step.name, step.chunk, step.mean, lr_scale);
+  ++steps_applied_;
   for (const auto& r : step.waiting) reply_update(r, c);
 }
 
@@ -190,6 +195,15 @@ void DataHandlers::refuse_nonfinite(const Request& request, std::span<const floa
     log("refused a ", wire::to_string(request.header.op), " with NaN or infinite values from sender ",
         sender, "; later ones from it are only counted (stats: nonfinite_refused)");
   throw std::invalid_argument("NaN or infinite values; nothing was stored");
+}
+
+void DataHandlers::log_summary() const {
+  if (ssp_)
+    log("mode ssp: the largest staleness of an applied update was ", largest_staleness_,
+        " steps (train.staleness_bound ", ssp_->bound(), ")");
+  if (backup_)
+    log("mode backup: ", steps_applied_, " chunk steps applied, ", gradients_dropped_,
+        " late gradients dropped");
 }
 
 DataHandlers::~DataHandlers() { finish(); }

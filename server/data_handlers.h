@@ -89,6 +89,10 @@ class DataHandlers {
   void tick();
   // Waits for a snapshot being written and answers it; the destructor too.
   void finish();
+  // Modes ssp and backup: logs what the mode did (the largest staleness of
+  // an applied update against the bound; steps applied and late gradients
+  // dropped), for the end of the ps's log.
+  void log_summary() const;
   ~DataHandlers();
   DataHandlers(const DataHandlers&) = delete;
   DataHandlers& operator=(const DataHandlers&) = delete;
@@ -135,6 +139,8 @@ class DataHandlers {
   std::optional<SspGate> ssp_;                // mode ssp
   std::optional<BackupAggregator> backup_;    // mode backup
   bool lr_scaling_ = false;                   // mode backup
+  std::uint64_t largest_staleness_ = 0;       // mode ssp
+  std::uint64_t steps_applied_ = 0, gradients_dropped_ = 0;  // mode backup
 };
 
 }  // namespace pstrain::ps

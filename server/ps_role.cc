@@ -129,6 +129,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   }
   // Whatever ended the serving, what was applied is saved.
   data.finish();
+  data.log_summary();
   if (checkpointer) checkpointer->finish();
   return code;
 }

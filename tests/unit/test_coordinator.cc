@@ -4,6 +4,7 @@
 
 #include "server/coordinator.h"
 #include "shared/messages.h"
+#include "tests/support/recording_sink.h"
 
 using namespace pstrain;
 using namespace pstrain::ps;
@@ -11,20 +12,6 @@ using namespace std::chrono_literals;
 using wire::Op;
 
 namespace {
-
-struct Sent {
-  Peer to;
-  wire::Header header;
-  ReplyPayload payload;
-};
-
-class RecordingSink : public ReplySink {
- public:
-  void send(const Peer& to, Reply reply) override {
-    sent.push_back({to, std::move(reply.header), std::move(reply.payload)});
-  }
-  std::vector<Sent> sent;
-};
 
 const Clock::time_point t0{};
 

@@ -1,0 +1,30 @@
+#pragma once
+// A ReplySink for unit tests of the ps's handlers: keeps every reply, and
+// every update a handler says it took while holding its reply.
+#include <cstdint>
+#include <vector>
+
+#include "server/request.h"
+
+namespace pstrain::ps {
+
+struct Sent {
+  Peer to;
+  wire::Header header;
+  ReplyPayload payload;
+};
+
+class RecordingSink : public ReplySink {
+ public:
+  void send(const Peer& to, Reply reply) override {
+    sent.push_back({to, std::move(reply.header), std::move(reply.payload)});
+  }
+  void accepted(const wire::Header& request, std::uint64_t version) override {
+    accepted_ids.push_back(request.request_id);
+    (void)version;
+  }
+  std::vector<Sent> sent;
+  std::vector<std::uint64_t> accepted_ids;  // request ids, in order
+};
+
+}  // namespace pstrain::ps
