@@ -61,6 +61,17 @@ def cluster(ps_hosts=("127.0.0.1", "127.0.0.1"), worker_hosts=("127.0.0.1", "127
     return doc
 
 
+def default_job(ports=None, **train):
+    """The README's default cluster.yaml with its servers on `ports` (free
+    loopback ports when not given), `train` merged into its train section."""
+    with open(os.path.join(ROOT, "cluster.yaml")) as f:
+        doc = yaml.safe_load(f)
+    ports = ports or [free_port() for _ in doc["ps"]]
+    doc["ps"] = [{"host": "127.0.0.1", "port": p} for p in ports]
+    doc["train"].update(train)
+    return doc
+
+
 class Workspace:
     """A temporary folder with a cluster file in it."""
 

@@ -26,14 +26,6 @@ TARGET_ACCURACY = 0.85
 TRAIN_DEADLINE_S = 300
 
 
-def default_job(port_base):
-    """The default cluster.yaml with its servers on port_base, port_base + 1."""
-    with open(os.path.join(support.ROOT, "cluster.yaml")) as f:
-        doc = yaml.safe_load(f)
-    doc["ps"] = [{"host": "127.0.0.1", "port": port_base + i} for i in range(2)]
-    return doc
-
-
 def free_port_pair():
     """A port p with p and p + 1 both free (server N listens on port_base + N)."""
     for _ in range(100):
@@ -130,7 +122,7 @@ class K8sManifestTest(unittest.TestCase):
         support.require_binary(self)
 
     def test_objects_of_the_default_job(self):
-        e = Emitted(self, default_job(7100), "k8s", "--max-restarts", "2")
+        e = Emitted(self, support.default_job([7100, 7101]), "k8s", "--max-restarts", "2")
         self.assertEqual(e.result.returncode, 0, e.result.stderr)
         self.assertIn("kubectl apply -f", e.result.stderr)
         self.assertEqual(sorted(e.objects), [
@@ -175,7 +167,7 @@ class K8sManifestTest(unittest.TestCase):
         self.assertIn("readinessProbe", probe)
 
     def test_gpu_workers_and_flags(self):
-        doc = default_job(7100)
+        doc = support.default_job([7100, 7101])
         doc["workers"] = {"count": 3, "host": "127.0.0.1", "device": "cuda"}
         e = Emitted(self, doc, "k8s", "--image", "registry.example/pstrain:1.0",
                     "--namespace", "ml", "--worker-cpu", "4", "--worker-memory", "8Gi",
@@ -199,7 +191,7 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual({w["device"] for w in resolved["workers"]}, {"cuda"})
 
     def test_curve_keys_as_a_secret_per_role(self):
-        doc = default_job(7100)
+        doc = support.default_job([7100, 7101])
         doc["security"] = {"curve": True}
         e = Emitted(self, doc, "k8s")
         self.assertEqual(e.result.returncode, 0, e.result.stderr)
@@ -224,7 +216,7 @@ class K8sManifestTest(unittest.TestCase):
                                               "defaultMode": 0o400})
 
     def test_tfjob(self):
-        e = Emitted(self, default_job(7100), "tfjob", "--max-restarts", "4")
+        e = Emitted(self, support.default_job([7100, 7101]), "tfjob", "--max-restarts", "4")
         self.assertEqual(e.result.returncode, 0, e.result.stderr)
         for obj in e.docs:
             k8s_pods.validate(obj)
@@ -245,12 +237,12 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(ps["readinessProbe"]["tcpSocket"], {"port": 2222})
 
     def test_refusals_name_the_problem(self):
-        doc = default_job(7100)
+        doc = support.default_job([7100, 7101])
         doc["workers"] = "auto"
         e = Emitted(self, doc, "k8s")
         self.assertEqual(e.result.returncode, 2)
         self.assertIn("workers: auto counts this host's GPUs", e.result.stderr)
-        doc = default_job(7100)
+        doc = support.default_job([7100, 7101])
         doc["workers"] = [{"host": "127.0.0.1", "device": "cpu"},
                           {"host": "127.0.0.1", "device": "cuda"}]
         e = Emitted(self, doc, "tfjob")
@@ -260,7 +252,7 @@ class K8sManifestTest(unittest.TestCase):
     def test_schema_check_refuses_what_a_server_would(self):
         # The offline check itself can fail: an unknown field, a wrong type,
         # a missing required field.
-        e = Emitted(self, default_job(7100), "k8s")
+        e = Emitted(self, support.default_job([7100, 7101]), "k8s")
         sts = e.get("StatefulSet", "fashion-mlp-ps")
         for break_it, message in (
                 (lambda o: o["spec"].update(replica=2), "has no field 'replica'"),
@@ -283,7 +275,8 @@ class K8sPodsTrainTest(unittest.TestCase):
 
     def statefulset_pods(self):
         port_base = free_port_pair()
-        e = Emitted(self, default_job(port_base), "k8s", "--image-binary", support.PSTRAIN)
+        e = Emitted(self, support.default_job([port_base, port_base + 1]), "k8s",
+                    "--image-binary", support.PSTRAIN)
         self.assertEqual(e.result.returncode, 0, e.result.stderr)
         names = [f"fashion-mlp-{r}-{i}.fashion-mlp-{r}" for r in ("ps", "worker")
                  for i in range(2)]
@@ -343,7 +336,8 @@ class K8sPodsTrainTest(unittest.TestCase):
         self.assertTrue(written, f"no checkpoint in {checkpoints}:\n{pod.output()}")
 
     def test_tfjob_pods_train_the_default_job(self):
-        e = Emitted(self, default_job(7100), "tfjob", "--image-binary", support.PSTRAIN)
+        e = Emitted(self, support.default_job([7100, 7101]), "tfjob",
+                    "--image-binary", support.PSTRAIN)
         self.assertEqual(e.result.returncode, 0, e.result.stderr)
         job = e.get("TFJob", "fashion-mlp")
         ports = {"ps": [support.free_port() for _ in range(2)],

@@ -28,15 +28,6 @@ def emit(cluster, run_dir, *extra):
         capture_output=True, text=True, env=support.tool_env(), cwd=support.ROOT, timeout=60)
 
 
-def default_job(**train):
-    """The default cluster.yaml on free loopback ports, `train` merged in."""
-    with open(os.path.join(support.ROOT, "cluster.yaml")) as f:
-        doc = yaml.safe_load(f)
-    doc["ps"] = [{"host": "127.0.0.1", "port": support.free_port()} for _ in range(2)]
-    doc["train"].update(train)
-    return doc
-
-
 class EmitTest(unittest.TestCase):
     """The script's content: no daemons needed."""
 
@@ -53,7 +44,7 @@ class EmitTest(unittest.TestCase):
         return r, run_dir
 
     def test_cpu_workers_one_step_of_every_task(self):
-        r, run_dir = self.emitted(default_job(), "--max-restarts", "2")
+        r, run_dir = self.emitted(support.default_job(), "--max-restarts", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
         s = r.stdout
         self.assertIn("#SBATCH --ntasks=4\n", s)
@@ -74,7 +65,7 @@ class EmitTest(unittest.TestCase):
         self.assertEqual(subprocess.run(["bash", "-n"], input=s, text=True).returncode, 0)
 
     def test_gpu_workers_heterogeneous_job(self):
-        doc = default_job()
+        doc = support.default_job()
         doc["workers"] = {"count": 3, "host": "127.0.0.1", "device": "cuda"}
         r, _ = self.emitted(doc, "--max-restarts", "0", "-o", os.path.join(self.tmp.name, "j.sh"))
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -86,7 +77,7 @@ class EmitTest(unittest.TestCase):
         self.assertIn("delays=()", s)
 
     def test_auto_workers_refused(self):
-        doc = default_job()
+        doc = support.default_job()
         doc["workers"] = "auto"
         r, _ = self.emitted(doc)
         self.assertEqual(r.returncode, 2)
@@ -102,7 +93,7 @@ class SlurmTrainTest(unittest.TestCase):
     def test_default_job_trains_under_sbatch(self):
         tmp = tempfile.TemporaryDirectory(prefix="pstrain-slurmjob-")
         self.addCleanup(tmp.cleanup)
-        w = support.Workspace(default_job())
+        w = support.Workspace(support.default_job())
         self.addCleanup(w.cleanup)
         run_dir = os.path.join(tmp.name, "run")
         script = os.path.join(tmp.name, "job.sh")

@@ -61,7 +61,8 @@ ModelConfig mlp() {
 // One sync worker on a thread: `body` gets its replica, model and shard.
 struct Worker {
   Worker(int rank, const Dataset& data, std::shared_ptr<gloo::rendezvous::Store> store,
-         const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap)
+         const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
+         std::uint32_t local_steps)
       : backend(make_cpu_backend(1)),
         shard(data, static_cast<std::uint32_t>(rank), 2, 7),
         model(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
@@ -69,7 +70,7 @@ struct Worker {
     model.initialize(42);
     comm = std::make_unique<GlooCommunicator>(two_workers(rank), std::move(store));
     replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
-                                            overlap);
+                                            overlap, local_steps);
   }
   int step(float lr_scale = 1) {
     const Batch b = shard.next_batch(kBatch, model.input_buffer(), model.label_buffer());
@@ -84,12 +85,14 @@ struct Worker {
 };
 
 // Builds both workers concurrently (the mesh needs both) and runs
-// body(worker) on each, on its own thread.
+// body(worker) on each, on its own thread. `local_steps`: local SGD's H
+// (0: sync).
 void run_pair(const Dataset& data, const OptimizerConfig& optimizer, std::size_t bucket_bytes,
-              bool overlap, const std::function<void(Worker&)>& body) {
+              bool overlap, const std::function<void(Worker&)>& body,
+              std::uint32_t local_steps = 0) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   auto run = [&](int rank) {
-    Worker w(rank, data, store, optimizer, bucket_bytes, overlap);
+    Worker w(rank, data, store, optimizer, bucket_bytes, overlap, local_steps);
     body(w);
   };
   auto other = std::async(std::launch::async, run, 1);
@@ -165,6 +168,40 @@ TEST_CASE("sync: one step equals one worker's step on both batches with the aver
   }
   CHECK(moved > expected.size() / 2);
   CHECK(mismatched == 0);
+}
+
+TEST_CASE("local SGD: H = 1 equals sync's step; H = 3 replicas part, then agree at each average") {
+  const Dataset data = make_synthetic(512, true);
+  OptimizerConfig momentum;  // linear in the gradient, state kept per worker
+  momentum.kind = OptimizerKind::momentum;
+  momentum.lr = 0.1f;
+  auto trained = [&](std::uint32_t local_steps) {
+    std::vector<float> out;
+    run_pair(data, momentum, 64 * 1024, true, [&](Worker& w) {
+      for (int s = 0; s < 4; ++s) w.step();
+      if (w.comm->rank() == 0) out = weights(w.model);
+    }, local_steps);
+    return out;
+  };
+  const auto sync = trained(0), local = trained(1);
+  REQUIRE(sync.size() == local.size());
+  std::size_t mismatched = 0;
+  for (std::size_t k = 0; k < sync.size(); ++k)
+    mismatched += std::abs(local[k] - sync[k]) > 1e-6f + 1e-5f * std::abs(sync[k]);
+  CHECK(mismatched == 0);
+
+  std::array<std::vector<std::uint64_t>, 2> hashes;
+  run_pair(data, momentum, 64 * 1024, true, [&](Worker& w) {
+    for (int s = 0; s < 6; ++s) {
+      w.step();
+      hashes[static_cast<std::size_t>(w.comm->rank())].push_back(weights_hash(w.model));
+    }
+  }, 3);
+  for (std::size_t s = 0; s < 6; ++s) {
+    CAPTURE(s);
+    // Steps 3 and 6 end on an average: every replica the same bits.
+    CHECK((hashes[0][s] == hashes[1][s]) == (s % 3 == 2));
+  }
 }
 
 TEST_CASE("sync: the learning-rate factor warms up linearly to the scaled rate") {
