@@ -303,6 +303,8 @@ struct PsClient::Impl {
       Header h;
       h.op = op;
       wire::ChunkRequest{map.variables()[v].name, c.index}.write(h);
+      if (op == Op::push || op == Op::push_pull)
+        h.version = pulled_version[static_cast<std::size_t>(&c - map.all_chunks().data())];
       const auto payload = grad.empty() ? grad : grad.subspan(c.offset, c.count);
       send(id, t, {0, c.server, &c, out.empty() ? nullptr : out.data()}, std::move(h), payload);
     }

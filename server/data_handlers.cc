@@ -1,5 +1,6 @@
 #include "server/data_handlers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -93,6 +94,10 @@ void DataHandlers::push(const Request& request) {
   const FloatPayload grad(request);
   refuse_nonfinite(request, grad.get());
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
+  // The request's version is the one its sender last pulled (ChunkRequest).
+  const auto before = c.version - 1;
+  stats_.pushed(before - std::min(before, request.header.version),
+                store_.stats().last_optimizer_seconds);
   coordinator_.applied_update(request.header);
   if (request.header.op == Op::push_pull) return reply_values(request, c);
   reply_version(request, c);

@@ -23,6 +23,10 @@ namespace pstrain::wire {
 
 // init, pull, push, push_pull, assign: one chunk of a variable. init, push,
 // push_pull and assign carry one f32 payload frame (values or gradient).
+// push and push_pull carry in `version` the chunk's version the sender last
+// pulled, which its gradient was computed from: the ps counts the updates
+// applied since as the update's staleness (0 from a sender that never
+// pulled, such as a tool).
 struct ChunkRequest {
   std::string variable;
   std::uint32_t chunk = 0;
