@@ -212,6 +212,30 @@ class MetricsRunTest(unittest.TestCase):
             self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""), name)
 
 
+class LaunchPrometheusTest(unittest.TestCase):
+    def test_launch_runs_prometheus_for_the_run_and_stops_it(self):
+        support.require_binary(self)
+        w = support.Workspace(support.cluster(
+            metrics={"port_base": free_port_block(4)}, train={"eval_every": 0}))
+        self.addCleanup(w.cleanup)
+        run_dir = os.path.join(w.path, "run")
+        r = support.run_tool("launch", [w.cluster, "--run-dir", run_dir, "--max-restarts", "0",
+                                        "--prometheus", "--scrape-interval", "0.2"], timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-2000:])
+        record = support.read_json(os.path.join(run_dir, "launch.json"))
+        prometheus = record["prometheus"]
+        self.assertIn(f"launch: Prometheus at {prometheus['url']} ", r.stdout)
+        self.assertFalse(support.alive(prometheus["pid"]), "Prometheus stopped with the run")
+        self.assertTrue(os.path.isdir(os.path.join(run_dir, "prometheus", "wal")),
+                        "its data stays in the run directory")
+        # --prometheus turned metrics on, and it scraped every process's
+        # final values before the process exited.
+        for p in record["processes"]:
+            self.assertTrue(p["metrics_url"].startswith("http://127.0.0.1:"))
+            log = support.read_text(os.path.join(run_dir, p["name"] + ".log"))
+            self.assertIn("metrics: a scrape read the final values", log, p["name"])
+
+
 class MetricsPortTakenTest(unittest.TestCase):
     def test_a_taken_port_stops_the_process_naming_it(self):
         support.require_binary(self)
