@@ -147,9 +147,11 @@ class PrometheusServer:
             time.sleep(0.2)
         return False
 
-    def query(self, promql):
-        """The result list of an instant query (/api/v1/query) at this moment."""
-        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    def query(self, promql, at=None):
+        """The result list of an instant query (/api/v1/query) at UNIX time
+        `at`, by default now."""
+        params = {"query": promql} | ({"time": f"{at:.3f}"} if at is not None else {})
+        url = self.url + "/api/v1/query?" + urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 answer = json.load(r)

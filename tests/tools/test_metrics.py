@@ -5,7 +5,9 @@ metrics on, launched by tools/launch while a `prometheus` that this test
 starts on a free port (its own temporary storage, ended by PID) scrapes
 every process through the run directory's discovery file. The test then
 asks Prometheus' HTTP API what it stored and compares it with what the run
-wrote itself; promtool checks each endpoint's text. A metrics port already
+wrote itself, and runs the Grafana dashboard's queries; promtool checks each
+endpoint's text. tools/launch --prometheus runs its own Prometheus and stops
+it with the run. A metrics port already
 taken stops the process with an error naming it.
 
 Every process keeps serving after its work until a scrape has read its
@@ -29,6 +31,7 @@ import urllib.request
 import support
 
 sys.path.insert(0, support.TOOLS)
+import cluster_config  # noqa: E402
 import prometheus_server  # noqa: E402
 
 # A process waits at most this long for a scrape of its final values:
@@ -129,15 +132,27 @@ class MetricsRunTest(unittest.TestCase):
         except prometheus_server.PrometheusError as e:
             raise AssertionError(f"Prometheus did not start, so nothing can be checked: {e}")
 
+        ps = [{"host": "127.0.0.1", "port": support.free_port()} for _ in range(2)]
+        cluster = os.path.join(support.ROOT, "cluster.yaml")
+        overrides = [f"ps={json.dumps(ps)}", "train.epochs=0.2", "metrics.enabled=true",
+                     f"metrics.port_base={cls.port_base}", f"metrics.linger_s={LINGER_S}"]
+        # The discovery file the launcher will write, written first and
+        # taken by Prometheus (it applies new targets only every 5 s), so
+        # that it scrapes the processes from their start, as tools/launch
+        # --prometheus does; the launcher replaces it with the same.
+        _, doc = cluster_config.check(support.PSTRAIN, cluster, overrides)
+        urls = cluster_config.metrics_urls(doc)
+        prometheus_server.write_targets(
+            os.path.join(cls.run_dir, prometheus_server.TARGETS_FILE), urls)
+        if not cls.prometheus.wait_for_targets(len(urls)):
+            raise AssertionError("Prometheus did not take the targets within 30 s; its log "
+                                 f"ends:\n{cls.prometheus.log_tail()}")
+
         poller = Poller(os.path.join(cls.run_dir, "launch.json"))
         poller.start()
-        ps = [{"host": "127.0.0.1", "port": support.free_port()} for _ in range(2)]
         cls.launch = support.run_tool("launch", [
-            os.path.join(support.ROOT, "cluster.yaml"), "--run-dir", cls.run_dir,
-            "--max-restarts", "0", "--set", f"ps={json.dumps(ps)}",
-            "--set", "train.epochs=0.2",
-            "--set", "metrics.enabled=true", "--set", f"metrics.port_base={cls.port_base}",
-            "--set", f"metrics.linger_s={LINGER_S}"], timeout=240)
+            cluster, "--run-dir", cls.run_dir, "--max-restarts", "0"]
+            + [a for o in overrides for a in ("--set", o)], timeout=240)
         poller.stopping.set()
         poller.join()
         cls.texts = poller.texts
@@ -202,6 +217,21 @@ class MetricsRunTest(unittest.TestCase):
         accuracy = self.values(f"last_over_time(pstrain_worker_test_accuracy{STORED})")
         self.assertEqual(list(accuracy), [("worker", "0")])
         self.assertAlmostEqual(accuracy[("worker", "0")], self.final["test_accuracy"], places=6)
+
+    def test_every_dashboard_query_finds_the_run(self):
+        with open(os.path.join(support.ROOT, "docs", "grafana-dashboard.json")) as f:
+            dashboard = json.load(f)
+        # While worker 0 was still scraped (the servers outlive it), so that
+        # no series is stale yet; rates over the whole short run.
+        at = self.scalar(f'timestamp(last_over_time(pstrain_finished{{role="worker",index="0"}}'
+                         f'{STORED}))')
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                expr = (target["expr"].replace("$job", "fashion-mlp")
+                        .replace("$__rate_interval", "1m"))
+                result = self.prometheus.query(expr, at)
+                if "allreduce" not in expr:  # sync mode's
+                    self.assertTrue(result, f"{panel['title']}: {expr} finds nothing")
 
     def test_promtool_accepts_every_endpoint(self):
         self.assertEqual(sorted(self.texts), ["ps0", "ps1", "worker0", "worker1"],
