@@ -215,7 +215,7 @@ int main(int argc, char** argv) try {
               "trainer's step, each gradient sent as push_pull while backward continues.\n"
               "PyTorch 1.13 on this machine kind, 1 thread, batch 64: mlp 32,400/s, cnn 1,720/s.\n");
 
-  constexpr int kReps = 7;
+  constexpr int kReps = 15;
   StepBench off(configs[0], data, batch), on(scraped, data, batch);
   std::vector<double> rate_off, rate_on, ratio;
   int scrapes = 0;
