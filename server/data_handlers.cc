@@ -29,7 +29,9 @@ class FloatPayload {
       view_ = {reinterpret_cast<const float*>(bytes.data()), n};
     } else {
       copy_.resize(n);
-      std::memcpy(copy_.data(), bytes.data(), n * sizeof(float));
+      // An empty vector's data() may be null, which memcpy must not get
+      // even for 0 bytes.
+      if (n > 0) std::memcpy(copy_.data(), bytes.data(), n * sizeof(float));
       view_ = copy_;
     }
   }
