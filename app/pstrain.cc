@@ -22,6 +22,7 @@
 #include "shared/config.h"
 #include "shared/curve_keys.h"
 #include "shared/log.h"
+#include "shared/metrics_server.h"
 #include "shared/protocol.h"
 #include "shared/scheduler_env.h"
 
@@ -366,6 +367,10 @@ int main(int argc, char** argv) {
   const std::string who = args.role == "eval" ? args.role : args.role + " " + std::to_string(args.index);
   try {
     return run(args, config, placement);
+  } catch (const pstrain::MetricsServerError& e) {
+    // Like a ps's port taken: nothing was started.
+    pstrain::log_plain("pstrain: " + who + ": " + e.what());
+    return 2;
   } catch (const std::exception& e) {
     pstrain::log_plain("pstrain: " + who + ": " + e.what());
     return 1;

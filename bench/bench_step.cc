@@ -3,13 +3,22 @@
 // push; beside it the compute alone (no ps) and the step as the async trainer
 // runs it (each gradient sent as a push_pull while backward continues).
 //
+// Then what metrics cost: the MLP's async step against a ps with
+// metrics.enabled whose /metrics a thread of this process scrapes every
+// 100 ms (ten times Prometheus' usual rate at the launcher's 1 s), and
+// against one without, alternated rep by rep in one run.
+//
 //   bench_step [steps] [batch]      defaults: 300 steps, batch 64, 1 thread
+#include <httplib.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/cpu_backend.h"
@@ -34,10 +43,11 @@ struct Row {
   double overlapped = 0;    // samples/s of the async trainer's step
 };
 
-ClusterConfig make_config(const std::string& preset, const std::filesystem::path& dir) {
+ClusterConfig make_config(const std::string& preset, const std::filesystem::path& dir,
+                          bool metrics = false) {
   ClusterConfig c;
   c.job = "bench";
-  c.run_dir = dir / preset;
+  c.run_dir = dir / (preset + (metrics ? "-metrics" : ""));
   PsEndpoint e;
   e.port = free_port();
   c.ps.push_back(e);
@@ -46,68 +56,125 @@ ClusterConfig make_config(const std::string& preset, const std::filesystem::path
   c.optimizer.kind = OptimizerKind::sgd;
   c.optimizer.lr = 0.01f;
   c.net.worker_timeout = 3600;
+  c.metrics.enabled = metrics;
+  c.metrics.port_base = free_port();
   return c;
 }
 
-Row measure(const ClusterConfig& config, const Dataset& data, int steps, int batch) {
-  Row row{config.model.preset};
-  auto backend = make_cpu_backend(1);
-  Model model(config.model, *backend, InputShape{data.channels, data.height, data.width},
-              data.classes, batch);
-  WorkerShard shard(data, 0, 1, 1);
-  PsClient ps(config, 0, shard_map_for(config, model.variables()));
-  ps.hello();
-  ps.init(1);
-  const auto& vars = model.variables();
-  auto weights = [&](std::size_t i) { return std::span<float>(model.param(i).data(), vars[i].size); };
-  auto grads = [&](std::size_t i) { return std::span<const float>(model.grad(i).data(), vars[i].size); };
-  auto next = [&] { shard.next_batch(batch, model.input_buffer(), model.label_buffer()); };
-  const int warmup = std::max(10, steps / 10);
-  const double samples = static_cast<double>(steps) * batch;
+// One worker's model and ps client against the ps of `config`, initialized.
+class StepBench {
+ public:
+  StepBench(const ClusterConfig& config, const Dataset& data, int batch)
+      : batch_(batch),
+        backend_(make_cpu_backend(1)),
+        model_(config.model, *backend_, InputShape{data.channels, data.height, data.width},
+               data.classes, batch),
+        shard_(data, 0, 1, 1),
+        ps_(config, 0, shard_map_for(config, model_.variables())) {
+    ps_.hello();
+    ps_.init(1);
+    // Real initial values: uninitialized memory can hold denormals, which
+    // would time the CPU's slow path instead of the model.
+    model_.initialize(1);
+  }
 
-  // Real initial values: uninitialized memory can hold denormals, which
-  // would time the CPU's slow path instead of the model.
-  model.initialize(1);
-  for (int s = 0; s < warmup; ++s) {
-    next();
-    model.forward_backward(batch, [](std::size_t) {});
+  // Samples/s of forward and backward alone, no ps.
+  double compute_only(int steps) {
+    const auto none = [](std::size_t) {};
+    run(warmup(steps), none);
+    const auto t0 = Clock::now();
+    run(steps, none);
+    return samples(steps) / std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  auto t0 = Clock::now();
-  for (int s = 0; s < steps; ++s) {
-    next();
-    model.forward_backward(batch, [](std::size_t) {});
-  }
-  row.compute_only = samples / std::chrono::duration<double>(Clock::now() - t0).count();
 
-  Clock::duration pull{}, compute{}, push{};
-  for (int s = 0; s < warmup + steps; ++s) {
-    const auto a = Clock::now();
-    for (std::size_t i = 0; i < vars.size(); ++i) ps.pull(vars[i].name, weights(i));
-    ps.wait_all();
-    const auto b = Clock::now();
-    next();
-    model.forward_backward(batch, [](std::size_t) {});
-    const auto c = Clock::now();
-    for (std::size_t i = 0; i < vars.size(); ++i) ps.push(vars[i].name, grads(i));
-    ps.wait_all();
-    if (s == warmup) pull = compute = push = {};
-    pull += b - a;
-    compute += c - b;
-    push += Clock::now() - c;
+  // Pull, compute and push one after the other: each part's ms per step,
+  // and the samples/s of the three in turn.
+  void split(int steps, Row& row) {
+    const auto& vars = model_.variables();
+    Clock::duration pull{}, compute{}, push{};
+    const int warm = warmup(steps);
+    for (int s = 0; s < warm + steps; ++s) {
+      const auto a = Clock::now();
+      for (std::size_t i = 0; i < vars.size(); ++i) ps_.pull(vars[i].name, weights(i));
+      ps_.wait_all();
+      const auto b = Clock::now();
+      run(1, [](std::size_t) {});
+      const auto c = Clock::now();
+      for (std::size_t i = 0; i < vars.size(); ++i) ps_.push(vars[i].name, grads(i));
+      ps_.wait_all();
+      if (s == warm) pull = compute = push = {};
+      pull += b - a;
+      compute += c - b;
+      push += Clock::now() - c;
+    }
+    row.pull_ms = ms(pull) / steps;
+    row.compute_ms = ms(compute) / steps;
+    row.push_ms = ms(push) / steps;
+    row.sequential = samples(steps) / std::chrono::duration<double>(pull + compute + push).count();
   }
-  row.pull_ms = ms(pull) / steps;
-  row.compute_ms = ms(compute) / steps;
-  row.push_ms = ms(push) / steps;
-  row.sequential = samples / std::chrono::duration<double>(pull + compute + push).count();
 
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) t0 = Clock::now();
-    next();
-    model.forward_backward(batch, [&](std::size_t i) { ps.push_pull(vars[i].name, grads(i), weights(i)); });
-    ps.wait_all();
+  // Samples/s of the async trainer's step: each gradient sent as a
+  // push_pull while backward continues.
+  double overlapped(int steps) {
+    const auto& vars = model_.variables();
+    const auto push_pull = [&](std::size_t i) {
+      ps_.push_pull(vars[i].name, grads(i), weights(i));
+    };
+    run(warmup(steps), push_pull);
+    const auto t0 = Clock::now();
+    run(steps, push_pull);
+    return samples(steps) / std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  row.overlapped = samples / std::chrono::duration<double>(Clock::now() - t0).count();
-  return row;
+
+ private:
+  static int warmup(int steps) { return std::max(10, steps / 10); }
+  double samples(int steps) const { return static_cast<double>(steps) * batch_; }
+  std::span<float> weights(std::size_t i) {
+    return {model_.param(i).data(), model_.variables()[i].size};
+  }
+  std::span<const float> grads(std::size_t i) {
+    return {model_.grad(i).data(), model_.variables()[i].size};
+  }
+  // `steps` forward and backward passes on the next batches, `ready` called
+  // with each variable as backward produces its gradient, then the ps's
+  // replies awaited.
+  template <class Ready>
+  void run(int steps, const Ready& ready) {
+    for (int s = 0; s < steps; ++s) {
+      shard_.next_batch(batch_, model_.input_buffer(), model_.label_buffer());
+      model_.forward_backward(batch_, ready);
+      ps_.wait_all();
+    }
+  }
+
+  int batch_;
+  std::unique_ptr<Backend> backend_;
+  Model model_;
+  WorkerShard shard_;
+  PsClient ps_;
+};
+
+// Fetches http://127.0.0.1:port/metrics every `every` until destroyed.
+class Scraper {
+ public:
+  Scraper(std::uint16_t port, std::chrono::milliseconds every)
+      : thread_([this, port, every](std::stop_token stop) {
+          httplib::Client client("127.0.0.1", port);
+          while (!stop.stop_requested()) {
+            if (const auto r = client.Get("/metrics"); r && r->status == 200) ++scrapes_;
+            std::this_thread::sleep_for(every);
+          }
+        }) {}
+  int scrapes() const { return scrapes_; }
+
+ private:
+  std::atomic<int> scrapes_{0};
+  std::jthread thread_;  // last: it starts once scrapes_ exists
+};
+
+double median(std::vector<double> v) {
+  std::ranges::sort(v);
+  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -121,11 +188,12 @@ int main(int argc, char** argv) try {
   }
   TempDir dir;
   const ClusterConfig configs[] = {make_config("mlp", dir.path()), make_config("cnn", dir.path())};
+  const ClusterConfig scraped = make_config("mlp", dir.path(), true);
   // Servers are forked before this process creates a ZeroMQ context.
   std::vector<std::unique_ptr<ChildProcess>> servers;
-  for (const auto& c : configs)
+  for (const auto* c : {&configs[0], &configs[1], &scraped})
     servers.push_back(std::make_unique<ChildProcess>(
-        dir.path() / "ps.log", [&c] { return run_ps_role(c, 0, std::nullopt); }));
+        dir.path() / "ps.log", [c] { return run_ps_role(*c, 0, std::nullopt); }));
 
   DataConfig data_config;
   const Dataset data = load_dataset(data_config, true);
@@ -135,13 +203,41 @@ int main(int argc, char** argv) try {
               "compute ms", "push ms", "sequential/s", "overlapped/s");
   for (const auto& c : configs) {
     const int n = c.model.preset == "cnn" ? std::max(1, steps / 5) : steps;
-    const Row r = measure(c, data, n, batch);
+    StepBench bench(c, data, batch);
+    Row r{c.model.preset};
+    r.compute_only = bench.compute_only(n);
+    bench.split(n, r);
+    r.overlapped = bench.overlapped(n);
     std::printf("%-5s %14.0f %9.3f %10.3f %9.3f %14.0f %14.0f\n", r.model.c_str(), r.compute_only,
                 r.pull_ms, r.compute_ms, r.push_ms, r.sequential, r.overlapped);
   }
   std::printf("\nsequential: pull, compute and push one after the other; overlapped: the async\n"
               "trainer's step, each gradient sent as push_pull while backward continues.\n"
               "PyTorch 1.13 on this machine kind, 1 thread, batch 64: mlp 32,400/s, cnn 1,720/s.\n");
+
+  constexpr int kReps = 15;
+  StepBench off(configs[0], data, batch), on(scraped, data, batch);
+  std::vector<double> rate_off, rate_on, ratio;
+  int scrapes = 0;
+  const auto measure_on = [&] {
+    Scraper scraper(metrics_port(scraped, true, 0), std::chrono::milliseconds(100));
+    rate_on.push_back(on.overlapped(steps));
+    scrapes += scraper.scrapes();
+  };
+  for (int rep = 0; rep < kReps; ++rep) {
+    // Each goes first every other rep, so a drift of the machine's speed
+    // favours neither.
+    if (rep % 2) measure_on();
+    rate_off.push_back(off.overlapped(steps));
+    if (rep % 2 == 0) measure_on();
+    ratio.push_back(rate_on.back() / rate_off.back());
+  }
+  std::printf("\nmetrics: the mlp's overlapped step, %d reps alternated, median samples/s\n"
+              "  off %.0f, on (ps serving /metrics, %d scrapes at 100 ms) %.0f: on/off %.4f "
+              "(overhead %.2f%%; reps %.3f..%.3f)\n",
+              kReps, median(rate_off), scrapes, median(rate_on), median(ratio),
+              100 * (1 - median(ratio)), *std::ranges::min_element(ratio),
+              *std::ranges::max_element(ratio));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_step: %s\n", e.what());

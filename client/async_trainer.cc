@@ -51,6 +51,11 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
       {0, 1, 2, 4, 8, 16, 32, 64, 128});
   auto& max_staleness = reporter.max("max_staleness", "pstrain_worker_staleness_window_max",
                                      "Largest staleness since the last metrics line.");
+  auto& ps_restarts = registry
+                          .counter("pstrain_worker_ps_restarts_total",
+                                   "Times this worker found servers restarted, said hello "
+                                   "again and re-pulled.")
+                          .with();
   struct Pending {
     std::size_t variable;
     Backend::Fence fence;
@@ -61,7 +66,10 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     // This step's pushes; their replies are the next step's weights, which
     // a ps in mode ssp holds until the slowest worker is near enough.
     ps.set_clock(step);
-    if (rejoin_restarted_servers(ps)) pull_all();
+    if (rejoin_restarted_servers(ps)) {
+      ps_restarts.add();
+      pull_all();
+    }
     if (!direct)
       for (std::size_t i = 0; i < nv; ++i)
         backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());

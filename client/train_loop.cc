@@ -100,8 +100,7 @@ namespace {
 
 // Step phases take from a tenth of a millisecond (a small model on a GPU) to
 // seconds (a straggler, a slow network).
-const std::vector<double> kStepSeconds = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
-                                          0.05, 0.1,    0.25,   0.5,  1,    2.5,    5,    10};
+const std::vector<double> kStepSeconds = log_bounds(1e-4, 10);
 
 }  // namespace
 
@@ -122,6 +121,14 @@ ProgressReporter::ProgressReporter(const TrainContext& context)
                                              "Samples all workers have trained on, as ps 0 "
                                              "counted them at this worker's last heartbeat.")
                           .with()),
+      samples_per_s_(context.registry.gauge("pstrain_worker_samples_per_second",
+                                            "This worker's samples per second over the window "
+                                            "since its previous metrics line.")
+                         .with()),
+      recent_loss_(context.registry.gauge("pstrain_worker_recent_loss",
+                                          "Mean training loss of this worker's steps in the "
+                                          "window since its previous metrics line.")
+                       .with()),
       loss_(context.registry.histogram("pstrain_worker_loss", "Mean training loss of each step.",
                                        {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5})
                 .with()),
@@ -201,6 +208,8 @@ void ProgressReporter::report() {
                                  ? local_rate
                                  : static_cast<double>(global - oldest_samples) / span;
   const double loss = loss_mean_.take();
+  samples_per_s_.set(local_rate);
+  recent_loss_.set(loss);
   JsonObject line;
   line.add("role", "worker")
       .add("index", static_cast<int>(context_.index))

@@ -171,6 +171,8 @@ class ProgressReporter {
   Counter& steps_;
   Counter& samples_;
   Gauge& global_samples_;  // as ps 0 last counted them
+  Gauge& samples_per_s_;   // the line's samples_per_s
+  Gauge& recent_loss_;     // the line's loss
   Histogram& loss_;
   Histogram& compute_;
   WindowedMean loss_mean_;

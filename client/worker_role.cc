@@ -15,6 +15,8 @@
 #include "client/ps_restarts.h"
 #include "client/sync/sync_trainer.h"
 #include "shared/log.h"
+#include "shared/metrics.h"
+#include "shared/metrics_server.h"
 
 namespace pstrain {
 namespace {
@@ -51,6 +53,13 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     throw ConfigError("workers: auto is resolved by tools/launch; give an explicit list "
                       "or {count: N} to start workers by hand");
   const auto n_workers = static_cast<std::uint32_t>(config.workers.size());
+  // First: a metrics port already taken stops the worker before it joins.
+  ProcessMetrics process_metrics(config, Role::worker, index);
+  MetricsRegistry& registry = process_metrics.registry();
+  // A restarted worker is a new process: its start time says so.
+  registry.gauge("pstrain_worker_start_time_seconds", "UNIX time this worker process started.")
+      .with()
+      .set(unix_time());
   // From the start, so that loading the data and a slow GPU start count as
   // alive as much as a long step or the final evaluation do.
   auto heartbeats = std::make_unique<HeartbeatThread>(config, index);
@@ -82,10 +91,18 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   }
 
   MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
-  MetricsRegistry registry;
   std::unique_ptr<Evaluator> evaluator;
   std::unique_ptr<ProgressDisplay> progress;
+  Gauge* test_accuracy = nullptr;
+  Gauge* test_loss = nullptr;
   if (index == 0) {
+    test_accuracy = &registry
+                         .gauge("pstrain_worker_test_accuracy",
+                                "Test accuracy of worker 0's latest evaluation.")
+                         .with();
+    test_loss = &registry
+                     .gauge("pstrain_worker_test_loss", "Test loss of worker 0's latest evaluation.")
+                     .with();
     // Under security.curve a request's sender is its key's, and this process
     // holds worker 0's key only: the evaluator speaks as worker 0 (its pulls
     // count as worker 0 being heard, which it is).
@@ -108,7 +125,11 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
       state.global_samples = global;
       state.samples_per_s = rate;
       state.loss = loss;
-      if (auto last = evaluator->latest()) state.test_accuracy = last->accuracy;
+      if (auto last = evaluator->latest()) {
+        state.test_accuracy = last->accuracy;
+        test_accuracy->set(last->accuracy);
+        test_loss->set(last->loss);
+      }
       state.eta_s = rate > 0 ? std::max(0.0, total - static_cast<double>(global)) / rate : -1;
       progress->update(state);
     };
@@ -130,6 +151,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   if (evaluator) {
     // After the barrier ps 0 has counted every worker's samples.
     const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat(0));
+    test_accuracy->set(final_point.accuracy);
+    test_loss->set(final_point.loss);
     progress.reset();
     print_final(final_point, summary.seconds);
     const auto model_path = config.run_dir / "model.bin";
@@ -146,6 +169,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   // heartbeat to them would wait out its timeout.
   heartbeats.reset();
   ps.done(summary.local_samples);
+  process_metrics.finish();
   return 0;
 }
 

@@ -68,9 +68,10 @@ void Checkpointer::write(std::uint64_t seq, const ShardCut& cut) const {
   const auto start = Clock::now();
   try {
     write_shard(file, cut);
+    const double took = std::chrono::duration<double>(Clock::now() - start).count();
+    if (options_.written) options_.written(took);
     char seconds[16];
-    std::snprintf(seconds, sizeof seconds, "%.3f",
-                  std::chrono::duration<double>(Clock::now() - start).count());
+    std::snprintf(seconds, sizeof seconds, "%.3f", took);
     log("checkpoint ", seq, " of ", cut.chunks.size(), " chunks written to ", file.string(),
         " in ", seconds, " s");
     prune();

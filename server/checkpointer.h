@@ -23,7 +23,8 @@
 // only its cut (moved to it when it starts) and the files, and says it is
 // done through `writing_`. The ps thread joins it before starting the next
 // one, and before anything the cut came from goes away. Nothing else is
-// shared, so there is no mutex.
+// shared, so there is no mutex (options.written must be safe to call from
+// the writer's thread).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -41,6 +42,9 @@ struct CheckpointerOptions {
   std::uint32_t ps_index = 0;
   std::chrono::duration<double> every{60};     // checkpoint.every_s, > 0
   std::uint32_t keep = 3;                      // checkpoint.keep, >= 1
+  // Told the seconds each checkpoint took to write, on the writer's thread
+  // (PsStats::checkpoint_written); none: not told.
+  std::function<void(double seconds)> written = {};
 };
 
 class Checkpointer {

@@ -76,8 +76,9 @@ const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
   Chunk& c = existing(name, chunk, grad.size());
   const auto start = std::chrono::steady_clock::now();
   optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1, lr_scale);
-  stats_.optimizer_seconds +=
+  stats_.last_optimizer_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.optimizer_seconds += stats_.last_optimizer_seconds;
   ++c.version;
   ++stats_.updates;
   return c;

@@ -49,6 +49,7 @@ struct ChunkStoreStats {
   std::uint64_t updates = 0;
   std::uint64_t copies_on_write = 0;
   double optimizer_seconds = 0;
+  double last_optimizer_seconds = 0;  // of the latest push
 };
 
 class ChunkStore {

@@ -447,6 +447,12 @@ Coordinator::Figures Coordinator::figures() const {
   for (const auto& [name, b] : barriers_) f.parked_barrier += b.waiting.size();
   f.parked_kv_get = kv_waits_.size();
   f.updates_lost = updates_lost_;
+  for (const auto& w : workers_) {
+    static constexpr const char* kNames[] = {"pending", "live", "absent", "done"};
+    // A worker lost before its first message was never heard (last unset).
+    f.workers.push_back({kNames[static_cast<int>(w.state)],
+                         w.last == Clock::time_point{} ? std::nullopt : std::optional(w.last)});
+  }
   return f;
 }
 

@@ -125,13 +125,18 @@ class Coordinator {
   std::optional<Clock::time_point> next_deadline() const;
   std::optional<int> exit_code() const { return exit_code_; }
 
-  // What the stats op reports of the coordinator.
+  // What the stats op and the metrics report of the coordinator.
+  struct WorkerFigures {
+    const char* state = "pending";  // pending, live, absent or done (the liveness above)
+    std::optional<Clock::time_point> heard;  // last heard; none before its first message
+  };
   struct Figures {
     std::uint64_t global_samples = 0;
     std::size_t parked_barrier = 0;  // requests waiting in barriers
     std::size_t parked_kv_get = 0;   // kv_gets waiting for their key
     // Per worker: its acknowledged updates that restores of this ps lost.
     std::vector<std::uint64_t> updates_lost;
+    std::vector<WorkerFigures> workers;  // per worker
   };
   Figures figures() const;
   std::uint64_t global_samples() const { return global_samples_; }

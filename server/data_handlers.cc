@@ -29,7 +29,9 @@ class FloatPayload {
       view_ = {reinterpret_cast<const float*>(bytes.data()), n};
     } else {
       copy_.resize(n);
-      std::memcpy(copy_.data(), bytes.data(), n * sizeof(float));
+      // An empty vector's data() may be null, which memcpy must not get
+      // even for 0 bytes.
+      if (n > 0) std::memcpy(copy_.data(), bytes.data(), n * sizeof(float));
       view_ = copy_;
     }
   }
@@ -120,6 +122,10 @@ void DataHandlers::push(const Request& request) {
   refuse_nonfinite(request, grad.get());
   if (backup_) return push_backup(request, id, grad.get());
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
+  // The request's version is the one its sender last pulled (ChunkRequest).
+  const auto before = c.version - 1;
+  stats_.pushed(before - std::min(before, request.header.version),
+                store_.stats().last_optimizer_seconds);
   coordinator_.applied_update(request.header);
   if (ssp_) {
     const auto staleness = SspGate::staleness(id.clock, slowest());

@@ -53,20 +53,28 @@ std::string Dispatcher::prefix() const { return "ps " + std::to_string(options_.
 
 void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
                         Clock::time_point received, const Connection& connection) {
-  if (frames.empty()) return stats_.malformed();  // no sender to answer
+  std::size_t bytes = 0;
+  for (const auto& frame : frames) bytes += frame.size();
+  if (frames.empty()) {  // no sender to answer
+    stats_.received(std::nullopt, bytes);
+    return stats_.malformed();
+  }
   Request request;
   request.from.assign(frames[0].begin(), frames[0].end());
   request.received = received;
   if (frames.size() < 2) {
+    stats_.received(std::nullopt, bytes);
     stats_.malformed();
     return send(request.from, {bad_header_reply("message has no header frame"), {}});
   }
   try {
     request.header = wire::decode_header(frames[1]);
   } catch (const wire::ProtocolError& e) {
+    stats_.received(std::nullopt, bytes);
     stats_.malformed();
     return send(request.from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
   }
+  stats_.received(request.header.op, bytes);
   stats_.request(request.header.op);
   try {
     dispatch(coordinator, request, frames.subspan(2), connection);
@@ -77,6 +85,8 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
          {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
           {}});
   }
+  stats_.handled(request.header.op,
+                 std::chrono::duration<double>(Clock::now() - received).count());
 }
 
 void Dispatcher::dispatch(Coordinator& coordinator, Request& request,

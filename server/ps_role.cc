@@ -11,6 +11,7 @@
 #include "server/shard_file.h"
 #include "shared/curve_keys.h"
 #include "shared/log.h"
+#include "shared/metrics_server.h"
 
 namespace pstrain {
 namespace {
@@ -42,6 +43,10 @@ std::optional<ps::CurveServerOptions> curve_options(const ClusterConfig& config,
   return curve;
 }
 
+// How often the registry takes the store's and coordinator's figures while
+// the endpoint serves; Prometheus scrapes every few seconds at most.
+constexpr auto kMetricsRefresh = std::chrono::milliseconds(100);
+
 }  // namespace
 
 int run_ps_role(const ClusterConfig& config, std::uint32_t index,
@@ -50,6 +55,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     log("no ps ", index, " in the cluster (it has ", config.ps.size(), ")");
     return 2;
   }
+  // First: a metrics port already taken stops the ps before it restores.
+  ProcessMetrics metrics(config, Role::ps, index);
   const auto address = config.ps[index].bind_address();
   const auto hash = config.hash();
   ChunkStore store(config.optimizer);
@@ -72,8 +79,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   }
   // Logged, so that a restart's log says which checkpoint it continues.
   const std::uint64_t restored_from = restored ? restored->checkpoint_seq : 0;
-  MetricsRegistry metrics;
-  ps::PsStats stats(metrics, index);
+  ps::PsStats stats(metrics.registry(), index);
   const auto generation = new_generation();
   ps::RequestLoop loop({.ps_index = index,
                         .run_id = config.run_id(),
@@ -115,14 +121,22 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     checkpointer.emplace(
         ps::CheckpointerOptions{ps::checkpoints_dir(config.run_dir), index,
                                 std::chrono::duration<double>(config.checkpoint.every_s),
-                                config.checkpoint.keep},
+                                config.checkpoint.keep,
+                                [&stats](double s) { stats.checkpoint_written(s); }},
         [&] { return ps::cut_shard(store, coordinator, hash, SnapshotKind::checkpoint); },
         ps::Clock::now());
   int code = 1;
+  // The store's and coordinator's figures reach the registry by refresh()
+  // (server/ps_stats.h): often enough for a scrape, not per request.
+  ps::Clock::time_point next_refresh{};
   try {
     code = loop.run(coordinator, [&](ps::Clock::time_point now) {
       data.tick();
       if (checkpointer) checkpointer->tick(now);
+      if (metrics.serving() && now >= next_refresh) {
+        stats.refresh(store, coordinator.figures(), now);
+        next_refresh = now + kMetricsRefresh;
+      }
     });
   } catch (const ps::NetworkError& e) {
     log(e.what());
@@ -131,6 +145,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   data.finish();
   data.log_summary();
   if (checkpointer) checkpointer->finish();
+  stats.refresh(store, coordinator.figures(), ps::Clock::now());
+  metrics.finish();
   return code;
 }
 

@@ -1,6 +1,9 @@
 #include "server/ps_stats.h"
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
+#include <string_view>
 
 #include "shared/messages.h"
 #include "shared/metrics.h"
@@ -16,10 +19,41 @@ void catch_up(Counter& counter, double total) {
 
 std::uint64_t whole(double v) { return static_cast<std::uint64_t>(v); }
 
+// Request handling takes microseconds; a parked request's handler returns
+// at once too, so the tail is a slow optimizer step or a stalled host.
+const std::vector<double> kRequestSeconds = log_bounds(1e-5, 1);
+// Updates between a pull and its push: 0 with one worker, about the number
+// of other workers in steady async training, far more behind a straggler.
+const std::vector<double> kStaleness = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+// Checkpoints: a few MB in milliseconds to gigabytes in a minute.
+const std::vector<double> kCheckpointSeconds = log_bounds(1e-3, 100);
+
+constexpr const char* kWorkerStates[] = {"pending", "live", "absent", "done"};
+
 }  // namespace
+
+template <class Metric>
+PsStats::ByOp<Metric> PsStats::by_op(MetricFamily<Metric>& family, bool none) {
+  ByOp<Metric> series{};
+  if (none) series[0] = &family.with({"none"});
+  // Every op's series exists from the start, so a scrape shows zeros
+  // rather than missing series.
+  for (std::uint8_t op = 1; op <= wire::kMaxOp; ++op)
+    series[op] = &family.with({std::string(wire::to_string(static_cast<wire::Op>(op)))});
+  return series;
+}
+
+double PsStats::total(const ByOp<Counter>& counters) {
+  double sum = 0;
+  for (const auto* c : counters)
+    if (c) sum += c->value();
+  return sum;
+}
 
 PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
     : ps_index_(ps_index),
+      requests_(by_op(r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"}),
+                      false)),
       errors_(r.counter("pstrain_ps_errors_total", "Requests answered with an error.").with()),
       malformed_(r.counter("pstrain_ps_malformed_requests_total",
                            "Messages that were not a decodable request.")
@@ -44,9 +78,36 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                                  "Replies not sent: their peer (or all peers) had the send "
                                  "budget's bytes of replies queued and unread.")
                            .with()),
-      bytes_in_(r.counter("pstrain_ps_received_bytes_total", "Bytes of every frame received.")
-                    .with()),
-      bytes_out_(r.counter("pstrain_ps_sent_bytes_total", "Bytes of every frame sent.").with()),
+      bytes_in_(by_op(r.counter("pstrain_ps_received_bytes_total",
+                                "Bytes of every frame received, by the request's op (none: not "
+                                "a decodable request).",
+                                {"op"}),
+                      true)),
+      bytes_out_(by_op(r.counter("pstrain_ps_sent_bytes_total",
+                                 "Bytes of every frame sent, by the op replied to (none: the "
+                                 "reply to an undecodable request).",
+                                 {"op"}),
+                       true)),
+      request_seconds_(by_op(r.histogram("pstrain_ps_request_seconds",
+                                         "Time from a request's receipt until its handler "
+                                         "returned (reply sent, or the request parked), by op.",
+                                         kRequestSeconds, {"op"}),
+                             false)),
+      update_staleness_(r.histogram("pstrain_ps_update_staleness",
+                                    "Updates applied to a chunk between the version a push's "
+                                    "sender last pulled and the push.",
+                                    kStaleness)
+                            .with()),
+      optimizer_apply_(r.histogram("pstrain_ps_optimizer_apply_seconds",
+                                   "Time applying the optimizer to one pushed chunk.",
+                                   kRequestSeconds)
+                           .with()),
+      checkpoints_(r.counter("pstrain_ps_checkpoints_total", "Checkpoints written.").with()),
+      checkpoint_seconds_(r.histogram("pstrain_ps_checkpoint_seconds",
+                                      "Time writing one checkpoint (serialize, CRC, write, "
+                                      "rename), on the writer's thread.",
+                                      kCheckpointSeconds)
+                              .with()),
       updates_(r.counter("pstrain_ps_updates_total", "Pushes and assigns applied to chunks.")
                    .with()),
       copies_on_write_(r.counter("pstrain_ps_copies_on_write_total",
@@ -57,7 +118,8 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                              .with()),
       chunks_(r.gauge("pstrain_ps_chunks", "Chunks this ps holds.").with()),
       elements_(r.gauge("pstrain_ps_elements", "Values in this ps's chunks.").with()),
-      version_sum_(r.gauge("pstrain_ps_version_sum", "Sum of the chunks' versions.").with()),
+      version_sum_(r.gauge("pstrain_ps_chunk_versions",
+                                   "Sum of the chunks' versions: the updates they hold.").with()),
       version_max_(r.gauge("pstrain_ps_version_max", "Highest chunk version.").with()),
       global_samples_(r.gauge("pstrain_ps_global_samples",
                               "Samples all workers have trained on, as counted by this ps.")
@@ -83,13 +145,17 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
       updates_lost_(r.counter("pstrain_ps_updates_lost_total",
                               "Acknowledged updates of a worker that a restore of this ps lost.",
                               {"worker"})),
+      workers_by_state_(r.gauge("pstrain_ps_workers",
+                                "Workers by liveness (server/coordinator.h): pending, live, "
+                                "absent, done.",
+                                {"state"})),
+      heartbeat_age_(r.gauge("pstrain_ps_worker_heartbeat_age_seconds",
+                             "Seconds since this ps last heard from the worker; NaN while it "
+                             "is pending or done.",
+                             {"worker"})),
       start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.")
                       .with()) {
-  auto& requests = r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"});
-  // Every op's series exists from the start, so a scrape shows zeros
-  // rather than missing series.
-  for (std::uint8_t op = 1; op <= wire::kMaxOp; ++op)
-    requests_[op] = &requests.with({std::string(wire::to_string(static_cast<wire::Op>(op)))});
+  for (const auto* state : kWorkerStates) workers_by_state_.with({state});
   start_time_.set(unix_time());
 }
 
@@ -103,7 +169,8 @@ void PsStats::held(std::size_t reads, std::size_t gradients) {
   parked_gradient_.set(double(gradients));
 }
 
-void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coordinator) {
+void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coordinator,
+                      Clock::time_point now) {
   const auto& s = store.stats();
   catch_up(updates_, double(s.updates));
   catch_up(copies_on_write_, double(s.copies_on_write));
@@ -118,6 +185,17 @@ void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coord
   for (std::size_t w = 0; w < coordinator.updates_lost.size(); ++w)
     catch_up(updates_lost_.with({std::to_string(w)}), double(coordinator.updates_lost[w]));
   workers_ = coordinator.updates_lost.size();
+  for (const auto* state : kWorkerStates)
+    workers_by_state_.with({state}).set(double(std::ranges::count_if(
+        coordinator.workers, [&](const auto& w) { return std::string_view(w.state) == state; })));
+  for (std::size_t w = 0; w < coordinator.workers.size(); ++w) {
+    const auto& worker = coordinator.workers[w];
+    const bool ageing = worker.heard && (std::string_view(worker.state) == "live" ||
+                                         std::string_view(worker.state) == "absent");
+    heartbeat_age_.with({std::to_string(w)})
+        .set(ageing ? std::chrono::duration<double>(now - *worker.heard).count()
+                    : std::numeric_limits<double>::quiet_NaN());
+  }
 }
 
 std::string PsStats::json(double now_unix) const {
@@ -133,8 +211,8 @@ std::string PsStats::json(double now_unix) const {
     << ",\"nonfinite_refused\":" << whole(nonfinite_.value())
     << ",\"refused\":" << whole(refused_.value())
     << ",\"replies_dropped\":" << whole(replies_dropped_.value())
-    << ",\"bytes_in\":" << whole(bytes_in_.value())
-    << ",\"bytes_out\":" << whole(bytes_out_.value())
+    << ",\"bytes_in\":" << whole(total(bytes_in_))
+    << ",\"bytes_out\":" << whole(total(bytes_out_))
     << ",\"optimizer_seconds\":" << optimizer_seconds_.value()
     << ",\"updates\":" << whole(updates_.value())
     << ",\"copies_on_write\":" << whole(copies_on_write_.value())
@@ -158,7 +236,7 @@ std::string PsStats::json(double now_unix) const {
 void PsStats::add_handler(Handlers& handlers, ReplySink& sink, const ChunkStore& store,
                           const Coordinator& coordinator) {
   handlers.on(wire::Op::stats, [this, &sink, &store, &coordinator](const Request& request) {
-    refresh(store, coordinator.figures());
+    refresh(store, coordinator.figures(), request.received);
     Reply reply{wire::reply_to(request.header), {}};
     wire::StatsReply{json(unix_time())}.write(reply.header);
     sink.send(request.from, std::move(reply));

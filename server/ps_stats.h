@@ -19,28 +19,37 @@
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
 //
-// The series (Prometheus names):
+// The series (Prometheus names; docs/metrics.md says what each means):
 //   pstrain_ps_requests_total{op}, pstrain_ps_errors_total,
 //   pstrain_ps_malformed_requests_total, pstrain_ps_resends_answered_total,
 //   pstrain_ps_requests_too_old_total, pstrain_ps_fault_drops_total,
 //   pstrain_ps_nonfinite_refused_total, pstrain_ps_replies_dropped_total,
 //   pstrain_ps_refused_total,
-//   pstrain_ps_received_bytes_total,
-//   pstrain_ps_sent_bytes_total, pstrain_ps_updates_total,
+//   pstrain_ps_received_bytes_total{op}, pstrain_ps_sent_bytes_total{op}
+//   (op "none": messages that are not a decodable request, and their replies),
+//   pstrain_ps_updates_total,
 //   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
-//   pstrain_ps_updates_lost_total{worker},
-//   pstrain_ps_ssp_staleness_steps (a histogram), pstrain_ps_gradients_dropped_total,
+//   pstrain_ps_updates_lost_total{worker}, pstrain_ps_checkpoints_total,
+//   pstrain_ps_gradients_dropped_total;
+//   the histograms pstrain_ps_request_seconds{op},
+//   pstrain_ps_optimizer_apply_seconds, pstrain_ps_update_staleness,
+//   pstrain_ps_checkpoint_seconds, pstrain_ps_ssp_staleness_steps;
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
-//   pstrain_ps_version_sum, pstrain_ps_version_max, pstrain_ps_global_samples,
-//   pstrain_ps_parked_requests{wait}, pstrain_ps_start_time_seconds.
+//   pstrain_ps_chunk_versions (not *_sum, which names a histogram's part),
+//   pstrain_ps_version_max, pstrain_ps_global_samples,
+//   pstrain_ps_parked_requests{wait}, pstrain_ps_workers{state},
+//   pstrain_ps_worker_heartbeat_age_seconds{worker},
+//   pstrain_ps_start_time_seconds.
 // The request loop's counters move with every request; the store's and the
 // coordinator's figures are copied in by refresh(), because some of them
 // (elements, version sums) are loops over every chunk, too dear per request.
 //
 // Thread rules: the counting calls and refresh() run on the ps thread, like
-// the whole ps (server/request.h); the registry may be read from any thread.
+// the whole ps (server/request.h), except checkpoint_written(), which the
+// checkpoint writer's thread calls; the registry may be read from any thread.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "server/chunk_store.h"
@@ -55,10 +64,29 @@ class PsStats {
   // Registers this ps's series in `registry`, which must outlive the stats.
   PsStats(MetricsRegistry& registry, std::uint32_t ps_index);
 
-  void received(std::size_t bytes) { bytes_in_.add(double(bytes)); }  // every frame in
-  void sent(std::size_t bytes) { bytes_out_.add(double(bytes)); }     // every frame out
+  // A message in, every frame's bytes: of a decoded request's op, or none
+  // for one that is not a decodable request.
+  void received(std::optional<wire::Op> op, std::size_t bytes) {
+    bytes_in_[op ? index_of(*op) : 0]->add(double(bytes));
+  }
+  // A frame out, of a reply to `op` (an undecodable request's has none).
+  void sent(wire::Op op, std::size_t bytes) { bytes_out_[index_of(op)]->add(double(bytes)); }
   void malformed() { malformed_.add(); }  // a message that is not a decodable request
-  void request(wire::Op op) { requests_[static_cast<std::size_t>(op)]->add(); }  // decoded
+  void request(wire::Op op) { requests_[index_of(op)]->add(); }  // decoded
+  // A decoded request handled: from its receipt until its handler returned
+  // (its reply sent, or the request parked).
+  void handled(wire::Op op, double seconds) { request_seconds_[index_of(op)]->observe(seconds); }
+  // A push applied: `staleness` updates to the chunk since the version its
+  // sender last pulled, and the optimizer's time.
+  void pushed(std::uint64_t staleness, double optimizer_seconds) {
+    update_staleness_.observe(double(staleness));
+    optimizer_apply_.observe(optimizer_seconds);
+  }
+  // A checkpoint written (server/checkpointer.h); from the writer's thread.
+  void checkpoint_written(double seconds) {
+    checkpoints_.add();
+    checkpoint_seconds_.observe(seconds);
+  }
   void error() { errors_.add(); }         // a request answered with an error
   void resend_answered() { resends_answered_.add(); }  // from the record (server/dedup.h)
   void too_old() { too_old_.add(); }         // a resend the record cannot tell about
@@ -74,8 +102,10 @@ class PsStats {
   // Reads (ssp) and gradients' replies (backup) held right now.
   void held(std::size_t reads, std::size_t gradients);
 
-  // Copies the store's and the coordinator's figures into their series.
-  void refresh(const ChunkStore& store, const Coordinator::Figures& coordinator);
+  // Copies the store's and the coordinator's figures into their series;
+  // heartbeat ages are as of `now`.
+  void refresh(const ChunkStore& store, const Coordinator::Figures& coordinator,
+               Clock::time_point now);
 
   // The stats op's JSON, from the series as the last refresh() left them.
   std::string json(double now_unix) const;
@@ -85,8 +115,21 @@ class PsStats {
                    const Coordinator& coordinator);
 
  private:
+  // A series per op: [op] for each op, [0] for none (or unused).
+  template <class Metric>
+  using ByOp = std::array<Metric*, wire::kMaxOp + 1>;
+  template <class Metric>
+  static ByOp<Metric> by_op(MetricFamily<Metric>& family, bool none);
+  // An op's place in a ByOp; 0 for a value that names no op.
+  static std::size_t index_of(wire::Op op) {
+    const auto i = static_cast<std::size_t>(op);
+    return i <= wire::kMaxOp ? i : 0;
+  }
+  // The sum of a counter per op, as the stats op's JSON shows it.
+  static double total(const ByOp<Counter>& counters);
+
   std::uint32_t ps_index_;
-  std::array<Counter*, wire::kMaxOp + 1> requests_{};  // by op; [0] unused
+  ByOp<Counter> requests_;  // [0] unused
   Counter& errors_;
   Counter& malformed_;
   Counter& resends_answered_;
@@ -95,8 +138,13 @@ class PsStats {
   Counter& nonfinite_;
   Counter& refused_;
   Counter& replies_dropped_;
-  Counter& bytes_in_;
-  Counter& bytes_out_;
+  ByOp<Counter> bytes_in_;
+  ByOp<Counter> bytes_out_;
+  ByOp<Histogram> request_seconds_;  // [0] unused
+  Histogram& update_staleness_;
+  Histogram& optimizer_apply_;
+  Counter& checkpoints_;
+  Histogram& checkpoint_seconds_;
   Counter& updates_;
   Counter& copies_on_write_;
   Counter& optimizer_seconds_;
@@ -115,6 +163,8 @@ class PsStats {
   Counter& gradients_dropped_;
   MetricFamily<Counter>& updates_lost_;  // by worker
   std::size_t workers_ = 0;              // updates_lost_'s series, as of refresh()
+  MetricFamily<Gauge>& workers_by_state_;
+  MetricFamily<Gauge>& heartbeat_age_;  // by worker
   Gauge& start_time_;
 };
 

@@ -162,10 +162,7 @@ struct RequestLoop::Impl final : ReplySink {
       if (!zmq::recv_multipart(socket, std::back_inserter(messages), zmq::recv_flags::dontwait))
         return;
       frames.clear();
-      for (const auto& m : messages) {
-        stats.received(m.size());
-        frames.emplace_back(m.data<std::uint8_t>(), m.size());
-      }
+      for (const auto& m : messages) frames.emplace_back(m.data<std::uint8_t>(), m.size());
       current_peer = messages[0].to_string_view();
       const char* address = zmq_msg_gets(messages.back().handle(), "Peer-Address");
       current_address = address ? address : "";
@@ -198,16 +195,16 @@ struct RequestLoop::Impl final : ReplySink {
     std::shared_ptr<SendBudget::Claim> claim =
         budget.claim(to, SendBudget::cost(header.size(), reply.payload));
     if (!claim) return drop(to, h);
-    stats.sent(header.size());
+    stats.sent(h.op, header.size());
     zmq::message_t id(to.data(), to.size());
     socket.send(id, zmq::send_flags::sndmore);
     socket.send(held_frame(std::move(header), claim),
                 has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
     if (const auto* values = std::get_if<ValueBuffer>(&reply.payload)) {
-      stats.sent((*values)->size() * sizeof(float));
+      stats.sent(h.op, (*values)->size() * sizeof(float));
       socket.send(held_frame(*values, claim), zmq::send_flags::none);
     } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
-      stats.sent((*bytes)->size());
+      stats.sent(h.op, (*bytes)->size());
       socket.send(held_frame(*bytes, claim), zmq::send_flags::none);
     }
   }

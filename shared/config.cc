@@ -156,6 +156,13 @@ const std::vector<Field<SecurityConfig>> kSecurityFields = {
     text("keys", &SecurityConfig::keys),
 };
 
+const std::vector<Field<MetricsConfig>> kMetricsFields = {
+    flag("enabled", &MetricsConfig::enabled),
+    // That every port fits, and none is a ps's: checked across sections.
+    bounded("port_base", &MetricsConfig::port_base, between(1, 65535)),
+    bounded("linger_s", &MetricsConfig::linger_s, kNonNegative),
+};
+
 const std::vector<Field<PsEndpoint>> kPsFields = {
     required(text("host", &PsEndpoint::host), "the address others dial"),
     required(bounded("port", &PsEndpoint::port, between(1, 65535)), ""),
@@ -452,9 +459,27 @@ const std::vector<Field<ClusterConfig>> kRootFields = {
     section("net", &ClusterConfig::net, kNetFields),
     section("checkpoint", &ClusterConfig::checkpoint, kCheckpointFields),
     section("security", &ClusterConfig::security, kSecurityFields),
+    section("metrics", &ClusterConfig::metrics, kMetricsFields),
 };
 
 const std::string kRootWhat = "a map of settings (job, ps, workers, ...)";
+
+// With metrics on, every process's port exists and none is a ps's own
+// (a ps would fail to bind one of them). Under workers: auto the count is
+// the launcher's, which checks the resolved file again.
+void check_metrics_ports(const Reader& r, const ClusterConfig& c) {
+  if (!c.metrics.enabled) return;
+  const std::size_t processes = c.ps.size() + (c.workers_auto ? 0 : c.workers.size());
+  if (c.metrics.port_base + processes - 1 > 65535)
+    r.fail("metrics.port_base", "port_base + " + std::to_string(processes - 1) +
+                                    " (one port per ps and worker) must be at most 65535");
+  for (std::size_t i = 0; i < c.ps.size(); ++i)
+    if (c.ps[i].port >= c.metrics.port_base && c.ps[i].port < c.metrics.port_base + processes)
+      r.fail("metrics.port_base",
+             "the metrics ports " + number(c.metrics.port_base) + ".." +
+                 number(c.metrics.port_base + processes - 1) + " include ps " + std::to_string(i) +
+                 "'s port " + number(c.ps[i].port));
+}
 
 // Constraints between sections, checked once every section is read.
 void check_across(const Reader& r, const ClusterConfig& c) {
@@ -463,6 +488,7 @@ void check_across(const Reader& r, const ClusterConfig& c) {
                                 number(c.net.worker_timeout) +
                                 " s), or every ps would time out live workers");
   }
+  check_metrics_ports(r, c);
   if (c.workers_auto) {
     if (c.hosts_pending)
       r.fail("workers",
@@ -656,6 +682,11 @@ std::uint64_t ClusterConfig::run_id() const {
   const auto id = fnv1a64(
       std::string_view(reinterpret_cast<const char*>(&launch_nonce), sizeof launch_nonce), h);
   return id == 0 || id == h ? id + 1 : id;
+}
+
+std::uint16_t metrics_port(const ClusterConfig& config, bool ps, std::uint32_t index) {
+  const std::size_t offset = ps ? index : config.ps.size() + index;
+  return static_cast<std::uint16_t>(config.metrics.port_base + offset);
 }
 
 double liveness_interval(const NetConfig& net) {

@@ -139,6 +139,15 @@ struct SecurityConfig {
   std::filesystem::path keys = "keys";  // pstrain keygen's directory (shared/curve_keys.h)
 };
 
+// Every ps and worker serving /metrics (shared/metrics_server.h).
+struct MetricsConfig {
+  bool enabled = false;
+  std::uint16_t port_base = 9400;  // ps i: port_base + i; worker j: after the servers
+  // s a process keeps serving once its work is over, until a scrape has
+  // read its final values; 0: it exits at once.
+  double linger_s = 0;
+};
+
 struct ClusterConfig {
   std::string job = "pstrain";
   std::filesystem::path run_dir;  // default runs/<job>
@@ -158,6 +167,7 @@ struct ClusterConfig {
   NetConfig net;
   CheckpointConfig checkpoint;
   SecurityConfig security;
+  MetricsConfig metrics;
   // Not a config key and not part of hash() or to_yaml(): the nonce of this
   // launch (`pstrain --run-id`, which tools/launch draws afresh for every
   // launch and gives every process of it, restarts included). 0: none given.
@@ -201,6 +211,11 @@ std::string config_differences(const std::string& a_yaml, const std::string& b_y
 // must not learn our values (an unauthenticated hello).
 std::string config_difference_keys(const std::string& a_yaml, const std::string& b_yaml,
                                    std::size_t limit = 5);
+
+// The port of a process's /metrics endpoint (metrics.port_base): ps i on
+// port_base + i, worker j on port_base + (number of ps) + j. `ps`: whether
+// the process is a ps.
+std::uint16_t metrics_port(const ClusterConfig& config, bool ps, std::uint32_t index);
 
 // Every dotted key the schema accepts, list entries as N ("ps.N.port",
 // "workers.count", "train.seed"), in the order to_yaml writes them; the

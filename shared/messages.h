@@ -27,8 +27,10 @@ namespace pstrain::wire {
 // completed before the one it pulls for or pushes from (mode ssp holds a
 // pull of a worker too far ahead, server/ssp_gate.h); push and push_pull
 // the chunk's version their gradient was computed on, the one the sender
-// last pulled (mode backup drops a gradient of a step already applied,
-// server/backup_aggregator.h).
+// last pulled: the ps counts the updates applied since as the update's
+// staleness (0 from a sender that never pulled, such as a tool), and mode
+// backup drops a gradient of a step already applied
+// (server/backup_aggregator.h).
 struct ChunkRequest {
   std::string variable;
   std::uint32_t chunk = 0;

@@ -40,13 +40,23 @@ bool valid_name(std::string_view name, bool colons) {
   return !name.empty() && first(name[0]) && std::all_of(name.begin() + 1, name.end(), rest);
 }
 
-// `{a="x",b="y"}` (with `le` last for a histogram bucket), or nothing when
-// there are no labels.
-std::string label_set(const std::vector<std::string>& names, const LabelValues& values,
-                      const std::string* le = nullptr) {
-  std::string out;
+// A label label_set() renders: `name="value"`, the value escaped.
+std::string label_pair(const std::string& name, std::string_view value) {
+  return name + "=\"" + escape(value, true) + '"';
+}
+
+// Label names beginning with "__" are reserved for Prometheus' own use.
+bool valid_label_name(std::string_view name) {
+  return valid_name(name, false) && !name.starts_with("__");
+}
+
+// `{c="1",a="x",b="y"}`: the constant labels (rendered), the series' own
+// (with `le` last for a histogram bucket), or nothing when there are none.
+std::string label_set(const std::string& constant, const std::vector<std::string>& names,
+                      const LabelValues& values, const std::string* le = nullptr) {
+  std::string out = constant.empty() ? "" : "{" + constant;
   for (std::size_t i = 0; i < names.size(); ++i)
-    out += (out.empty() ? "{" : ",") + names[i] + "=\"" + escape(values[i], true) + '"';
+    out += (out.empty() ? "{" : ",") + label_pair(names[i], values[i]);
   if (le) out += (out.empty() ? "{" : ",") + std::string("le=\"") + *le + '"';
   return out.empty() ? out : out + '}';
 }
@@ -64,23 +74,23 @@ constexpr const char* type_name() {
 
 // A counter's or a gauge's one sample.
 template <class Metric>
-void render_series(std::string& out, const std::string& name,
+void render_series(std::string& out, const std::string& name, const std::string& constant,
                    const std::vector<std::string>& label_names, const LabelValues& values,
                    const Metric& metric) {
-  sample(out, name, label_set(label_names, values), metric.value());
+  sample(out, name, label_set(constant, label_names, values), metric.value());
 }
 
-void render_series(std::string& out, const std::string& name,
+void render_series(std::string& out, const std::string& name, const std::string& constant,
                    const std::vector<std::string>& label_names, const LabelValues& values,
                    const Histogram& histogram) {
   const auto s = histogram.snapshot();
   const auto bounds = histogram.bounds();
   for (std::size_t b = 0; b < s.cumulative.size(); ++b) {
     const std::string le = b < bounds.size() ? format_value(bounds[b]) : "+Inf";
-    sample(out, name + "_bucket", label_set(label_names, values, &le),
+    sample(out, name + "_bucket", label_set(constant, label_names, values, &le),
            static_cast<double>(s.cumulative[b]));
   }
-  const auto labels = label_set(label_names, values);
+  const auto labels = label_set(constant, label_names, values);
   sample(out, name + "_sum", labels, s.sum);
   sample(out, name + "_count", labels, static_cast<double>(s.count));
 }
@@ -126,7 +136,7 @@ Family::Family(std::string name, std::string help, std::vector<std::string> labe
     : name_(std::move(name)), help_(std::move(help)), label_names_(std::move(label_names)) {
   if (!valid_name(name_, true)) throw std::invalid_argument("invalid metric name '" + name_ + "'");
   for (const auto& label : label_names_)
-    if (!valid_name(label, false) || label.starts_with("__"))
+    if (!valid_label_name(label))
       throw std::invalid_argument("invalid label name '" + label + "' of " + name_);
 }
 
@@ -163,21 +173,45 @@ Metric& MetricFamily<Metric>::with(const LabelValues& values) {
 }
 
 template <class Metric>
-void MetricFamily<Metric>::render(std::string& out) const {
+void MetricFamily<Metric>::render(std::string& out, const std::string& constant) const {
   MutexLock lock(mutex_);
   if (series_.empty()) return;
   out += "# HELP " + name_ + ' ' + escape(help_, false) + '\n';
   out += "# TYPE " + name_ + ' ' + type_name<Metric>() + '\n';
   for (const auto& [values, metric] : series_)
-    render_series(out, name_, label_names_, values, metric);
+    render_series(out, name_, constant, label_names_, values, metric);
 }
 
 template class MetricFamily<Counter>;
 template class MetricFamily<Gauge>;
 template class MetricFamily<Histogram>;
 
+namespace {
+
+// The constant labels as label_set() puts them first: `a="x",b="y"`.
+std::string render_constant(const Labels& labels) {
+  std::string out;
+  for (const auto& [name, value] : labels) {
+    if (!valid_label_name(name))
+      throw std::invalid_argument("invalid constant label name '" + name + "'");
+    if (std::ranges::count(labels, name, &Labels::value_type::first) > 1)
+      throw std::invalid_argument("constant label '" + name + "' is given twice");
+    out += (out.empty() ? "" : ",") + label_pair(name, value);
+  }
+  return out;
+}
+
+}  // namespace
+
+MetricsRegistry::MetricsRegistry(Labels constant_labels)
+    : constant_labels_(std::move(constant_labels)), constant_(render_constant(constant_labels_)) {}
+
 template <class Metric>
 MetricFamily<Metric>& MetricsRegistry::add(std::unique_ptr<MetricFamily<Metric>> family) {
+  for (const auto& [label, value] : constant_labels_)
+    if (std::ranges::find(family->label_names(), label) != family->label_names().end())
+      throw std::invalid_argument("label '" + label + "' of " + family->name() +
+                                  " is one of the registry's constant labels");
   MutexLock lock(mutex_);
   for (const auto& f : families_)
     if (f->name() == family->name())
@@ -209,8 +243,21 @@ MetricFamily<Histogram>& MetricsRegistry::histogram(std::string name, std::strin
 std::string MetricsRegistry::prometheus_text() const {
   std::string out;
   MutexLock lock(mutex_);
-  for (const auto& f : families_) f->render(out);
+  for (const auto& f : families_) f->render(out, constant_);
   return out;
+}
+
+std::vector<double> log_bounds(double lowest, double highest) {
+  std::vector<double> bounds;
+  for (int exponent = static_cast<int>(std::floor(std::log10(lowest))); ; ++exponent) {
+    // 10^-k is not a double, but dividing by 10^k (which is) rounds once.
+    const double scale = std::pow(10.0, std::abs(exponent));
+    for (const double mantissa : {1.0, 2.5, 5.0}) {
+      const double bound = exponent < 0 ? mantissa / scale : mantissa * scale;
+      if (bound > highest * (1 + 1e-12)) return bounds;
+      if (bound >= lowest * (1 - 1e-12)) bounds.push_back(bound);
+    }
+  }
 }
 
 WindowedMean::WindowedMean(const Histogram& histogram) : histogram_(histogram) { take(); }

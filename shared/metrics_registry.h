@@ -8,6 +8,9 @@
 // counters, base units (seconds, bytes) in the name's last word. A family is
 // a name, a help text and a fixed list of label names; each distinct list
 // of label values is one series, e.g. pstrain_ps_requests_total{op="pull"}.
+// A registry may also have constant labels, which it puts first on every
+// series it renders: a process's job, role and index, so that its series
+// say whose they are to any scraper (shared/metrics_server.h).
 //
 // Thread rules:
 // - Registration (MetricsRegistry::counter/gauge/histogram) belongs to a
@@ -27,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shared/thread_annotations.h"
@@ -35,6 +39,8 @@ namespace pstrain {
 
 // The values of a series' labels, in the order of its family's label names.
 using LabelValues = std::vector<std::string>;
+// Label names with their values, in order.
+using Labels = std::vector<std::pair<std::string, std::string>>;
 
 // A count that only goes up (requests, bytes, samples).
 class Counter {
@@ -97,9 +103,11 @@ class Family {
   Family& operator=(const Family&) = delete;
 
   const std::string& name() const { return name_; }
-  // Appends HELP, TYPE and every series' samples; nothing when the family
-  // has no series yet.
-  virtual void render(std::string& out) const = 0;
+  const std::vector<std::string>& label_names() const { return label_names_; }
+  // Appends HELP, TYPE and every series' samples, each with `constant`
+  // (rendered labels, `a="x",b="y"`, or empty) before its own labels;
+  // nothing when the family has no series yet.
+  virtual void render(std::string& out, const std::string& constant) const = 0;
 
  protected:
   // Throws std::invalid_argument unless there is one value per label name.
@@ -119,7 +127,7 @@ class MetricFamily final : public Family {
   // The series with these label values, created at its first use. An
   // unlabelled family has one series: with().
   Metric& with(const LabelValues& values = {});
-  void render(std::string& out) const override;
+  void render(std::string& out, const std::string& constant) const override;
 
  private:
   const std::vector<double> bounds_;  // histograms only
@@ -131,9 +139,14 @@ class MetricFamily final : public Family {
 
 class MetricsRegistry {
  public:
+  // Throws std::invalid_argument when a constant label's name is invalid
+  // or given twice.
+  explicit MetricsRegistry(Labels constant_labels = {});
+
   // Each throws std::invalid_argument when the name is taken or is not a
   // valid Prometheus name, or a label name is invalid (or "le" on a
-  // histogram), or histogram bounds are not strictly increasing and finite.
+  // histogram, or one of the constant labels), or histogram bounds are not
+  // strictly increasing and finite.
   MetricFamily<Counter>& counter(std::string name, std::string help,
                                  std::vector<std::string> label_names = {});
   MetricFamily<Gauge>& gauge(std::string name, std::string help,
@@ -150,9 +163,17 @@ class MetricsRegistry {
   template <class Metric>
   MetricFamily<Metric>& add(std::unique_ptr<MetricFamily<Metric>> family);
 
+  const Labels constant_labels_;
+  const std::string constant_;  // constant_labels_ rendered, escaped
   mutable Mutex mutex_;
   std::vector<std::unique_ptr<Family>> families_ GUARDED_BY(mutex_);
 };
+
+// Histogram bounds 1, 2.5 and 5 times each power of ten from `lowest` up to
+// `highest` (both such values, e.g. 1e-4 and 10): durations from a tenth of
+// a millisecond to seconds in 16 buckets. Each bound is the double nearest
+// its decimal value, so it renders as written (le="0.00025").
+std::vector<double> log_bounds(double lowest, double highest);
 
 // The mean of a histogram's observations since the previous take(), from
 // the differences of its sum and count: a JSONL metrics line shows a figure

@@ -122,6 +122,26 @@ def auto_overrides(doc, cpu_workers=2):
     return [f"workers={json.dumps(workers)}"] if changed else []
 
 
+def metrics_urls(doc):
+    """[(process name, its /metrics URL)] of a resolved `doc`, ps first; []
+    when metrics.enabled is off. The ports follow pstrain's metrics_port():
+    ps i on port_base + i, worker j on port_base + (number of ps) + j, each
+    at the host others dial."""
+    metrics = doc.get("metrics") or {}
+    if metrics.get("enabled") != "true":
+        return []
+    base = int(metrics["port_base"])
+    hosts = [("ps", p["host"]) for p in doc["ps"]] + [("worker", w["host"])
+                                                      for w in doc["workers"]]
+    urls, counts = [], {"ps": 0, "worker": 0}
+    for offset, (role, host) in enumerate(hosts):
+        # Where a ps binds every interface it is still dialled at its host.
+        shown = f"[{host}]" if ":" in host else host
+        urls.append((f"{role}{counts[role]}", f"http://{shown}:{base + offset}/metrics"))
+        counts[role] += 1
+    return urls
+
+
 def write(text, path):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

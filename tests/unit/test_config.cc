@@ -440,4 +440,23 @@ TEST_CASE("config: docs/config.md documents every key") {
   }
 }
 
+TEST_CASE("config: metrics ports follow the ps list, and must fit and miss the servers") {
+  const auto c = parse(kMinimal, {"metrics.enabled=true", "metrics.port_base=9000"});
+  CHECK(c.metrics.enabled);
+  CHECK(c.metrics.linger_s == 0);
+  CHECK(metrics_port(c, true, 0) == 9000);
+  CHECK(metrics_port(c, true, 1) == 9001);
+  CHECK(metrics_port(c, false, 0) == 9002);
+  CHECK(metrics_port(c, false, 1) == 9003);
+  CHECK(error_of(kMinimal, {"metrics.enabled=true", "metrics.port_base=65533"}) ==
+        "t.yaml: metrics.port_base: port_base + 3 (one port per ps and worker) must be at most "
+        "65535");
+  CHECK(error_of(kMinimal, {"metrics.enabled=true", "metrics.port_base=6998"}) ==
+        "t.yaml: metrics.port_base: the metrics ports 6998..7001 include ps 0's port 7000");
+  // Off, the ports are not used and not checked.
+  CHECK(error_of(kMinimal, {"metrics.port_base=6998"}).empty());
+  CHECK(error_of(kMinimal, {"metrics.linger_s=-1"}).find("metrics.linger_s") !=
+        std::string::npos);
+}
+
 }  // namespace pstrain

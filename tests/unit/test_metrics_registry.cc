@@ -135,4 +135,35 @@ TEST_CASE("metrics registry: invalid registrations and updates are refused") {
   CHECK_THROWS_AS(counter.with({"pull"}).add(-1), std::invalid_argument);
 }
 
+TEST_CASE("metrics registry: constant labels come first on every series, buckets included") {
+  MetricsRegistry registry(Labels{{"job", "a\"b"}, {"role", "ps"}});
+  registry.gauge("pstrain_level", "Level.").with().set(2);
+  registry.histogram("pstrain_wait_seconds", "Wait.", {1}, {"op"}).with({"pull"}).observe(0.5);
+  CHECK(registry.prometheus_text() ==
+        "# HELP pstrain_level Level.\n"
+        "# TYPE pstrain_level gauge\n"
+        "pstrain_level{job=\"a\\\"b\",role=\"ps\"} 2\n"
+        "# HELP pstrain_wait_seconds Wait.\n"
+        "# TYPE pstrain_wait_seconds histogram\n"
+        "pstrain_wait_seconds_bucket{job=\"a\\\"b\",role=\"ps\",op=\"pull\",le=\"1\"} 1\n"
+        "pstrain_wait_seconds_bucket{job=\"a\\\"b\",role=\"ps\",op=\"pull\",le=\"+Inf\"} 1\n"
+        "pstrain_wait_seconds_sum{job=\"a\\\"b\",role=\"ps\",op=\"pull\"} 0.5\n"
+        "pstrain_wait_seconds_count{job=\"a\\\"b\",role=\"ps\",op=\"pull\"} 1\n");
+  // A family cannot reuse a constant label's name; constant labels are valid
+  // and distinct.
+  CHECK_THROWS_AS(registry.counter("pstrain_x_total", "Clash.", {"role"}), std::invalid_argument);
+  CHECK_THROWS_AS(MetricsRegistry(Labels{{"job", "a"}, {"job", "b"}}), std::invalid_argument);
+  CHECK_THROWS_AS(MetricsRegistry(Labels{{"__name__", "a"}}), std::invalid_argument);
+}
+
+TEST_CASE("metrics registry: log bounds are 1, 2.5 and 5 per decade, rendered as written") {
+  CHECK(log_bounds(1e-4, 10) == std::vector<double>{1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                                    0.01, 0.025, 0.05, 0.1,  0.25,   0.5,
+                                                    1,    2.5,   5,    10});
+  CHECK(log_bounds(2.5, 50) == std::vector<double>{2.5, 5, 10, 25, 50});
+  MetricsRegistry registry;
+  registry.histogram("pstrain_t_seconds", "T.", log_bounds(2.5e-5, 2.5e-5)).with();
+  CHECK(registry.prometheus_text().find("le=\"2.5e-05\"") != std::string::npos);
+}
+
 TEST_SUITE_END();

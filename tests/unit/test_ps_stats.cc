@@ -36,13 +36,21 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   stats.resend_answered();
   stats.too_old();
   stats.fault_drop();
-  stats.received(100);
-  stats.sent(40);
-  stats.sent(2);
-  stats.refresh(store, {.global_samples = 640,
-                        .parked_barrier = 2,
-                        .parked_kv_get = 1,
-                        .updates_lost = {0, 7}});
+  stats.received(wire::Op::push, 90);
+  stats.received(std::nullopt, 10);
+  stats.sent(wire::Op::push, 40);
+  stats.sent(wire::Op::pull, 2);
+  const auto now = Clock::now();
+  stats.refresh(store,
+                {.global_samples = 640,
+                 .parked_barrier = 2,
+                 .parked_kv_get = 1,
+                 .updates_lost = {0, 7},
+                 .workers = {{"live", now - std::chrono::milliseconds(1500)},
+                             {"done", now - std::chrono::seconds(9)},
+                             {"absent", now - std::chrono::seconds(30)},
+                             {"pending", std::nullopt}}},
+                now);
 
   const auto json = stats.json(unix_time());
   CHECK(json.starts_with("{\"ps\":3,\"requests\":{\"hello\":0,"));
@@ -59,8 +67,16 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
        {"pstrain_ps_requests_total{op=\"pull\"} 3\n", "pstrain_ps_requests_total{op=\"hello\"} 0\n",
         "pstrain_ps_errors_total 1\n", "pstrain_ps_resends_answered_total 2\n",
         "pstrain_ps_requests_too_old_total 1\n", "pstrain_ps_fault_drops_total 1\n",
-        "pstrain_ps_received_bytes_total 100\n",
-        "pstrain_ps_sent_bytes_total 42\n", "pstrain_ps_updates_total 3\n",
+        "pstrain_ps_received_bytes_total{op=\"push\"} 90\n",
+        "pstrain_ps_received_bytes_total{op=\"none\"} 10\n",
+        "pstrain_ps_received_bytes_total{op=\"pull\"} 0\n",
+        "pstrain_ps_sent_bytes_total{op=\"push\"} 40\n",
+        "pstrain_ps_sent_bytes_total{op=\"pull\"} 2\n", "pstrain_ps_updates_total 3\n",
+        "pstrain_ps_workers{state=\"live\"} 1\n", "pstrain_ps_workers{state=\"pending\"} 1\n",
+        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"0\"} 1.5\n",
+        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"1\"} NaN\n",
+        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"2\"} 30\n",
+        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"3\"} NaN\n",
         "pstrain_ps_elements 20\n", "pstrain_ps_global_samples 640\n",
         "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n",
         "pstrain_ps_updates_lost_total{worker=\"1\"} 7\n"})
@@ -68,12 +84,37 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
 
   // A second refresh adds only what accrued since the first.
   store.push("w", 1, grad);
-  stats.refresh(store, {.global_samples = 700,
-                        .parked_barrier = 0,
-                        .parked_kv_get = 0,
-                        .updates_lost = {0, 9}});
+  stats.refresh(store,
+                {.global_samples = 700, .parked_barrier = 0, .parked_kv_get = 0,
+                 .updates_lost = {0, 9}, .workers = {}},
+                Clock::now());
   CHECK(contains(registry.prometheus_text(), "pstrain_ps_updates_total 4\n"));
   CHECK(contains(stats.json(unix_time()), "\"updates\":4,"));
   CHECK(contains(stats.json(unix_time()), "\"parked_barrier\":0,"));
   CHECK(contains(registry.prometheus_text(), "pstrain_ps_updates_lost_total{worker=\"1\"} 9\n"));
+}
+
+TEST_CASE("ps stats: request times by op, push staleness, optimizer and checkpoint times") {
+  MetricsRegistry registry;
+  PsStats stats(registry, 0);
+  stats.handled(wire::Op::push_pull, 3e-5);
+  stats.handled(wire::Op::push_pull, 0.002);
+  stats.pushed(0, 1e-4);
+  stats.pushed(3, 2e-4);
+  stats.pushed(300, 3e-4);
+  stats.checkpoint_written(0.5);
+  const auto text = registry.prometheus_text();
+  for (const auto* line :
+       {"pstrain_ps_request_seconds_bucket{op=\"push_pull\",le=\"2.5e-05\"} 0\n",
+        "pstrain_ps_request_seconds_bucket{op=\"push_pull\",le=\"5e-05\"} 1\n",
+        "pstrain_ps_request_seconds_bucket{op=\"push_pull\",le=\"0.0025\"} 2\n",
+        "pstrain_ps_request_seconds_count{op=\"push_pull\"} 2\n",
+        "pstrain_ps_request_seconds_count{op=\"pull\"} 0\n",
+        "pstrain_ps_update_staleness_bucket{le=\"0\"} 1\n",
+        "pstrain_ps_update_staleness_bucket{le=\"4\"} 2\n",
+        "pstrain_ps_update_staleness_bucket{le=\"256\"} 2\n",
+        "pstrain_ps_update_staleness_bucket{le=\"+Inf\"} 3\n",
+        "pstrain_ps_update_staleness_sum 303\n", "pstrain_ps_optimizer_apply_seconds_count 3\n",
+        "pstrain_ps_checkpoints_total 1\n", "pstrain_ps_checkpoint_seconds_sum 0.5\n"})
+    CHECK_MESSAGE(contains(text, line), line, " in\n", text);
 }
