@@ -429,7 +429,13 @@ TEST_CASE("ps: one peer cannot park more than its share of barrier entries and k
     if (refused == kRequests - parked) break;
   }
   CHECK(refused == kRequests - parked);
+  // Not under ThreadSanitizer, whose allocator delays reuse (as above): on
+  // a busy 2-core host the refused requests' replies, queued until the
+  // flood reads them, took the ps from 28 to 175 MB there, before the
+  // metrics endpoint existed as after. The parked count above is the bound.
+#if !defined(__SANITIZE_THREAD__)
   CHECK(status_kb(server.pid(), "VmHWM") < peak_before + 100 * 1024);
+#endif
 
   // Others still park and are answered.
   std::vector<std::uint8_t> got;
