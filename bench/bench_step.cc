@@ -3,7 +3,8 @@
 // push; beside it the compute alone (no ps) and the step as the async trainer
 // runs it (each gradient sent as a push_pull while backward continues).
 //
-//   bench_step [steps] [batch]      defaults: 300 steps, batch 64, 1 thread
+//   bench_step [--json] [steps] [batch]      defaults: 300 steps, batch 64, 1 thread
+// --json prints one JSON object per model instead of the table (for tools/bench).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -113,10 +114,12 @@ Row measure(const ClusterConfig& config, const Dataset& data, int steps, int bat
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
-  if (steps < 1 || batch < 1) {
-    std::fprintf(stderr, "usage: bench_step [steps >= 1] [batch >= 1]\n");
+  const bool json = argc > 1 && std::string(argv[1]) == "--json";
+  const int first = json ? 2 : 1;
+  const int steps = argc > first ? std::atoi(argv[first]) : 300;
+  const int batch = argc > first + 1 ? std::atoi(argv[first + 1]) : 64;
+  if (steps < 1 || batch < 1 || argc > first + 2) {
+    std::fprintf(stderr, "usage: bench_step [--json] [steps >= 1] [batch >= 1]\n");
     return 2;
   }
   TempDir dir;
@@ -129,19 +132,30 @@ int main(int argc, char** argv) try {
 
   DataConfig data_config;
   const Dataset data = load_dataset(data_config, true);
-  std::printf("bench_step: 1 worker, 1 ps on loopback tcp, batch %d, 1 thread, %d steps, SGD on the ps\n\n",
-              batch, steps);
-  std::printf("%-5s %14s %9s %10s %9s %14s %14s\n", "model", "compute-only/s", "pull ms",
-              "compute ms", "push ms", "sequential/s", "overlapped/s");
+  if (!json) {
+    std::printf("bench_step: 1 worker, 1 ps on loopback tcp, batch %d, 1 thread, %d steps, SGD on the ps\n\n",
+                batch, steps);
+    std::printf("%-5s %14s %9s %10s %9s %14s %14s\n", "model", "compute-only/s", "pull ms",
+                "compute ms", "push ms", "sequential/s", "overlapped/s");
+  }
   for (const auto& c : configs) {
     const int n = c.model.preset == "cnn" ? std::max(1, steps / 5) : steps;
     const Row r = measure(c, data, n, batch);
+    if (json) {
+      std::printf("{\"bench\": \"step\", \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
+                  "\"compute_only\": %.1f, \"pull_ms\": %.4f, \"compute_ms\": %.4f, "
+                  "\"push_ms\": %.4f, \"sequential\": %.1f, \"overlapped\": %.1f}\n",
+                  r.model.c_str(), batch, n, r.compute_only, r.pull_ms, r.compute_ms, r.push_ms,
+                  r.sequential, r.overlapped);
+      std::fflush(stdout);
+      continue;
+    }
     std::printf("%-5s %14.0f %9.3f %10.3f %9.3f %14.0f %14.0f\n", r.model.c_str(), r.compute_only,
                 r.pull_ms, r.compute_ms, r.push_ms, r.sequential, r.overlapped);
   }
-  std::printf("\nsequential: pull, compute and push one after the other; overlapped: the async\n"
-              "trainer's step, each gradient sent as push_pull while backward continues.\n"
-              "PyTorch 1.13 on this machine kind, 1 thread, batch 64: mlp 32,400/s, cnn 1,720/s.\n");
+  if (!json)
+    std::printf("\nsequential: pull, compute and push one after the other; overlapped: the async\n"
+                "trainer's step, each gradient sent as push_pull while backward continues.\n");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_step: %s\n", e.what());
