@@ -7,7 +7,9 @@
 //     after backward, with buckets reduced after backward or on the
 //     communication thread during it; samples/s counts both workers.
 //
-//   bench_allreduce [steps=200] [batch=64] [bucket_bytes=262144]
+//   bench_allreduce [--json] [--steps-only] [steps=200] [batch=64] [bucket_bytes=262144]
+// --json prints one JSON object per row instead of the tables (for
+// tools/bench, which runs PyTorch DDP beside it); --steps-only skips part 1.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,8 +41,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+bool g_json = false;
+
 void bench_sizes(GlooCommunicator& comm) {
-  if (comm.rank() == 0) std::printf("%10s %8s %12s %10s\n", "bytes", "reps", "median ms", "GB/s");
+  if (comm.rank() == 0 && !g_json) std::printf("%10s %8s %12s %10s\n", "bytes", "reps", "median ms", "GB/s");
   for (std::size_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
     std::vector<float> data(bytes / sizeof(float), 1.0f);
     const int reps = bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 11 : 5;
@@ -53,14 +57,19 @@ void bench_sizes(GlooCommunicator& comm) {
       times.push_back(ms(Clock::now() - t));
     }
     const double m = median(times);
-    if (comm.rank() == 0)
+    if (comm.rank() == 0 && g_json)
+      std::printf("{\"bench\": \"allreduce\", \"bytes\": %zu, \"median_ms\": %.4f, "
+                  "\"min_ms\": %.4f, \"max_ms\": %.4f}\n",
+                  bytes, m, *std::min_element(times.begin(), times.end()),
+                  *std::max_element(times.begin(), times.end()));
+    else if (comm.rank() == 0)
       std::printf("%10zu %8d %12.3f %10.2f\n", bytes, reps, m, bytes / (m * 1e6));
   }
 }
 
 void bench_steps(GlooCommunicator& comm, int steps, int batch, std::size_t bucket_bytes) {
   const Dataset data = make_synthetic(4096, true);
-  if (comm.rank() == 0)
+  if (comm.rank() == 0 && !g_json)
     std::printf("\n%-5s %-9s %8s %11s %13s %9s %12s %14s\n", "model", "buckets", "count",
                 "compute ms", "allreduce ms", "wait ms", "overlap %", "samples/s (2)");
   for (const char* preset : {"mlp", "cnn"}) {
@@ -90,7 +99,11 @@ void bench_steps(GlooCommunicator& comm, int steps, int batch, std::size_t bucke
         sum.wait_ms += t.wait_ms;
       }
       const double seconds = ms(Clock::now() - start) / 1000;
-      if (comm.rank() == 0)
+      if (comm.rank() == 0 && g_json)
+        std::printf("{\"bench\": \"sync_step\", \"model\": \"%s\", \"buckets\": \"%s\", "
+                    "\"batch\": %d, \"steps\": %d, \"samples_per_s\": %.1f}\n",
+                    preset, overlap ? "overlap" : "after", batch, n, 2.0 * batch * n / seconds);
+      else if (comm.rank() == 0)
         std::printf("%-5s %-9s %8zu %11.3f %13.3f %9.3f %12.1f %14.0f\n", preset,
                     overlap ? "overlap" : "after", replica.buckets(), sum.compute_ms / n,
                     sum.allreduce_ms / n, sum.wait_ms / n,
@@ -102,11 +115,25 @@ void bench_steps(GlooCommunicator& comm, int steps, int batch, std::size_t bucke
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
-  const std::size_t bucket_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 256u << 10;
+  bool sizes = true;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") g_json = true;
+    else if (arg == "--steps-only") sizes = false;
+    else positional.push_back(arg);
+  }
+  auto arg = [&](std::size_t i) { return i < positional.size() ? positional[i].c_str() : nullptr; };
+  const int steps = arg(0) ? std::atoi(arg(0)) : 200;
+  const int batch = arg(1) ? std::atoi(arg(1)) : 64;
+  const std::size_t bucket_bytes = arg(2) ? std::strtoull(arg(2), nullptr, 10) : 256u << 10;
+  if (steps < 1 || batch < 1 || bucket_bytes < 1 || positional.size() > 3) {
+    std::fprintf(stderr, "usage: bench_allreduce [--json] [--steps-only] [steps>=1] [batch>=1] "
+                         "[bucket_bytes>=1]\n");
+    return 2;
+  }
   TempDir dir;
-  std::printf("Gloo all-reduce, 2 processes on 127.0.0.1 (ring, TCP)\n");
+  if (!g_json) std::printf("Gloo all-reduce, 2 processes on 127.0.0.1 (ring, TCP)\n");
   std::fflush(stdout);
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -122,7 +149,7 @@ int main(int argc, char** argv) {
       options.hosts = {"127.0.0.1", "127.0.0.1"};
       GlooCommunicator comm(options,
                             std::make_shared<gloo::rendezvous::FileStore>(dir.path().string()));
-      bench_sizes(comm);
+      if (sizes) bench_sizes(comm);
       bench_steps(comm, steps, batch, bucket_bytes);
       std::fflush(stdout);
       ::_exit(0);

@@ -1,11 +1,13 @@
 // Worker compute throughput: forward + backward + loss of the mlp and cnn
-// presets on the CPU backend, as samples/s, beside PyTorch 1.13's
-// single-thread figures on the same machine kind.
+// presets on the CPU backend, as samples/s. Its peer (PyTorch on the same
+// shapes) runs beside it under tools/bench, never as a figure written here.
 //
-// usage: bench_compute [threads=1] [batch=64] [windows=7]
+// usage: bench_compute [--json] [--model mlp|cnn] [threads=1] [batch=64] [windows=7]
 // Each model warms up, then runs `windows` timed windows of about 0.5 s; the
-// median is reported. A second pass through a timing wrapper splits one
-// step's time by operation (the wrapper's own cost is small against it).
+// median, min and max are reported. A second pass through a timing wrapper
+// splits one step's time by operation (the wrapper's own cost is small
+// against it). --json prints one JSON object per model instead, without the
+// split, for tools/bench.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -102,7 +104,7 @@ class TimedBackend final : public Backend {
 };
 
 struct Result {
-  double samples_per_s = 0;
+  std::vector<double> rates;  // samples/s of each window, sorted
   std::map<std::string, double> split;  // fraction of a step per operation
 };
 
@@ -113,7 +115,7 @@ void fill_batch(Model& model, const Dataset& data, int batch) {
 }
 
 Result measure(const std::string& preset, Backend& backend, const Dataset& data, int batch,
-               int windows) {
+               int windows, bool with_split) {
   ModelConfig config;
   config.preset = preset;
   Model model(config, backend, {}, 10, batch);
@@ -141,7 +143,8 @@ Result measure(const std::string& preset, Backend& backend, const Dataset& data,
   }
   std::sort(rates.begin(), rates.end());
   Result result;
-  result.samples_per_s = rates[rates.size() / 2];
+  result.rates = rates;
+  if (!with_split) return result;
 
   TimedBackend timed(backend);
   Model timed_model(config, timed, {}, 10, batch);
@@ -163,33 +166,50 @@ Result measure(const std::string& preset, Backend& backend, const Dataset& data,
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
-  const int windows = argc > 3 ? std::atoi(argv[3]) : 7;
-  if (threads < 1 || batch < 1 || windows < 1) {
-    std::fprintf(stderr, "usage: bench_compute [threads>=1] [batch>=1] [windows>=1]\n");
+int main(int argc, char** argv) try {
+  bool json = false;
+  std::vector<std::string> presets = {"mlp", "cnn"}, positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") json = true;
+    else if (arg == "--model" && i + 1 < argc) presets = {argv[++i]};
+    else positional.push_back(arg);
+  }
+  auto number = [&](std::size_t i, int fallback) {
+    return i < positional.size() ? std::atoi(positional[i].c_str()) : fallback;
+  };
+  const int threads = number(0, 1), batch = number(1, 64), windows = number(2, 7);
+  if (threads < 1 || batch < 1 || windows < 1 || positional.size() > 3) {
+    std::fprintf(stderr, "usage: bench_compute [--json] [--model mlp|cnn] [threads>=1] "
+                         "[batch>=1] [windows>=1]\n");
     return 2;
   }
   auto backend = make_cpu_backend(threads);
   const Dataset data = make_synthetic(static_cast<std::size_t>(batch), true);
 
-  struct Row {
-    const char* preset;
-    double pytorch;  // PyTorch 1.13 CPU, 1 thread, batch 64, same machine kind
-  };
-  std::printf("backend: %s, batch %d, median of %d windows\n\n", backend->name().c_str(),
-              batch, windows);
-  std::printf("| model | pstrain samples/s | PyTorch 1-thread samples/s | ratio |\n");
-  std::printf("|---|---|---|---|\n");
-  std::vector<std::pair<std::string, Result>> results;
-  for (const Row row : {Row{"mlp", 32400}, Row{"cnn", 1720}}) {
-    const Result r = measure(row.preset, *backend, data, batch, windows);
-    std::printf("| %s | %.0f | %.0f | %.2fx |\n", row.preset, r.samples_per_s, row.pytorch,
-                r.samples_per_s / row.pytorch);
-    std::fflush(stdout);
-    results.emplace_back(row.preset, r);
+  if (!json) {
+    std::printf("backend: %s, batch %d, %d windows\n\n", backend->name().c_str(), batch,
+                windows);
+    std::printf("| model | median samples/s | min | max |\n|---|---|---|---|\n");
   }
+  std::vector<std::pair<std::string, Result>> results;
+  for (const auto& preset : presets) {
+    const Result r = measure(preset, *backend, data, batch, windows, !json);
+    if (json) {
+      std::printf("{\"bench\": \"compute\", \"model\": \"%s\", \"threads\": %d, "
+                  "\"batch\": %d, \"backend\": \"%s\", \"samples_per_s\": [",
+                  preset.c_str(), threads, batch, backend->name().c_str());
+      for (std::size_t i = 0; i < r.rates.size(); ++i)
+        std::printf("%s%.1f", i ? ", " : "", r.rates[i]);
+      std::printf("]}\n");
+    } else {
+      std::printf("| %s | %.0f | %.0f | %.0f |\n", preset.c_str(), r.rates[r.rates.size() / 2],
+                  r.rates.front(), r.rates.back());
+    }
+    std::fflush(stdout);
+    results.emplace_back(preset, r);
+  }
+  if (json) return 0;
   std::printf("\nshare of a training step per operation\n\n| model | operation | share |\n|---|---|---|\n");
   for (const auto& [preset, r] : results) {
     for (const auto& [bucket, share] : r.split) {
@@ -197,4 +217,7 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_compute: %s\n", e.what());
+  return 1;
 }

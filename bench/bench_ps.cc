@@ -2,22 +2,30 @@
 // servers (forked children on loopback tcp), alternated rep by rep with raw
 // ZeroMQ DEALER->ROUTER moving the same bytes in the same chunks:
 //   push: SIZE out, 8 B ack;  pull: 8 B out, SIZE back;  push_pull: SIZE both ways
-// GB/s counts SIZE for push and pull and 2 x SIZE for push_pull. The ps runs
-// SGD; the time it spends in the optimizer (from its stats) is reported per
-// operation. Medians of 7 reps.
+// GB/s counts SIZE for push and pull and 2 x SIZE for push_pull. Our pull
+// (and push_pull) includes copying the values into the caller's buffer; the
+// raw peer only receives them into ZeroMQ messages. The ps runs SGD; the time
+// it spends in the optimizer (from its stats) is reported per operation.
+// Each row runs one untimed rep of both sides first (connections, first
+// touch of the buffers), then 7 reps, each side first at random; median, min
+// and max.
 //
 // Then the same operations with security.curve (ZeroMQ CURVE: encryption and
-// the ps's key check) against the plain client, alternated rep by rep, with
+// the ps's key check) against the plain client, alternated the same way, with
 // the throughput of each and their ratio.
 //
-//   bench_ps [--chunk-bytes N] [--reps N]
+//   bench_ps [--chunk-bytes N] [--reps N] [--max-bytes N] [--json]
+// --max-bytes leaves out the larger sizes; --json prints the ours-vs-raw rows
+// as JSON objects (every rep's GB/s) for tools/bench, and nothing else.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
+#include <random>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -52,6 +60,36 @@ int ops_per_rep(std::uint64_t bytes) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Runs `a` and `b` (each returning seconds per operation) once untimed, then
+// `reps` times each, which goes first drawn at random per rep, so neither
+// side always finds the caches, the ps or the loopback as the other left them.
+std::pair<std::vector<double>, std::vector<double>> alternate(
+    int reps, const std::function<double()>& a, const std::function<double()>& b) {
+  static std::mt19937 rng(std::random_device{}());
+  (void)a();
+  (void)b();
+  std::vector<double> as, bs;
+  for (int r = 0; r < reps; ++r) {
+    if (rng() & 1) {
+      as.push_back(a());
+      bs.push_back(b());
+    } else {
+      bs.push_back(b());
+      as.push_back(a());
+    }
+  }
+  return {as, bs};
+}
+
+// "median (min-max)" of the throughput `moved` bytes at each of `seconds`.
+std::string gbs_spread(double moved, const std::vector<double>& seconds) {
+  const auto [fast, slow] = std::minmax_element(seconds.begin(), seconds.end());
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3f (%.3f-%.3f)", moved / median(seconds) / 1e9,
+                moved / *slow / 1e9, moved / *fast / 1e9);
+  return text;
 }
 
 // The raw peer: replies to [u64 reply size][payload?] with a frame of that
@@ -190,26 +228,40 @@ double moved_bytes(Op op, std::uint32_t v) {
   return static_cast<double>(kSizes[v]) * (op == Op::push_pull ? 2 : 1);
 }
 
-void row(Target& t, Op op, std::uint32_t v, int reps) {
+void row(Target& t, Op op, std::uint32_t v, int reps, bool json) {
   const auto bytes = kSizes[v];
   const int n = ops_per_rep(bytes);
   std::vector<float> grad(bytes / sizeof(float), 1e-3f), out(grad.size());
-  std::vector<double> ours, theirs;
   auto& ps = t.ps;
-  const double opt_before = stats_sum(ps, t.servers, "optimizer_seconds");
-  for (int r = 0; r < reps; ++r) {
-    ours.push_back(time_ours(t, op, v, n, grad, out));
+  const auto raw = [&] {
     const auto t0 = Clock::now();
     for (int i = 0; i < n; ++i) t.raw.run(op, t.map, v, grad);
-    theirs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / n);
-  }
+    return std::chrono::duration<double>(Clock::now() - t0).count() / n;
+  };
+  const double opt_before = stats_sum(ps, t.servers, "optimizer_seconds");
+  const auto [ours, theirs] =
+      alternate(reps, [&] { return time_ours(t, op, v, n, grad, out); }, raw);
+  // The warm-up rep's updates count too: reps + 1 reps of ours ran.
   const double opt_ms = (stats_sum(ps, t.servers, "optimizer_seconds") - opt_before) * 1e3 /
-                        (static_cast<double>(reps) * n);
+                        (static_cast<double>(reps + 1) * n);
   const double moved = moved_bytes(op, v);
-  const double our_gbs = moved / median(ours) / 1e9, raw_gbs = moved / median(theirs) / 1e9;
-  std::printf("%-10s %-7s %3u  %8.3f  %8.3f  %6.2f  %8.3f  %9.3f\n", name(op),
-              size_name(bytes).c_str(), t.servers, our_gbs, raw_gbs, our_gbs / raw_gbs,
-              op == Op::pull ? 0.0 : opt_ms, median(ours) * 1e3);
+  if (json) {
+    std::printf("{\"bench\": \"ps\", \"op\": \"%s\", \"bytes\": %llu, \"servers\": %u, "
+                "\"opt_ms\": %.4f", name(op), static_cast<unsigned long long>(bytes), t.servers,
+                op == Op::pull ? 0.0 : opt_ms);
+    for (const auto& [key, seconds] : {std::pair{"ours_gbs", &ours}, std::pair{"raw_gbs", &theirs}}) {
+      std::printf(", \"%s\": [", key);
+      for (std::size_t i = 0; i < seconds->size(); ++i)
+        std::printf("%s%.4f", i ? ", " : "", moved / (*seconds)[i] / 1e9);
+      std::printf("]");
+    }
+    std::printf("}\n");
+  } else {
+    std::printf("%-10s %-7s %3u  %-22s  %-22s  %6.2f  %8.3f  %9.3f\n", name(op),
+                size_name(bytes).c_str(), t.servers, gbs_spread(moved, ours).c_str(),
+                gbs_spread(moved, theirs).c_str(), median(theirs) / median(ours),
+                op == Op::pull ? 0.0 : opt_ms, median(ours) * 1e3);
+  }
   std::fflush(stdout);
 }
 
@@ -217,26 +269,25 @@ void row(Target& t, Op op, std::uint32_t v, int reps) {
 void curve_row(Target& plain, Target& curve, Op op, std::uint32_t v, int reps) {
   const int n = ops_per_rep(kSizes[v]);
   std::vector<float> grad(kSizes[v] / sizeof(float), 1e-3f), out(grad.size());
-  std::vector<double> plain_s, curve_s;
-  for (int r = 0; r < reps; ++r) {
-    plain_s.push_back(time_ours(plain, op, v, n, grad, out));
-    curve_s.push_back(time_ours(curve, op, v, n, grad, out));
-  }
-  const double plain_gbs = moved_bytes(op, v) / median(plain_s) / 1e9;
-  const double curve_gbs = moved_bytes(op, v) / median(curve_s) / 1e9;
-  std::printf("%-10s %-7s %3u  %10.3f  %10.3f  %6.2f  %8.1fx\n", name(op),
-              size_name(kSizes[v]).c_str(), plain.servers, plain_gbs, curve_gbs,
-              curve_gbs / plain_gbs, plain_gbs / curve_gbs);
+  const auto [plain_s, curve_s] =
+      alternate(reps, [&] { return time_ours(plain, op, v, n, grad, out); },
+                [&] { return time_ours(curve, op, v, n, grad, out); });
+  const double moved = moved_bytes(op, v);
+  std::printf("%-10s %-7s %3u  %-22s  %-22s  %6.2f  %8.1fx\n", name(op),
+              size_name(kSizes[v]).c_str(), plain.servers, gbs_spread(moved, plain_s).c_str(),
+              gbs_spread(moved, curve_s).c_str(), median(plain_s) / median(curve_s),
+              median(curve_s) / median(plain_s));
   std::fflush(stdout);
 }
 
-void copy_on_write_rows(Target& t, int reps) {
+void copy_on_write_rows(Target& t, int reps, std::uint64_t max_bytes) {
   auto& ps = t.ps;
   const auto servers = t.servers;
   // Copy-on-write: a push queued right behind a pull of the same chunks finds
   // the pull's buffers still on their way out and must copy them; one issued
   // after the pull completed updates in place.
   for (const auto bytes : {kMiB, 16 * kMiB}) {
+    if (bytes > max_bytes) continue;
     const auto name = var_name(bytes);
     std::vector<float> grad(bytes / sizeof(float), 1e-3f), out(grad.size());
     for (const bool pipelined : {false, true}) {
@@ -276,24 +327,34 @@ std::uint64_t parse_arg(const char* text, const char* flag) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes;
+  std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes, max_bytes = kSizes[std::size(kSizes) - 1];
   int reps = 7;
+  bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--chunk-bytes" || arg == "--reps") && i + 1 < argc) {
+    if ((arg == "--chunk-bytes" || arg == "--reps" || arg == "--max-bytes") && i + 1 < argc) {
       const auto v = parse_arg(argv[++i], arg.c_str());
       if (arg == "--reps") reps = static_cast<int>(v);
+      else if (arg == "--max-bytes") max_bytes = v;
       else chunk_bytes = v;
+    } else if (arg == "--json") {
+      json = true;
     } else {
-      std::fprintf(stderr, "usage: bench_ps [--chunk-bytes N] [--reps N]\n");
+      std::fprintf(stderr, "usage: bench_ps [--chunk-bytes N] [--reps N] [--max-bytes N] [--json]\n");
       return 2;
     }
   }
+  const std::uint32_t sizes = static_cast<std::uint32_t>(
+      std::upper_bound(std::begin(kSizes), std::end(kSizes), max_bytes) - std::begin(kSizes));
+  if (sizes == 0) throw std::invalid_argument("--max-bytes: below the smallest size, 4 KiB");
   TempDir dir;
-  const Setup setups[] = {make_setup(1, chunk_bytes, dir.path()), make_setup(2, chunk_bytes, dir.path()),
-                          make_setup(1, chunk_bytes, dir.path(), true),
-                          make_setup(2, chunk_bytes, dir.path(), true)};
-  constexpr std::size_t kPlainSetups = 2;  // then the same with CURVE
+  std::vector<Setup> setups = {make_setup(1, chunk_bytes, dir.path()),
+                               make_setup(2, chunk_bytes, dir.path())};
+  constexpr std::size_t kPlainSetups = 2;  // then the same with CURVE, unless --json
+  if (!json) {
+    setups.push_back(make_setup(1, chunk_bytes, dir.path(), true));
+    setups.push_back(make_setup(2, chunk_bytes, dir.path(), true));
+  }
   // Every server is forked before this process creates a ZeroMQ context.
   std::vector<std::unique_ptr<ChildProcess>> children;
   for (const auto& s : setups)
@@ -305,22 +366,28 @@ int main(int argc, char** argv) try {
           std::make_unique<ChildProcess>(log, [&, i] { return raw_server(s.raw_ports[i]); }));
     }
 
-  std::printf("bench_ps: loopback tcp, 1 client, chunk size %s, SGD on the ps, median of %d reps\n",
-              size_name(chunk_bytes).c_str(), reps);
-  std::printf("raw = ZeroMQ DEALER->ROUTER with the same chunks in flight; push_pull counts 2 x size\n\n");
-  std::printf("%-10s %-7s %3s  %8s  %8s  %6s  %8s  %9s\n", "op", "size", "ps", "ours GB/s",
-              "raw GB/s", "ratio", "opt ms", "op ms");
+  if (!json) {
+    std::printf("bench_ps: loopback tcp, 1 client, chunk size %s, SGD on the ps, 1 warm-up rep,\n"
+                "then %d reps in random order per rep; GB/s as median (min-max)\n",
+                size_name(chunk_bytes).c_str(), reps);
+    std::printf("raw = ZeroMQ DEALER->ROUTER with the same chunks in flight; push_pull counts 2 x size;\n"
+                "our pull includes the copy into the caller's buffer, raw's does not\n\n");
+    std::printf("%-10s %-7s %3s  %-22s  %-22s  %6s  %8s  %9s\n", "op", "size", "ps", "ours GB/s",
+                "raw GB/s", "ratio", "opt ms", "op ms");
+  }
   std::vector<VariableSpec> vars;
-  for (auto bytes : kSizes) vars.push_back({var_name(bytes), bytes / sizeof(float), {}});
+  for (std::uint32_t v = 0; v < sizes; ++v)
+    vars.push_back({var_name(kSizes[v]), kSizes[v] / sizeof(float), {}});
   std::vector<std::unique_ptr<Target>> targets;
   for (const auto& s : setups) targets.push_back(std::make_unique<Target>(s, vars));
   for (auto op : kOps)
     for (std::uint32_t v = 0; v < vars.size(); ++v)
-      for (std::size_t t = 0; t < kPlainSetups; ++t) row(*targets[t], op, v, reps);
+      for (std::size_t t = 0; t < kPlainSetups; ++t) row(*targets[t], op, v, reps, json);
+  if (json) return 0;
   std::printf("\n");
-  for (std::size_t t = 0; t < kPlainSetups; ++t) copy_on_write_rows(*targets[t], reps);
+  for (std::size_t t = 0; t < kPlainSetups; ++t) copy_on_write_rows(*targets[t], reps, max_bytes);
   std::printf("\nsecurity.curve: the same client and servers with ZeroMQ CURVE, against plain tcp\n");
-  std::printf("%-10s %-7s %3s  %10s  %10s  %6s  %9s\n", "op", "size", "ps", "plain GB/s",
+  std::printf("%-10s %-7s %3s  %-22s  %-22s  %6s  %9s\n", "op", "size", "ps", "plain GB/s",
               "curve GB/s", "ratio", "cost");
   for (auto op : kOps)
     for (std::uint32_t v = 0; v < vars.size(); ++v)

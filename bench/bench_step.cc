@@ -8,7 +8,9 @@
 // 100 ms (ten times Prometheus' usual rate at the launcher's 1 s), and
 // against one without, alternated rep by rep in one run.
 //
-//   bench_step [steps] [batch]      defaults: 300 steps, batch 64, 1 thread
+//   bench_step [--json] [steps] [batch]      defaults: 300 steps, batch 64, 1 thread
+// --json prints one JSON object per model instead of the tables, and skips
+// the metrics comparison (for tools/bench).
 #include <httplib.h>
 
 #include <algorithm>
@@ -180,10 +182,12 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
-  if (steps < 1 || batch < 1) {
-    std::fprintf(stderr, "usage: bench_step [steps >= 1] [batch >= 1]\n");
+  const bool json = argc > 1 && std::string(argv[1]) == "--json";
+  const int first = json ? 2 : 1;
+  const int steps = argc > first ? std::atoi(argv[first]) : 300;
+  const int batch = argc > first + 1 ? std::atoi(argv[first + 1]) : 64;
+  if (steps < 1 || batch < 1 || argc > first + 2) {
+    std::fprintf(stderr, "usage: bench_step [--json] [steps >= 1] [batch >= 1]\n");
     return 2;
   }
   TempDir dir;
@@ -197,10 +201,12 @@ int main(int argc, char** argv) try {
 
   DataConfig data_config;
   const Dataset data = load_dataset(data_config, true);
-  std::printf("bench_step: 1 worker, 1 ps on loopback tcp, batch %d, 1 thread, %d steps, SGD on the ps\n\n",
-              batch, steps);
-  std::printf("%-5s %14s %9s %10s %9s %14s %14s\n", "model", "compute-only/s", "pull ms",
-              "compute ms", "push ms", "sequential/s", "overlapped/s");
+  if (!json) {
+    std::printf("bench_step: 1 worker, 1 ps on loopback tcp, batch %d, 1 thread, %d steps, SGD on the ps\n\n",
+                batch, steps);
+    std::printf("%-5s %14s %9s %10s %9s %14s %14s\n", "model", "compute-only/s", "pull ms",
+                "compute ms", "push ms", "sequential/s", "overlapped/s");
+  }
   for (const auto& c : configs) {
     const int n = c.model.preset == "cnn" ? std::max(1, steps / 5) : steps;
     StepBench bench(c, data, batch);
@@ -208,12 +214,21 @@ int main(int argc, char** argv) try {
     r.compute_only = bench.compute_only(n);
     bench.split(n, r);
     r.overlapped = bench.overlapped(n);
+    if (json) {
+      std::printf("{\"bench\": \"step\", \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
+                  "\"compute_only\": %.1f, \"pull_ms\": %.4f, \"compute_ms\": %.4f, "
+                  "\"push_ms\": %.4f, \"sequential\": %.1f, \"overlapped\": %.1f}\n",
+                  r.model.c_str(), batch, n, r.compute_only, r.pull_ms, r.compute_ms, r.push_ms,
+                  r.sequential, r.overlapped);
+      std::fflush(stdout);
+      continue;
+    }
     std::printf("%-5s %14.0f %9.3f %10.3f %9.3f %14.0f %14.0f\n", r.model.c_str(), r.compute_only,
                 r.pull_ms, r.compute_ms, r.push_ms, r.sequential, r.overlapped);
   }
+  if (json) return 0;
   std::printf("\nsequential: pull, compute and push one after the other; overlapped: the async\n"
-              "trainer's step, each gradient sent as push_pull while backward continues.\n"
-              "PyTorch 1.13 on this machine kind, 1 thread, batch 64: mlp 32,400/s, cnn 1,720/s.\n");
+              "trainer's step, each gradient sent as push_pull while backward continues.\n");
 
   constexpr int kReps = 15;
   StepBench off(configs[0], data, batch), on(scraped, data, batch);

@@ -11,7 +11,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "client/blas_core.h"
 #include "client/elementwise.h"
+#include "shared/log.h"
 
 // OpenBLAS's core selection (exported by its DYNAMIC_ARCH builds, not
 // declared in cblas.h).
@@ -25,32 +27,24 @@ namespace {
 
 constexpr std::size_t kAlignment = 64;
 
-// Debian's OpenBLAS 0.3.21 does not recognise recent Xeons (CPUID model
-// "Intel(R) Xeon(R) Processor") and falls back to its SSE3 "Prescott"
-// kernels, whose sgemm is 4x slower than its AVX-512 one there. It reads
-// OPENBLAS_CORETYPE only in its library constructor, before our code runs,
-// so when it has fallen back (and the user did not choose a core) we choose
-// the best one the CPU supports and run its core selection again, once per
-// process and before any BLAS call of ours.
+// OpenBLAS reads OPENBLAS_CORETYPE only in its library constructor, before
+// our code runs, so a better core than its own (client/blas_core.h) is set
+// there and its core selection run again, once per process and before any
+// BLAS call of ours. The variable is unset again afterwards, so programs this
+// one starts make their own choice rather than seeing it as the user's.
 void choose_openblas_core() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (std::getenv("OPENBLAS_CORETYPE") ||
-        std::strcmp(openblas_get_corename(), "Prescott") != 0) {
-      return;
+    const std::string own = openblas_get_corename();
+    const BlasCoreChoice choice =
+        choose_blas_core(host_cpu_features(), own, std::getenv("OPENBLAS_CORETYPE"));
+    if (!choice.core.empty()) {
+      setenv("OPENBLAS_CORETYPE", choice.core.c_str(), 1);
+      gotoblas_dynamic_quit();
+      gotoblas_dynamic_init();
+      unsetenv("OPENBLAS_CORETYPE");
     }
-    __builtin_cpu_init();
-    const char* core = nullptr;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-      core = "SkylakeX";
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      core = "Haswell";
-    }
-    if (!core) return;
-    setenv("OPENBLAS_CORETYPE", core, 0);
-    gotoblas_dynamic_quit();
-    gotoblas_dynamic_init();
+    log("openblas: core ", openblas_get_corename(), " (", choice.reason, ")");
   });
 }
 

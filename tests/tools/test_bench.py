@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""tools/bench: its arguments, its table and JSON on constructed rows, --diff
+of two constructed runs, and short real runs: bench_ps beside raw ZeroMQ, and
+bench_compute beside PyTorch, with PyTorch hidden (its row then says "not
+installed") and, where it is installed, present."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import support
+
+BENCH = os.path.join(support.TOOLS, "bench")
+bench = support.load_tool("bench")
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, BENCH, *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+
+
+def torch_importable():
+    return subprocess.run([sys.executable, "-c", "import torch"],
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+def result(rows, machine="Test CPU"):
+    return {"version": 1, "command": "tools/bench", "machine": machine, "cores": 2,
+            "started": "2024-01-01 00:00:00", "quick": True, "reps": 3, "rows": rows}
+
+
+class Arguments(unittest.TestCase):
+    def test_bad_arguments_are_usage_errors(self):
+        for args in (["--reps", "0"], ["--diff", "only-one.json"], ["--only", "no such bench"],
+                     ["--frobnicate"]):
+            with self.subTest(args=args):
+                p = run(*args)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("usage", p.stderr)
+
+
+class Rows(unittest.TestCase):
+    def test_ratio_is_ours_over_peer_of_the_medians(self):
+        r = bench.row("compute mlp", [3.0, 1.0, 2.0], [4.0, 8.0, 1.0], "PyTorch", "ok")
+        self.assertEqual(r["ours_stats"], {"min": 1.0, "median": 2.0, "max": 3.0})
+        self.assertEqual(r["peer_stats"], {"min": 1.0, "median": 4.0, "max": 8.0})
+        self.assertAlmostEqual(r["ratio"], 0.5)
+        self.assertEqual(r["unit"], "samples/s")
+        self.assertEqual(bench.row("ps push 4 KiB, 1 ps", [1.0], [1.0], "raw ZeroMQ", "ok")["unit"],
+                         "GB/s")
+
+    def test_table_states_direction_and_a_missing_peer(self):
+        text = bench.table(result([
+            bench.row("compute mlp", [150000.0, 100000.0], [50000.0], "PyTorch", "ok"),
+            bench.row("compute cnn", [4000.0], None, "PyTorch", "not installed")]))
+        lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
+        self.assertIn("2.50x (higher is better)", lines["compute mlp"])
+        self.assertIn("125,000 (100,000-150,000)", lines["compute mlp"])
+        self.assertIn("not installed", lines["compute cnn"])
+        self.assertIn("Test CPU", text)
+
+    def test_diff_compares_medians_and_ratios_row_by_row(self):
+        a = result([bench.row("compute mlp", [100.0], [50.0], "PyTorch", "ok"),
+                    bench.row("sync mlp", [10.0], None, "PyTorch", "not installed")], "CPU A")
+        b = result([bench.row("compute mlp", [150.0], [50.0], "PyTorch", "ok"),
+                    bench.row("ps pull 4 KiB, 1 ps", [1.0], [2.0], "raw ZeroMQ", "ok")], "CPU B")
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = [os.path.join(tmp, n) for n in ("a.json", "b.json")]
+            for path, r in zip(paths, (a, b)):
+                with open(path, "w") as f:
+                    json.dump(r, f)
+            p = run("--diff", *paths)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        cells = {line.split(" | ")[0].strip("| "): [c.strip() for c in line.strip("|").split("|")]
+                 for line in p.stdout.splitlines() if line.startswith("| ")}
+        self.assertEqual(cells["compute mlp"][1:], ["100", "150", "1.50x", "2.00x", "3.00x"])
+        self.assertEqual(cells["sync mlp"][3:], ["only in A", "-", "-"])
+        self.assertEqual(cells["ps pull 4 KiB, 1 ps"][3:], ["only in B", "-", "0.50x"])
+        self.assertIn("CPU A", p.stdout)
+        self.assertIn("CPU B", p.stdout)
+
+
+class QuickRuns(unittest.TestCase):
+    def run_json(self, *args, env=None):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "run.json")
+            p = run("--quick", "--out", out, *args, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                return json.load(f), p.stdout
+
+    def test_ps_beside_raw_zeromq(self):
+        r, text = self.run_json("--only", "^ps$", "--reps", "2")
+        names = [row["name"] for row in r["rows"]]
+        self.assertEqual(len(names), 12)  # 3 operations x 4 KiB, 64 KiB x 1 and 2 ps
+        self.assertIn("ps push_pull 64 KiB, 2 ps", names)
+        for row in r["rows"]:
+            self.assertEqual(row["peer_name"], "raw ZeroMQ")
+            self.assertEqual(len(row["ours"]), 2)
+            self.assertEqual(len(row["peer"]), 2)
+            self.assertTrue(all(v > 0 for v in row["ours"] + row["peer"]))
+            self.assertAlmostEqual(row["ratio"],
+                                   row["ours_stats"]["median"] / row["peer_stats"]["median"])
+        self.assertIn("| ps pull 4 KiB, 1 ps | GB/s |", text)
+
+    def test_compute_without_pytorch_says_not_installed(self):
+        with tempfile.TemporaryDirectory() as hide:
+            # A torch package that fails to import, ahead of the real one.
+            os.mkdir(os.path.join(hide, "torch"))
+            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
+                f.write("raise ImportError('hidden by test_bench')\n")
+            env = dict(os.environ, PYTHONPATH=hide)
+            r, text = self.run_json("--only", "compute mlp", "--reps", "1", env=env)
+        [row] = r["rows"]
+        self.assertEqual(row["peer_status"], "not installed")
+        self.assertIsNone(row["peer"])
+        self.assertIsNone(row["ratio"])
+        self.assertEqual(len(row["ours"]), 1)
+        self.assertGreater(row["ours"][0], 0)
+        self.assertIn("not installed", text)
+
+    @unittest.skipUnless(torch_importable(), "PyTorch (python3-torch) not installed")
+    def test_compute_beside_pytorch(self):
+        r, _ = self.run_json("--only", "compute mlp", "--reps", "1")
+        [row] = r["rows"]
+        self.assertEqual(row["peer_status"], "ok")
+        self.assertEqual(len(row["peer"]), 1)
+        self.assertGreater(row["peer"][0], 0)
+        self.assertGreater(row["ratio"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

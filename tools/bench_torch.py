@@ -1,0 +1,234 @@
+#!/usr/bin/python3
+"""The PyTorch peers that tools/bench runs beside pstrain's benchmarks, each in
+a process of its own so that an absent or broken PyTorch only costs its rows.
+
+    bench_torch.py compute --model mlp|cnn [--batch 64] [--windows 7]
+    bench_torch.py ddp [--batch 64] [--steps 200] [--bucket-bytes 262144]
+    bench_torch.py tta --data DIR [--target 0.85] [--epochs 3]
+
+Each prints one JSON object per line. The models have the shapes of pstrain's
+presets (client/model.cc): mlp 784-256-128-10, cnn conv 32 3x3, pool 2,
+conv 64 3x3, pool 2, dense 128, 10, on 1x28x28 inputs, ReLU after every
+hidden layer, softmax cross-entropy. `tta` trains pstrain's default job
+(cluster.yaml) with DDP instead: the MLP on Fashion-MNIST, 2 workers x 1
+thread, batch 64 each, Nesterov momentum 0.9, lr 0.02, an evaluation on the
+test set every 30000 global samples, time from the first step to the
+evaluation whose weights first reach the target, as tools/report.py times
+pstrain's runs. Exit status 3: PyTorch is not installed.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+except ImportError as e:
+    print(f"PyTorch not importable: {e}", file=sys.stderr)
+    sys.exit(3)
+
+
+def model(preset):
+    if preset == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
+                             nn.ReLU(), nn.Linear(128, 10))
+    if preset == "cnn":
+        return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
+                             nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128),
+                             nn.ReLU(), nn.Linear(128, 10))
+    raise SystemExit(f"bench_torch.py: unknown model {preset!r}")
+
+
+def batch(size, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(size, 1, 28, 28, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def one_thread():
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+
+
+def compute(args):
+    """forward + backward + loss, timed as bench_compute times it: windows of
+    about 0.5 s after a warm-up that sizes them; every window's samples/s."""
+    one_thread()
+    net, loss_fn = model(args.model), nn.CrossEntropyLoss()
+    x, y = batch(args.batch)
+
+    def step():
+        net.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+
+    steps = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        took = time.perf_counter() - start
+        if took > 0.25:
+            steps = max(1, int(steps * 0.5 / took))
+            break
+        steps *= 2
+    rates = []
+    for _ in range(args.windows):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        rates.append(steps * args.batch / (time.perf_counter() - start))
+    print(json.dumps({"bench": "compute", "model": args.model, "batch": args.batch,
+                      "torch": torch.__version__, "samples_per_s": sorted(rates)}))
+
+
+def ddp_rank(rank, store_file, args):
+    """One of the two DDP processes: the step as bench_allreduce's sync step
+    (SGD, synthetic data, 1 thread, buckets of the same size), 5 untimed
+    steps, then per model samples/s of both workers from rank 0."""
+    one_thread()
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    for preset in ("mlp", "cnn"):
+        net = nn.parallel.DistributedDataParallel(
+            model(preset), bucket_cap_mb=args.bucket_bytes / (1024 * 1024))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        loss_fn = nn.CrossEntropyLoss()
+        x, y = batch(args.batch, seed=rank + 1)
+        n = max(args.steps // 8, 20) if preset == "cnn" else args.steps
+        for s in range(-5, n):
+            if s == 0:
+                dist.barrier()
+                start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss_fn(net(x), y).backward()
+            opt.step()
+        seconds = time.perf_counter() - start
+        if rank == 0:
+            print(json.dumps({"bench": "sync_step", "model": preset, "batch": args.batch,
+                              "steps": n, "samples_per_s": 2 * args.batch * n / seconds}),
+                  flush=True)
+    dist.destroy_process_group()
+
+
+def idx(path):
+    """An IDX file's values as a uint8 tensor of its shape."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    dims = raw[3]
+    shape = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return torch.frombuffer(bytearray(raw[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+
+
+def fashion(data, split):
+    images = idx(os.path.join(data, f"{split}-images-idx3-ubyte.gz")).float().div_(255)
+    labels = idx(os.path.join(data, f"{split}-labels-idx1-ubyte.gz")).long()
+    return images.unsqueeze(1), labels
+
+
+def tta_rank(rank, store_file, args):
+    """One DDP worker of the default job; rank 0 evaluates every eval_every
+    global samples and both stop once the target is reached."""
+    one_thread()
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    torch.manual_seed(42)
+    x, y = fashion(args.data, "train")
+    x, y = x[rank::2], y[rank::2]
+    test_x, test_y = fashion(args.data, "t10k")
+    net = nn.parallel.DistributedDataParallel(model("mlp"))
+    opt = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9, nesterov=True)
+    loss_fn = nn.CrossEntropyLoss()
+    samples, next_eval, reached, stop = 0, args.eval_every, None, False
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.epochs):
+        if stop:
+            break
+        order = torch.randperm(len(y))
+        for at in range(0, len(y) - args.batch + 1, args.batch):
+            pick = order[at:at + args.batch]
+            opt.zero_grad(set_to_none=True)
+            loss_fn(net(x[pick]), y[pick]).backward()
+            opt.step()
+            samples += 2 * args.batch
+            if samples < next_eval:
+                continue
+            next_eval += args.eval_every
+            done = torch.zeros(1)
+            if rank == 0:
+                weights_at = time.perf_counter() - start
+                with torch.no_grad():
+                    accuracy = (net.module(test_x).argmax(1) == test_y).float().mean().item()
+                if accuracy >= args.target:
+                    reached = (weights_at, accuracy)
+                    done[0] = 1
+            dist.broadcast(done, 0)
+            if done.item():
+                stop = True
+                break
+    if rank == 0:
+        print(json.dumps({"bench": "tta", "target": args.target, "samples": samples,
+                          "seconds": reached[0] if reached else None,
+                          "accuracy": reached[1] if reached else None}), flush=True)
+    dist.destroy_process_group()
+
+
+def two_ranks(command, args, extra):
+    """Runs `command` as DDP ranks 0 and 1; rank 0's output is this process's."""
+    import subprocess
+    with tempfile.TemporaryDirectory() as tmp:
+        common = extra + ["--store", os.path.join(tmp, "store")]
+        ranks = [subprocess.Popen([sys.executable, __file__, command, "--rank", str(r)] + common,
+                                  stdout=None if r == 0 else subprocess.DEVNULL)
+                 for r in range(2)]
+        codes = [p.wait() for p in ranks]
+    if any(codes):
+        raise SystemExit(f"bench_torch.py {command}: rank exit codes {codes}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compute")
+    c.add_argument("--model", required=True)
+    c.add_argument("--batch", type=int, default=64)
+    c.add_argument("--windows", type=int, default=7)
+    for name in ("ddp", "ddp-rank"):
+        d = sub.add_parser(name)
+        d.add_argument("--batch", type=int, default=64)
+        d.add_argument("--steps", type=int, default=200)
+        d.add_argument("--bucket-bytes", type=int, default=256 * 1024)
+        if name == "ddp-rank":
+            d.add_argument("--rank", type=int, required=True)
+            d.add_argument("--store", required=True)
+    for name in ("tta", "tta-rank"):
+        t = sub.add_parser(name)
+        t.add_argument("--data", required=True)
+        t.add_argument("--target", type=float, default=0.85)
+        t.add_argument("--epochs", type=int, default=3)
+        t.add_argument("--batch", type=int, default=64)
+        t.add_argument("--eval-every", type=int, default=30000)
+        if name == "tta-rank":
+            t.add_argument("--rank", type=int, required=True)
+            t.add_argument("--store", required=True)
+    args = parser.parse_args()
+    if args.command == "compute":
+        compute(args)
+    elif args.command == "ddp":
+        two_ranks("ddp-rank", args, ["--batch", str(args.batch), "--steps", str(args.steps),
+                                     "--bucket-bytes", str(args.bucket_bytes)])
+    elif args.command == "tta":
+        two_ranks("tta-rank", args, ["--data", args.data, "--target", str(args.target),
+                                     "--epochs", str(args.epochs), "--batch", str(args.batch),
+                                     "--eval-every", str(args.eval_every)])
+    elif args.command == "ddp-rank":
+        ddp_rank(args.rank, args.store, args)
+    else:
+        tta_rank(args.rank, args.store, args)
+
+
+if __name__ == "__main__":
+    main()
