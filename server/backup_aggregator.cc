@@ -17,7 +17,7 @@ BackupAggregator::Verdict BackupAggregator::add(const Request& push, std::string
                                                 std::size_t needed) {
   const auto base = wire::ChunkRequest::read(push.header).base_version;
   if (base < version) return Verdict::late;
-  auto it = steps_.find(std::make_tuple(name, chunk));
+  auto it = steps_.find(Key{std::string(name), chunk});
   if (it == steps_.end())
     it = steps_.emplace(Key{std::string(name), chunk}, Collecting{version, {}, {}}).first;
   Collecting& c = it->second;
@@ -47,7 +47,7 @@ BackupAggregator::Step BackupAggregator::finish(const Key& key, Collecting& c) {
 std::optional<BackupAggregator::Step> BackupAggregator::take_if_complete(std::string_view name,
                                                                          std::uint32_t chunk,
                                                                          std::size_t needed) {
-  const auto it = steps_.find(std::make_tuple(name, chunk));
+  const auto it = steps_.find(Key{std::string(name), chunk});
   if (it == steps_.end() || it->second.waiting.size() < needed) return std::nullopt;
   Step step = finish(it->first, it->second);
   steps_.erase(it);

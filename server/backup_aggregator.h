@@ -80,7 +80,7 @@ class BackupAggregator {
   static Step finish(const Key& key, Collecting& c);
 
   std::uint32_t backup_;
-  std::map<Key, Collecting, std::less<>> steps_;
+  std::map<Key, Collecting> steps_;
 };
 
 }  // namespace pstrain::ps
