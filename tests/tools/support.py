@@ -33,10 +33,20 @@ def require_binary(testcase):
         testcase.fail(f"no pstrain binary at {PSTRAIN}; set $PSTRAIN (ctest does)")
 
 
+_ports_given = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, and never one this process was given
+    before: the kernel may hand a port just probed and closed out again, so
+    two calls could name one port for two servers."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 def cluster(ps_hosts=("127.0.0.1", "127.0.0.1"), worker_hosts=("127.0.0.1", "127.0.0.1"),
