@@ -128,12 +128,15 @@ void DataHandlers::push(const Request& request) {
                 store_.stats().last_optimizer_seconds);
   coordinator_.applied_update(request.header);
   if (ssp_) {
-    const auto staleness = SspGate::staleness(id.clock, slowest());
+    ssp_->completed(request.header.sender, id.clock + 1);
+    // One look at the clocks serves all three: the pusher's own completion
+    // can raise the slowest only where its staleness is 0 either way.
+    const auto slow = slowest();
+    const auto staleness = SspGate::staleness(id.clock, slow);
     stats_.ssp_staleness(staleness);
     largest_staleness_ = std::max(largest_staleness_, staleness);
-    ssp_->completed(request.header.sender, id.clock + 1);
-    release_reads();
-    if (request.header.op == Op::push_pull && !ssp_->may_read(id.clock + 1, slowest())) {
+    release_reads(slow);
+    if (request.header.op == Op::push_pull && !ssp_->may_read(id.clock + 1, slow)) {
       sink_.accepted(request.header, c.version);
       ssp_->park(request, id.clock + 1, store_.size());
       return count_held();
@@ -146,8 +149,8 @@ std::uint64_t DataHandlers::slowest() const {
   return ssp_->slowest([this](std::uint32_t w) { return !coordinator_.absent(w); });
 }
 
-void DataHandlers::release_reads() {
-  const auto released = ssp_->release(slowest());
+void DataHandlers::release_reads(std::uint64_t slowest) {
+  const auto released = ssp_->release(slowest);
   for (const auto& read : released) reply_values(read, chunk_of(wire::ChunkRequest::read(read.header)));
   if (!released.empty()) count_held();
 }
@@ -237,7 +240,7 @@ void DataHandlers::snapshot(const Request& request) {
 
 void DataHandlers::tick() {
   if (snapshot_ && snapshot_->done.load(std::memory_order_acquire)) answer_snapshot();
-  if (ssp_) release_reads();
+  if (ssp_) release_reads(slowest());
   if (backup_) {
     const auto steps = backup_->take_complete(backup_->needed(coordinator_.workers_training()));
     for (const auto& step : steps) apply_step(step);

@@ -118,9 +118,9 @@ class DataHandlers {
   const Chunk& chunk_of(const wire::ChunkRequest& id) const;
 
   // Mode ssp: the fewest steps a worker not lost completed, and the reads
-  // that lets go.
+  // `slowest` lets go.
   std::uint64_t slowest() const;
-  void release_reads();
+  void release_reads(std::uint64_t slowest);
   // Mode backup: a gradient for its step; a step's mean applied.
   void push_backup(const Request& request, const wire::ChunkRequest& id,
                    std::span<const float> grad);
