@@ -223,8 +223,11 @@ class MetricsRunTest(unittest.TestCase):
             dashboard = json.load(f)
         # While worker 0 was still scraped (the servers outlive it), so that
         # no series is stale yet; rates over the whole short run.
-        at = self.scalar(f'timestamp(last_over_time(pstrain_finished{{role="worker",index="0"}}'
-                         f'{STORED}))')
+        # The time of worker 0's last sample itself: timestamp() of a range
+        # function's result is the query's own time, after the exited
+        # worker's series went stale.
+        (samples,) = self.prometheus.query(f'pstrain_finished{{role="worker",index="0"}}{STORED}')
+        at = float(samples["values"][-1][0])
         for panel in dashboard["panels"]:
             for target in panel["targets"]:
                 expr = (target["expr"].replace("$job", "fashion-mlp")
