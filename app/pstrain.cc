@@ -77,37 +77,37 @@ struct Args {
 
 po::options_description options() {
   po::options_description desc("Options");
-  desc.add_options()
-      ("role", po::value<std::string>()->value_name("ps|worker|eval"), "the role of this process")
-      ("index", po::value<std::string>()->value_name("N"),
-       "which ps or worker of the cluster this is (0-based; required for ps and worker)")
-      ("cluster", po::value<std::string>()->default_value("cluster.yaml")->value_name("FILE"),
-       "the cluster file")
-      ("set", po::value<std::vector<std::string>>()->composing()->value_name("KEY=VALUE"),
-       "override a cluster file value, e.g. --set optimizer.lr=0.05 --set workers.0.device=cuda "
-       "(repeatable; values are YAML)")
-      ("mode", po::value<std::string>()->value_name("async|sync|ssp|backup|local"),
-       "shorthand for --set mode=..., applied after every --set")
-      ("restore", po::value<std::string>()->value_name("DIR|latest"),
-       "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
-       "checkpoint in run_dir/checkpoints (fresh values when there is none); DIR: the "
-       "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>). With the role "
-       "from the scheduler it applies to the servers and workers ignore it, so one command "
-       "serves every task")
-      ("run-id", po::value<std::string>()->value_name("HEX"),
-       "ps and worker: this launch's nonce (1 to 16 hex digits, not 0), the same for every "
-       "process of the launch; tools/launch draws a new one per launch. Without it the run id "
-       "is the config hash alone, and a stale process of an earlier run of the same config is "
-       "accepted")
-      ("model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")
-      ("check", "validate the cluster file and overrides, print the resolved config, and exit "
-                "(no --role needed; tools/launch runs this before starting anything)")
-      ("keygen", po::value<std::string>()->value_name("DIR"),
-       "write a CURVE key pair for every ps and worker of the cluster and for the tool "
-       "identity into DIR (secret files ps-N.key, worker-N.key, tool.key, mode 0600), and the "
-       "list of public keys (DIR/public_keys), then exit (no --role needed)")
-      ("help,h", "print this help")
-      ("version", "print the version");
+  desc.add_options()("role", po::value<std::string>()->value_name("ps|worker|eval"),
+                     "the role of this process")(
+      "index", po::value<std::string>()->value_name("N"),
+      "which ps or worker of the cluster this is (0-based; required for ps and worker)")(
+      "cluster", po::value<std::string>()->default_value("cluster.yaml")->value_name("FILE"),
+      "the cluster file")(
+      "set", po::value<std::vector<std::string>>()->composing()->value_name("KEY=VALUE"),
+      "override a cluster file value, e.g. --set optimizer.lr=0.05 --set workers.0.device=cuda "
+      "(repeatable; values are YAML)")(
+      "mode", po::value<std::string>()->value_name("async|sync|ssp|backup|local"),
+      "shorthand for --set mode=..., applied after every --set")(
+      "restore", po::value<std::string>()->value_name("DIR|latest"),
+      "ps: start from saved values instead of fresh ones: latest: this ps's newest readable "
+      "checkpoint in run_dir/checkpoints (fresh values when there is none); DIR: the "
+      "ps<N>.bin in DIR (run_dir/snapshot, or one checkpoints/ckpt-<seq>). With the role "
+      "from the scheduler it applies to the servers and workers ignore it, so one command "
+      "serves every task")(
+      "run-id", po::value<std::string>()->value_name("HEX"),
+      "ps and worker: this launch's nonce (1 to 16 hex digits, not 0), the same for every "
+      "process of the launch; tools/launch draws a new one per launch. Without it the run id "
+      "is the config hash alone, and a stale process of an earlier run of the same config is "
+      "accepted")("model", po::value<std::string>()->value_name("FILE"),
+                  "eval: the saved model to test")(
+      "check",
+      "validate the cluster file and overrides, print the resolved config, and exit "
+      "(no --role needed; tools/launch runs this before starting anything)")(
+      "keygen", po::value<std::string>()->value_name("DIR"),
+      "write a CURVE key pair for every ps and worker of the cluster and for the tool "
+      "identity into DIR (secret files ps-N.key, worker-N.key, tool.key, mode 0600), and the "
+      "list of public keys (DIR/public_keys), then exit (no --role needed)")(
+      "help,h", "print this help")("version", "print the version");
   return desc;
 }
 
@@ -176,8 +176,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
   const bool indexed = args.role == "ps" || args.role == "worker" || from_scheduler;
   if (vm.count("index")) {
     if (from_scheduler)
-      throw UsageError("--index needs --role (without both, the scheduler's environment gives "
-                       "them)");
+      throw UsageError(
+          "--index needs --role (without both, the scheduler's environment gives "
+          "them)");
     if (!indexed) throw UsageError("--index does not apply to --" + args.role);
     args.index = parse_index(vm["index"].as<std::string>());
   } else if (indexed && !from_scheduler) {
@@ -187,8 +188,7 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (vm.count("set")) args.overrides = vm["set"].as<std::vector<std::string>>();
   if (vm.count("mode")) {
     const auto mode = vm["mode"].as<std::string>();
-    if (mode != "async" && mode != "sync" && mode != "ssp" && mode != "backup" &&
-        mode != "local") {
+    if (mode != "async" && mode != "sync" && mode != "ssp" && mode != "backup" && mode != "local") {
       throw UsageError("--mode: expected async, sync, ssp, backup or local, got '" + mode + "'");
     }
     args.overrides.push_back("mode=" + mode);
@@ -219,17 +219,19 @@ std::optional<pstrain::Placement> place(Args& args, pstrain::ClusterConfig& conf
   if (!role_needed && !config.hosts_pending) return std::nullopt;
   const std::string where = args.cluster.string();
   if (config.workers_auto)
-    throw UsageError(where + ": workers: auto is resolved only by tools/launch; under a "
-                             "scheduler give workers: {count: N}");
+    throw UsageError(where +
+                     ": workers: auto is resolved only by tools/launch; under a "
+                     "scheduler give workers: {count: N}");
   const auto placement = pstrain::placement_from_environment(
       pstrain::process_environment(), static_cast<std::uint32_t>(config.ps.size()),
       static_cast<std::uint32_t>(config.workers.size()), config.job);
   if (!placement) {
     // Without --role, parse_args has found a scheduler: only pending hosts get here.
     if (args.check) return std::nullopt;  // --check shows the file as it is
-    throw UsageError(where + ": ps: {count} leaves the hosts to a scheduler, and no scheduler's "
-                             "environment was found (TF_CONFIG, SLURM_PROCID and "
-                             "KUBERNETES_SERVICE_HOST are unset)");
+    throw UsageError(where +
+                     ": ps: {count} leaves the hosts to a scheduler, and no scheduler's "
+                     "environment was found (TF_CONFIG, SLURM_PROCID and "
+                     "KUBERNETES_SERVICE_HOST are unset)");
   }
   if (role_needed) {
     args.role = placement->role;
@@ -318,8 +320,9 @@ int run(const Args& args, const pstrain::ClusterConfig& config,
     for (const auto& line : describe(*placement, config)) pstrain::log("placed " + line);
   if (args.index == 0) write_resolved_config(config);
   if (config.launch_nonce == 0)
-    pstrain::log("no --run-id: the run id is the config hash alone, so a stale process of an "
-                 "earlier run of this config is accepted (tools/launch gives every launch its own)");
+    pstrain::log(
+        "no --run-id: the run id is the config hash alone, so a stale process of an "
+        "earlier run of this config is accepted (tools/launch gives every launch its own)");
   if (args.role == "ps") return pstrain::run_ps_role(config, args.index, args.restore);
   return pstrain::run_worker_role(config, args.index);
 }
@@ -364,7 +367,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const std::string who = args.role == "eval" ? args.role : args.role + " " + std::to_string(args.index);
+  const std::string who =
+      args.role == "eval" ? args.role : args.role + " " + std::to_string(args.index);
   try {
     return run(args, config, placement);
   } catch (const pstrain::MetricsServerError& e) {

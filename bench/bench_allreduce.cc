@@ -44,7 +44,8 @@ double median(std::vector<double> v) {
 bool g_json = false;
 
 void bench_sizes(GlooCommunicator& comm) {
-  if (comm.rank() == 0 && !g_json) std::printf("%10s %8s %12s %10s\n", "bytes", "reps", "median ms", "GB/s");
+  if (comm.rank() == 0 && !g_json)
+    std::printf("%10s %8s %12s %10s\n", "bytes", "reps", "median ms", "GB/s");
   for (std::size_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
     std::vector<float> data(bytes / sizeof(float), 1.0f);
     const int reps = bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 11 : 5;
@@ -58,10 +59,11 @@ void bench_sizes(GlooCommunicator& comm) {
     }
     const double m = median(times);
     if (comm.rank() == 0 && g_json)
-      std::printf("{\"bench\": \"allreduce\", \"bytes\": %zu, \"median_ms\": %.4f, "
-                  "\"min_ms\": %.4f, \"max_ms\": %.4f}\n",
-                  bytes, m, *std::min_element(times.begin(), times.end()),
-                  *std::max_element(times.begin(), times.end()));
+      std::printf(
+          "{\"bench\": \"allreduce\", \"bytes\": %zu, \"median_ms\": %.4f, "
+          "\"min_ms\": %.4f, \"max_ms\": %.4f}\n",
+          bytes, m, *std::min_element(times.begin(), times.end()),
+          *std::max_element(times.begin(), times.end()));
     else if (comm.rank() == 0)
       std::printf("%10zu %8d %12.3f %10.2f\n", bytes, reps, m, bytes / (m * 1e6));
   }
@@ -100,9 +102,10 @@ void bench_steps(GlooCommunicator& comm, int steps, int batch, std::size_t bucke
       }
       const double seconds = ms(Clock::now() - start) / 1000;
       if (comm.rank() == 0 && g_json)
-        std::printf("{\"bench\": \"sync_step\", \"model\": \"%s\", \"buckets\": \"%s\", "
-                    "\"batch\": %d, \"steps\": %d, \"samples_per_s\": %.1f}\n",
-                    preset, overlap ? "overlap" : "after", batch, n, 2.0 * batch * n / seconds);
+        std::printf(
+            "{\"bench\": \"sync_step\", \"model\": \"%s\", \"buckets\": \"%s\", "
+            "\"batch\": %d, \"steps\": %d, \"samples_per_s\": %.1f}\n",
+            preset, overlap ? "overlap" : "after", batch, n, 2.0 * batch * n / seconds);
       else if (comm.rank() == 0)
         std::printf("%-5s %-9s %8zu %11.3f %13.3f %9.3f %12.1f %14.0f\n", preset,
                     overlap ? "overlap" : "after", replica.buckets(), sum.compute_ms / n,
@@ -119,17 +122,21 @@ int main(int argc, char** argv) {
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--json") g_json = true;
-    else if (arg == "--steps-only") sizes = false;
-    else positional.push_back(arg);
+    if (arg == "--json")
+      g_json = true;
+    else if (arg == "--steps-only")
+      sizes = false;
+    else
+      positional.push_back(arg);
   }
   auto arg = [&](std::size_t i) { return i < positional.size() ? positional[i].c_str() : nullptr; };
   const int steps = arg(0) ? std::atoi(arg(0)) : 200;
   const int batch = arg(1) ? std::atoi(arg(1)) : 64;
   const std::size_t bucket_bytes = arg(2) ? std::strtoull(arg(2), nullptr, 10) : 256u << 10;
   if (steps < 1 || batch < 1 || bucket_bytes < 1 || positional.size() > 3) {
-    std::fprintf(stderr, "usage: bench_allreduce [--json] [--steps-only] [steps>=1] [batch>=1] "
-                         "[bucket_bytes>=1]\n");
+    std::fprintf(stderr,
+                 "usage: bench_allreduce [--json] [--steps-only] [steps>=1] [batch>=1] "
+                 "[bucket_bytes>=1]\n");
     return 2;
   }
   TempDir dir;

@@ -68,7 +68,9 @@ std::vector<double> checkpoint_writes(const std::filesystem::path& log) {
   return out;
 }
 
-std::filesystem::path log_of(const ClusterConfig& config) { return config.run_dir.string() + ".log"; }
+std::filesystem::path log_of(const ClusterConfig& config) {
+  return config.run_dir.string() + ".log";
+}
 
 Figures measure(const ClusterConfig& config, ChildProcess& server,
                 std::chrono::duration<double> length) {
@@ -128,19 +130,22 @@ int main(int argc, char** argv) try {
     servers.push_back(std::make_unique<ChildProcess>(
         log_of(c), [&c] { return run_ps_role(c, 0, std::nullopt); }));
 
-  std::printf("bench_checkpoint: 1 ps on loopback tcp, 256 MiB store (64 x 4 MiB, 1 MiB chunks, "
-              "SGD), a client pushing and pulling 4 MiB back to back, a stats ping every 1 ms; "
-              "%.0f s per run\n\n",
-              seconds);
-  std::printf("%-14s %8s %10s %8s %11s %17s %11s %15s\n", "checkpoints", "pings", "median ms", "p99 ms",
-              "longest ms", "push+pull max ms", "requests/s", "writes (max s)");
+  std::printf(
+      "bench_checkpoint: 1 ps on loopback tcp, 256 MiB store (64 x 4 MiB, 1 MiB chunks, "
+      "SGD), a client pushing and pulling 4 MiB back to back, a stats ping every 1 ms; "
+      "%.0f s per run\n\n",
+      seconds);
+  std::printf("%-14s %8s %10s %8s %11s %17s %11s %15s\n", "checkpoints", "pings", "median ms",
+              "p99 ms", "longest ms", "push+pull max ms", "requests/s", "writes (max s)");
   for (std::size_t i = 0; i < 2; ++i) {
     const auto f = measure(configs[i], *servers[i], std::chrono::duration<double>(seconds));
-    const auto label = i == 0 ? std::string("off") : "every " + std::to_string(every_s).substr(0, 4) + " s";
+    const auto label =
+        i == 0 ? std::string("off") : "every " + std::to_string(every_s).substr(0, 4) + " s";
     const double longest_write = f.write_s.empty() ? 0 : *std::ranges::max_element(f.write_s);
     std::printf("%-14s %8llu %10.2f %8.2f %11.2f %17.2f %11.1f %8zu (%.2f)\n", label.c_str(),
-                static_cast<unsigned long long>(f.pings), f.median_ping_ms, f.p99_ping_ms, f.longest_ping_ms,
-                f.longest_pair_ms, f.requests / seconds, f.write_s.size(), longest_write);
+                static_cast<unsigned long long>(f.pings), f.median_ping_ms, f.p99_ping_ms,
+                f.longest_ping_ms, f.longest_pair_ms, f.requests / seconds, f.write_s.size(),
+                longest_write);
   }
   std::printf("\nwrites counts the checkpoints logged, the one on exit included.\n");
   return 0;

@@ -51,12 +51,12 @@ class TimedBackend final : public Backend {
   bool fence_done(Fence f) override { return inner_.fence_done(f); }
   void wait(Fence f) override { inner_.wait(f); }
 
-  void dense_forward(const float* x, const float* w, const float* b, float* y, int n,
-                     int in, int out) override {
+  void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
+                     int out) override {
     time("dense (gemm)", [&] { inner_.dense_forward(x, w, b, y, n, in, out); });
   }
-  void dense_backward(const float* x, const float* w, const float* dy, float* dx,
-                      float* dw, float* db, int n, int in, int out) override {
+  void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                      float* db, int n, int in, int out) override {
     time("dense (gemm)", [&] { inner_.dense_backward(x, w, dy, dx, dw, db, n, in, out); });
   }
   void relu_forward(const float* x, float* y, std::size_t n) override {
@@ -68,12 +68,12 @@ class TimedBackend final : public Backend {
   std::size_t conv2d_workspace(const ConvShape& s) const override {
     return inner_.conv2d_workspace(s);
   }
-  void conv2d_forward(const float* x, const float* w, const float* b, float* y,
-                      float* ws, const ConvShape& s) override {
+  void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* ws,
+                      const ConvShape& s) override {
     time("conv (im2col+gemm)", [&] { inner_.conv2d_forward(x, w, b, y, ws, s); });
   }
-  void conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
-                       float* dw, float* db, float* ws, const ConvShape& s) override {
+  void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, float* ws, const ConvShape& s) override {
     time("conv (im2col+gemm)", [&] { inner_.conv2d_backward(x, w, dy, dx, dw, db, ws, s); });
   }
   void maxpool_forward(const float* x, float* y, std::int32_t* a, const PoolShape& s) override {
@@ -83,13 +83,13 @@ class TimedBackend final : public Backend {
                         const PoolShape& s) override {
     time("maxpool", [&] { inner_.maxpool_backward(dy, a, dx, s); });
   }
-  void softmax_xent(const float* l, const std::int32_t* y, float* d, float* loss,
-                    float* c, int n, int k) override {
+  void softmax_xent(const float* l, const std::int32_t* y, float* d, float* loss, float* c, int n,
+                    int k) override {
     time("elementwise", [&] { inner_.softmax_xent(l, y, d, loss, c, n, k); });
   }
   void scale(float* x, float a, std::size_t n) override { inner_.scale(x, a, n); }
-  void apply_optimizer(const OptimizerConfig& c, float* w, const float* g, float* s,
-                       std::size_t n, std::uint64_t step, float lr) override {
+  void apply_optimizer(const OptimizerConfig& c, float* w, const float* g, float* s, std::size_t n,
+                       std::uint64_t step, float lr) override {
     inner_.apply_optimizer(c, w, g, s, n, step, lr);
   }
 
@@ -104,7 +104,7 @@ class TimedBackend final : public Backend {
 };
 
 struct Result {
-  std::vector<double> rates;  // samples/s of each window, sorted
+  std::vector<double> rates;            // samples/s of each window, sorted
   std::map<std::string, double> split;  // fraction of a step per operation
 };
 
@@ -171,34 +171,38 @@ int main(int argc, char** argv) try {
   std::vector<std::string> presets = {"mlp", "cnn"}, positional;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--json") json = true;
-    else if (arg == "--model" && i + 1 < argc) presets = {argv[++i]};
-    else positional.push_back(arg);
+    if (arg == "--json")
+      json = true;
+    else if (arg == "--model" && i + 1 < argc)
+      presets = {argv[++i]};
+    else
+      positional.push_back(arg);
   }
   auto number = [&](std::size_t i, int fallback) {
     return i < positional.size() ? std::atoi(positional[i].c_str()) : fallback;
   };
   const int threads = number(0, 1), batch = number(1, 64), windows = number(2, 7);
   if (threads < 1 || batch < 1 || windows < 1 || positional.size() > 3) {
-    std::fprintf(stderr, "usage: bench_compute [--json] [--model mlp|cnn] [threads>=1] "
-                         "[batch>=1] [windows>=1]\n");
+    std::fprintf(stderr,
+                 "usage: bench_compute [--json] [--model mlp|cnn] [threads>=1] "
+                 "[batch>=1] [windows>=1]\n");
     return 2;
   }
   auto backend = make_cpu_backend(threads);
   const Dataset data = make_synthetic(static_cast<std::size_t>(batch), true);
 
   if (!json) {
-    std::printf("backend: %s, batch %d, %d windows\n\n", backend->name().c_str(), batch,
-                windows);
+    std::printf("backend: %s, batch %d, %d windows\n\n", backend->name().c_str(), batch, windows);
     std::printf("| model | median samples/s | min | max |\n|---|---|---|---|\n");
   }
   std::vector<std::pair<std::string, Result>> results;
   for (const auto& preset : presets) {
     const Result r = measure(preset, *backend, data, batch, windows, !json);
     if (json) {
-      std::printf("{\"bench\": \"compute\", \"model\": \"%s\", \"threads\": %d, "
-                  "\"batch\": %d, \"backend\": \"%s\", \"samples_per_s\": [",
-                  preset.c_str(), threads, batch, backend->name().c_str());
+      std::printf(
+          "{\"bench\": \"compute\", \"model\": \"%s\", \"threads\": %d, "
+          "\"batch\": %d, \"backend\": \"%s\", \"samples_per_s\": [",
+          preset.c_str(), threads, batch, backend->name().c_str());
       for (std::size_t i = 0; i < r.rates.size(); ++i)
         std::printf("%s%.1f", i ? ", " : "", r.rates[i]);
       std::printf("]}\n");
@@ -210,7 +214,8 @@ int main(int argc, char** argv) try {
     results.emplace_back(preset, r);
   }
   if (json) return 0;
-  std::printf("\nshare of a training step per operation\n\n| model | operation | share |\n|---|---|---|\n");
+  std::printf(
+      "\nshare of a training step per operation\n\n| model | operation | share |\n|---|---|---|\n");
   for (const auto& [preset, r] : results) {
     for (const auto& [bucket, share] : r.split) {
       std::printf("| %s | %s | %.1f%% |\n", preset.c_str(), bucket.c_str(), 100 * share);

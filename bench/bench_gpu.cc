@@ -108,8 +108,8 @@ void bench_overlap(pstrain::Backend& backend, int iterations) {
   }
   backend.synchronize();
   const double overlapped = seconds_since(start) / iterations;
-  std::printf("%28s %10.3f ms  (upload %.3f + compute %.3f + download %.3f)\n",
-              "serialized", serialized * 1e3, up / iterations * 1e3, math / iterations * 1e3,
+  std::printf("%28s %10.3f ms  (upload %.3f + compute %.3f + download %.3f)\n", "serialized",
+              serialized * 1e3, up / iterations * 1e3, math / iterations * 1e3,
               down / iterations * 1e3);
   std::printf("%28s %10.3f ms  (%.2fx; copies in both directions share one copy stream)\n",
               "overlapped, two streams", overlapped * 1e3, serialized / overlapped);
@@ -120,10 +120,13 @@ void bench_overlap(pstrain::Backend& backend, int iterations) {
 int main(int argc, char** argv) {
   int device = 0, steps = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--device") == 0) device = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--device") == 0)
+      device = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--steps") == 0)
+      steps = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "bench_gpu: unknown option %s (expected --device N, --steps N)\n", argv[i]);
+      std::fprintf(stderr, "bench_gpu: unknown option %s (expected --device N, --steps N)\n",
+                   argv[i]);
       return 2;
     }
   }

@@ -22,10 +22,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <random>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -42,12 +42,11 @@ constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * 1024;
 constexpr std::uint64_t kSizes[] = {4 * kKiB, 64 * kKiB, kMiB, 16 * kMiB, 64 * kMiB};
 enum class Op { push, pull, push_pull };
 constexpr Op kOps[] = {Op::push, Op::pull, Op::push_pull};
-const char* name(Op op) {
-  return op == Op::push ? "push" : op == Op::pull ? "pull" : "push_pull";
-}
+const char* name(Op op) { return op == Op::push ? "push" : op == Op::pull ? "pull" : "push_pull"; }
 
 std::string size_name(std::uint64_t bytes) {
-  return bytes >= kMiB ? std::to_string(bytes / kMiB) + " MiB" : std::to_string(bytes / kKiB) + " KiB";
+  return bytes >= kMiB ? std::to_string(bytes / kMiB) + " MiB"
+                       : std::to_string(bytes / kKiB) + " KiB";
 }
 std::string var_name(std::uint64_t bytes) { return "v" + std::to_string(bytes); }
 
@@ -65,8 +64,9 @@ double median(std::vector<double> v) {
 // Runs `a` and `b` (each returning seconds per operation) once untimed, then
 // `reps` times each, which goes first drawn at random per rep, so neither
 // side always finds the caches, the ps or the loopback as the other left them.
-std::pair<std::vector<double>, std::vector<double>> alternate(
-    int reps, const std::function<double()>& a, const std::function<double()>& b) {
+std::pair<std::vector<double>, std::vector<double>> alternate(int reps,
+                                                              const std::function<double()>& a,
+                                                              const std::function<double()>& b) {
   static std::mt19937 rng(std::random_device{}());
   (void)a();
   (void)b();
@@ -239,17 +239,19 @@ void row(Target& t, Op op, std::uint32_t v, int reps, bool json) {
     return std::chrono::duration<double>(Clock::now() - t0).count() / n;
   };
   const double opt_before = stats_sum(ps, t.servers, "optimizer_seconds");
-  const auto [ours, theirs] =
-      alternate(reps, [&] { return time_ours(t, op, v, n, grad, out); }, raw);
+  const auto [ours, theirs] = alternate(
+      reps, [&] { return time_ours(t, op, v, n, grad, out); }, raw);
   // The warm-up rep's updates count too: reps + 1 reps of ours ran.
   const double opt_ms = (stats_sum(ps, t.servers, "optimizer_seconds") - opt_before) * 1e3 /
                         (static_cast<double>(reps + 1) * n);
   const double moved = moved_bytes(op, v);
   if (json) {
-    std::printf("{\"bench\": \"ps\", \"op\": \"%s\", \"bytes\": %llu, \"servers\": %u, "
-                "\"opt_ms\": %.4f", name(op), static_cast<unsigned long long>(bytes), t.servers,
-                op == Op::pull ? 0.0 : opt_ms);
-    for (const auto& [key, seconds] : {std::pair{"ours_gbs", &ours}, std::pair{"raw_gbs", &theirs}}) {
+    std::printf(
+        "{\"bench\": \"ps\", \"op\": \"%s\", \"bytes\": %llu, \"servers\": %u, "
+        "\"opt_ms\": %.4f",
+        name(op), static_cast<unsigned long long>(bytes), t.servers, op == Op::pull ? 0.0 : opt_ms);
+    for (const auto& [key, seconds] :
+         {std::pair{"ours_gbs", &ours}, std::pair{"raw_gbs", &theirs}}) {
       std::printf(", \"%s\": [", key);
       for (std::size_t i = 0; i < seconds->size(); ++i)
         std::printf("%s%.4f", i ? ", " : "", moved / (*seconds)[i] / 1e9);
@@ -269,9 +271,9 @@ void row(Target& t, Op op, std::uint32_t v, int reps, bool json) {
 void curve_row(Target& plain, Target& curve, Op op, std::uint32_t v, int reps) {
   const int n = ops_per_rep(kSizes[v]);
   std::vector<float> grad(kSizes[v] / sizeof(float), 1e-3f), out(grad.size());
-  const auto [plain_s, curve_s] =
-      alternate(reps, [&] { return time_ours(plain, op, v, n, grad, out); },
-                [&] { return time_ours(curve, op, v, n, grad, out); });
+  const auto [plain_s, curve_s] = alternate(
+      reps, [&] { return time_ours(plain, op, v, n, grad, out); },
+      [&] { return time_ours(curve, op, v, n, grad, out); });
   const double moved = moved_bytes(op, v);
   std::printf("%-10s %-7s %3u  %-22s  %-22s  %6.2f  %8.1fx\n", name(op),
               size_name(kSizes[v]).c_str(), plain.servers, gbs_spread(moved, plain_s).c_str(),
@@ -319,28 +321,33 @@ std::uint64_t parse_arg(const char* text, const char* flag) {
   std::uint64_t v = 0;
   const auto end = text + std::strlen(text);
   if (std::from_chars(text, end, v).ptr != end || v == 0)
-    throw std::invalid_argument(std::string(flag) + ": expected a positive integer, got '" +
-                                text + "'");
+    throw std::invalid_argument(std::string(flag) + ": expected a positive integer, got '" + text +
+                                "'");
   return v;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes, max_bytes = kSizes[std::size(kSizes) - 1];
+  std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes,
+                max_bytes = kSizes[std::size(kSizes) - 1];
   int reps = 7;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--chunk-bytes" || arg == "--reps" || arg == "--max-bytes") && i + 1 < argc) {
       const auto v = parse_arg(argv[++i], arg.c_str());
-      if (arg == "--reps") reps = static_cast<int>(v);
-      else if (arg == "--max-bytes") max_bytes = v;
-      else chunk_bytes = v;
+      if (arg == "--reps")
+        reps = static_cast<int>(v);
+      else if (arg == "--max-bytes")
+        max_bytes = v;
+      else
+        chunk_bytes = v;
     } else if (arg == "--json") {
       json = true;
     } else {
-      std::fprintf(stderr, "usage: bench_ps [--chunk-bytes N] [--reps N] [--max-bytes N] [--json]\n");
+      std::fprintf(stderr,
+                   "usage: bench_ps [--chunk-bytes N] [--reps N] [--max-bytes N] [--json]\n");
       return 2;
     }
   }
@@ -367,11 +374,13 @@ int main(int argc, char** argv) try {
     }
 
   if (!json) {
-    std::printf("bench_ps: loopback tcp, 1 client, chunk size %s, SGD on the ps, 1 warm-up rep,\n"
-                "then %d reps in random order per rep; GB/s as median (min-max)\n",
-                size_name(chunk_bytes).c_str(), reps);
-    std::printf("raw = ZeroMQ DEALER->ROUTER with the same chunks in flight; push_pull counts 2 x size;\n"
-                "our pull includes the copy into the caller's buffer, raw's does not\n\n");
+    std::printf(
+        "bench_ps: loopback tcp, 1 client, chunk size %s, SGD on the ps, 1 warm-up rep,\n"
+        "then %d reps in random order per rep; GB/s as median (min-max)\n",
+        size_name(chunk_bytes).c_str(), reps);
+    std::printf(
+        "raw = ZeroMQ DEALER->ROUTER with the same chunks in flight; push_pull counts 2 x size;\n"
+        "our pull includes the copy into the caller's buffer, raw's does not\n\n");
     std::printf("%-10s %-7s %3s  %-22s  %-22s  %6s  %8s  %9s\n", "op", "size", "ps", "ours GB/s",
                 "raw GB/s", "ratio", "opt ms", "op ms");
   }
@@ -386,7 +395,8 @@ int main(int argc, char** argv) try {
   if (json) return 0;
   std::printf("\n");
   for (std::size_t t = 0; t < kPlainSetups; ++t) copy_on_write_rows(*targets[t], reps, max_bytes);
-  std::printf("\nsecurity.curve: the same client and servers with ZeroMQ CURVE, against plain tcp\n");
+  std::printf(
+      "\nsecurity.curve: the same client and servers with ZeroMQ CURVE, against plain tcp\n");
   std::printf("%-10s %-7s %3s  %-22s  %-22s  %6s  %9s\n", "op", "size", "ps", "plain GB/s",
               "curve GB/s", "ratio", "cost");
   for (auto op : kOps)

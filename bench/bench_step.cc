@@ -41,8 +41,8 @@ struct Row {
   std::string model;
   double compute_only = 0;  // samples/s without a ps
   double pull_ms = 0, compute_ms = 0, push_ms = 0;
-  double sequential = 0;    // samples/s of pull + compute + push in turn
-  double overlapped = 0;    // samples/s of the async trainer's step
+  double sequential = 0;  // samples/s of pull + compute + push in turn
+  double overlapped = 0;  // samples/s of the async trainer's step
 };
 
 ClusterConfig make_config(const std::string& preset, const std::filesystem::path& dir,
@@ -202,8 +202,10 @@ int main(int argc, char** argv) try {
   DataConfig data_config;
   const Dataset data = load_dataset(data_config, true);
   if (!json) {
-    std::printf("bench_step: 1 worker, 1 ps on loopback tcp, batch %d, 1 thread, %d steps, SGD on the ps\n\n",
-                batch, steps);
+    std::printf(
+        "bench_step: 1 worker, 1 ps on loopback tcp, batch %d, 1 thread, %d steps, SGD on the "
+        "ps\n\n",
+        batch, steps);
     std::printf("%-5s %14s %9s %10s %9s %14s %14s\n", "model", "compute-only/s", "pull ms",
                 "compute ms", "push ms", "sequential/s", "overlapped/s");
   }
@@ -215,11 +217,12 @@ int main(int argc, char** argv) try {
     bench.split(n, r);
     r.overlapped = bench.overlapped(n);
     if (json) {
-      std::printf("{\"bench\": \"step\", \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
-                  "\"compute_only\": %.1f, \"pull_ms\": %.4f, \"compute_ms\": %.4f, "
-                  "\"push_ms\": %.4f, \"sequential\": %.1f, \"overlapped\": %.1f}\n",
-                  r.model.c_str(), batch, n, r.compute_only, r.pull_ms, r.compute_ms, r.push_ms,
-                  r.sequential, r.overlapped);
+      std::printf(
+          "{\"bench\": \"step\", \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
+          "\"compute_only\": %.1f, \"pull_ms\": %.4f, \"compute_ms\": %.4f, "
+          "\"push_ms\": %.4f, \"sequential\": %.1f, \"overlapped\": %.1f}\n",
+          r.model.c_str(), batch, n, r.compute_only, r.pull_ms, r.compute_ms, r.push_ms,
+          r.sequential, r.overlapped);
       std::fflush(stdout);
       continue;
     }
@@ -227,8 +230,9 @@ int main(int argc, char** argv) try {
                 r.pull_ms, r.compute_ms, r.push_ms, r.sequential, r.overlapped);
   }
   if (json) return 0;
-  std::printf("\nsequential: pull, compute and push one after the other; overlapped: the async\n"
-              "trainer's step, each gradient sent as push_pull while backward continues.\n");
+  std::printf(
+      "\nsequential: pull, compute and push one after the other; overlapped: the async\n"
+      "trainer's step, each gradient sent as push_pull while backward continues.\n");
 
   constexpr int kReps = 15;
   StepBench off(configs[0], data, batch), on(scraped, data, batch);
@@ -247,12 +251,12 @@ int main(int argc, char** argv) try {
     if (rep % 2 == 0) measure_on();
     ratio.push_back(rate_on.back() / rate_off.back());
   }
-  std::printf("\nmetrics: the mlp's overlapped step, %d reps alternated, median samples/s\n"
-              "  off %.0f, on (ps serving /metrics, %d scrapes at 100 ms) %.0f: on/off %.4f "
-              "(overhead %.2f%%; reps %.3f..%.3f)\n",
-              kReps, median(rate_off), scrapes, median(rate_on), median(ratio),
-              100 * (1 - median(ratio)), *std::ranges::min_element(ratio),
-              *std::ranges::max_element(ratio));
+  std::printf(
+      "\nmetrics: the mlp's overlapped step, %d reps alternated, median samples/s\n"
+      "  off %.0f, on (ps serving /metrics, %d scrapes at 100 ms) %.0f: on/off %.4f "
+      "(overhead %.2f%%; reps %.3f..%.3f)\n",
+      kReps, median(rate_off), scrapes, median(rate_on), median(ratio), 100 * (1 - median(ratio)),
+      *std::ranges::min_element(ratio), *std::ranges::max_element(ratio));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_step: %s\n", e.what());

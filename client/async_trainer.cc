@@ -40,9 +40,9 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   pull_all();
 
   ProgressReporter reporter(context);
-  auto& push_pull = reporter.mean_ms(
-      "push_pull_ms", "pstrain_worker_push_pull_seconds",
-      "Time from a step's first gradient sent to its last new weights received.");
+  auto& push_pull =
+      reporter.mean_ms("push_pull_ms", "pstrain_worker_push_pull_seconds",
+                       "Time from a step's first gradient sent to its last new weights received.");
   auto& wait = reporter.mean_ms("wait_ms", "pstrain_worker_wait_seconds",
                                 "Time per step waiting for the ps's replies after the compute.");
   auto& staleness = reporter.mean(

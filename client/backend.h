@@ -42,7 +42,9 @@ class BackendMemory {
   ~BackendMemory();
 
   template <class T = float>
-  T* data() const { return static_cast<T*>(ptr_); }
+  T* data() const {
+    return static_cast<T*>(ptr_);
+  }
   std::size_t bytes() const { return bytes_; }
 
  private:
@@ -102,46 +104,41 @@ class Backend {
   void synchronize() { wait(fence()); }
 
   // y[n x out] = x[n x in] * w[in x out] + b[out]
-  virtual void dense_forward(const float* x, const float* w, const float* b,
-                             float* y, int n, int in, int out) = 0;
+  virtual void dense_forward(const float* x, const float* w, const float* b, float* y, int n,
+                             int in, int out) = 0;
   // dw = x^T dy, db = column sums of dy, dx = dy w^T (skipped when dx is null).
   // dw and db are overwritten, not accumulated.
-  virtual void dense_backward(const float* x, const float* w, const float* dy,
-                              float* dx, float* dw, float* db, int n, int in,
-                              int out) = 0;
+  virtual void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                              float* db, int n, int in, int out) = 0;
 
   virtual void relu_forward(const float* x, float* y, std::size_t n) = 0;
   // dx = dy where y > 0, else 0 (y is the forward output).
-  virtual void relu_backward(const float* y, const float* dy, float* dx,
-                             std::size_t n) = 0;
+  virtual void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) = 0;
 
   // Scratch floats the convolution needs for its im2col buffers.
   virtual std::size_t conv2d_workspace(const ConvShape& s) const = 0;
   // w: filters x c x kernel x kernel, b: filters.
-  virtual void conv2d_forward(const float* x, const float* w, const float* b,
-                              float* y, float* workspace, const ConvShape& s) = 0;
-  virtual void conv2d_backward(const float* x, const float* w, const float* dy,
-                               float* dx, float* dw, float* db, float* workspace,
-                               const ConvShape& s) = 0;
+  virtual void conv2d_forward(const float* x, const float* w, const float* b, float* y,
+                              float* workspace, const ConvShape& s) = 0;
+  virtual void conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
+                               float* dw, float* db, float* workspace, const ConvShape& s) = 0;
 
   // argmax: per output element, the flat input index of the chosen maximum.
   virtual void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
                                const PoolShape& s) = 0;
-  virtual void maxpool_backward(const float* dy, const std::int32_t* argmax,
-                                float* dx, const PoolShape& s) = 0;
+  virtual void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
+                                const PoolShape& s) = 0;
 
   // Mean softmax cross-entropy over the batch. Writes dlogits (already divided
   // by n), per-sample loss[n] and correct[n] (1 where argmax == label).
-  virtual void softmax_xent(const float* logits, const std::int32_t* labels,
-                            float* dlogits, float* loss, float* correct, int n,
-                            int classes) = 0;
+  virtual void softmax_xent(const float* logits, const std::int32_t* labels, float* dlogits,
+                            float* loss, float* correct, int n, int classes) = 0;
 
   // Sync mode: x *= a (averaging all-reduced gradients), and the shared
   // optimizer step on backend memory (state slot-major, as in Optimizer).
   virtual void scale(float* x, float a, std::size_t n) = 0;
-  virtual void apply_optimizer(const OptimizerConfig& config, float* w,
-                               const float* g, float* state, std::size_t n,
-                               std::uint64_t step, float lr_scale) = 0;
+  virtual void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
+                               float* state, std::size_t n, std::uint64_t step, float lr_scale) = 0;
 };
 
 template <MemoryKind Kind>

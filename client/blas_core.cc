@@ -15,12 +15,12 @@ std::optional<int> rank(std::string_view core) {
     int rank;
   };
   static constexpr Ranked kCores[] = {
-      {"prescott", 0},    {"core2", 0},      {"penryn", 0},     {"dunnington", 0},
-      {"nehalem", 0},     {"atom", 0},       {"opteron", 0},    {"barcelona", 0},
-      {"nano", 0},        {"bobcat", 0},     {"opteron_sse3", 0},
-      {"sandybridge", 1}, {"bulldozer", 1},  {"piledriver", 1}, {"steamroller", 1},
-      {"excavator", 1},   {"haswell", 2},    {"zen", 2},        {"skylakex", 3},
-      {"cooperlake", 4},  {"sapphirerapids", 5}};
+      {"prescott", 0},      {"core2", 0},      {"penryn", 0},       {"dunnington", 0},
+      {"nehalem", 0},       {"atom", 0},       {"opteron", 0},      {"barcelona", 0},
+      {"nano", 0},          {"bobcat", 0},     {"opteron_sse3", 0}, {"sandybridge", 1},
+      {"bulldozer", 1},     {"piledriver", 1}, {"steamroller", 1},  {"excavator", 1},
+      {"haswell", 2},       {"zen", 2},        {"skylakex", 3},     {"cooperlake", 4},
+      {"sapphirerapids", 5}};
   std::string lower(core);
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });

@@ -55,11 +55,10 @@ void choose_openblas_core() {
 constexpr std::size_t kConvChunkFloats = std::size_t{1} << 21;
 
 int conv_chunk(const ConvShape& s) {
-  const std::size_t per_sample =
-      static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
-      static_cast<std::size_t>(s.out_h() * s.out_w());
-  return static_cast<int>(std::clamp<std::size_t>(
-      kConvChunkFloats / per_sample, 1, static_cast<std::size_t>(std::max(s.n, 1))));
+  const std::size_t per_sample = static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
+                                 static_cast<std::size_t>(s.out_h() * s.out_w());
+  return static_cast<int>(std::clamp<std::size_t>(kConvChunkFloats / per_sample, 1,
+                                                  static_cast<std::size_t>(std::max(s.n, 1))));
 }
 
 // col[(ch*k + u)*k + v][i*P + r*ow + c] = x[i][ch][r+u][c+v] for the m samples
@@ -78,8 +77,7 @@ void im2col(const float* x, float* col, const ConvShape& s, int m) {
           const float* src = x + (static_cast<std::size_t>(i) * s.c + ch) * plane +
                              static_cast<std::size_t>(u) * s.w + v;
           for (int r = 0; r < oh; ++r) {
-            std::memcpy(dst, src + static_cast<std::size_t>(r) * s.w,
-                        sizeof(float) * ow);
+            std::memcpy(dst, src + static_cast<std::size_t>(r) * s.w, sizeof(float) * ow);
             dst += ow;
           }
         }
@@ -97,8 +95,7 @@ void col2im(const float* col, float* dx, const ConvShape& s, int m) {
   for (int ch = 0; ch < s.c; ++ch) {
     for (int u = 0; u < k; ++u) {
       for (int v = 0; v < k; ++v) {
-        const float* src =
-            col + static_cast<std::size_t>((ch * k + u) * k + v) * row_len;
+        const float* src = col + static_cast<std::size_t>((ch * k + u) * k + v) * row_len;
         for (int i = 0; i < m; ++i) {
           float* dst = dx + (static_cast<std::size_t>(i) * s.c + ch) * plane +
                        static_cast<std::size_t>(u) * s.w + v;
@@ -118,8 +115,7 @@ void col2im(const float* col, float* dx, const ConvShape& s, int m) {
 // strictly larger value wins, as ew::argmax does; selects rather than
 // branches, since the winner's position in real activations is unpredictable.
 template <int K>
-void maxpool_planes(const float* x, float* y, std::int32_t* argmax,
-                    const PoolShape& s) {
+void maxpool_planes(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) {
   const int k = K > 0 ? K : s.k;
   const int w = s.w, oh = s.out_h(), ow = s.out_w();
   const std::size_t plane = static_cast<std::size_t>(s.h) * w;
@@ -161,8 +157,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override {
     return "cpu (OpenBLAS " + std::string(openblas_get_corename()) + ", " +
-           std::to_string(threads_) +
-           (threads_ == 1 ? " thread)" : " threads)");
+           std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
   }
   bool host_accessible() const override { return true; }
 
@@ -181,44 +176,40 @@ class CpuBackend final : public Backend {
   void download(const void* device, void* host, std::size_t bytes) override {
     std::memcpy(host, device, bytes);
   }
-  void fill(float* device, float value, std::size_t n) override {
-    std::fill_n(device, n, value);
-  }
+  void fill(float* device, float value, std::size_t n) override { std::fill_n(device, n, value); }
 
   Fence fence() override { return ++fences_; }
   bool fence_done(Fence) override { return true; }
   void wait(Fence) override {}
 
-  void dense_forward(const float* x, const float* w, const float* b, float* y,
-                     int n, int in, int out) override {
+  void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
+                     int out) override {
     for (int i = 0; i < n; ++i) {
       std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x,
-                in, w, out, 1.0f, y, out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x, in, w, out, 1.0f, y,
+                out);
   }
 
-  void dense_backward(const float* x, const float* w, const float* dy,
-                      float* dx, float* dw, float* db, int n, int in,
-                      int out) override {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x,
-                in, dy, out, 0.0f, dw, out);
+  void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                      float* db, int n, int in, int out) override {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw,
+                out);
     std::fill_n(db, out, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float* row = dy + static_cast<std::size_t>(i) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
     if (dx) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy,
-                  out, w, out, 0.0f, dx, in);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy, out, w, out, 0.0f,
+                  dx, in);
     }
   }
 
   void relu_forward(const float* x, float* y, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) y[i] = ew::relu(x[i]);
   }
-  void relu_backward(const float* y, const float* dy, float* dx,
-                     std::size_t n) override {
+  void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) dx[i] = ew::relu_grad(y[i], dy[i]);
   }
 
@@ -229,8 +220,8 @@ class CpuBackend final : public Backend {
            static_cast<std::size_t>(s.out_h() * s.out_w()) * conv_chunk(s);
   }
 
-  void conv2d_forward(const float* x, const float* w, const float* b, float* y,
-                      float* workspace, const ConvShape& s) override {
+  void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
+                      const ConvShape& s) override {
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const int chunk = conv_chunk(s);
@@ -240,8 +231,8 @@ class CpuBackend final : public Backend {
       const int m = std::min(chunk, s.n - n0);
       const int cols = static_cast<int>(positions) * m;
       im2col(x + static_cast<std::size_t>(n0) * s.c * s.h * s.w, col, s, m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.filters, cols,
-                  kk, 1.0f, w, kk, col, cols, 0.0f, out, cols);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.filters, cols, kk, 1.0f, w, kk, col,
+                  cols, 0.0f, out, cols);
       // Filter-major to NCHW, adding the bias on the way.
       for (int f = 0; f < s.filters; ++f) {
         const float* src = out + static_cast<std::size_t>(f) * cols;
@@ -254,9 +245,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void conv2d_backward(const float* x, const float* w, const float* dy,
-                       float* dx, float* dw, float* db, float* workspace,
-                       const ConvShape& s) override {
+  void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, float* workspace, const ConvShape& s) override {
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const std::size_t image = static_cast<std::size_t>(s.c) * s.h * s.w;
@@ -272,8 +262,7 @@ class CpuBackend final : public Backend {
         float* dst = grad + static_cast<std::size_t>(f) * cols;
         float sum = 0.0f;
         for (int i = 0; i < m; ++i) {
-          const float* src =
-              dy + (static_cast<std::size_t>(n0 + i) * s.filters + f) * positions;
+          const float* src = dy + (static_cast<std::size_t>(n0 + i) * s.filters + f) * positions;
           float* part = dst + static_cast<std::size_t>(i) * positions;
           for (std::size_t p = 0; p < positions; ++p) {
             part[p] = src[p];
@@ -283,12 +272,12 @@ class CpuBackend final : public Backend {
         db[f] += sum;
       }
       im2col(x + static_cast<std::size_t>(n0) * image, col, s, m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.filters, kk, cols,
-                  1.0f, grad, cols, col, cols, n0 == 0 ? 0.0f : 1.0f, dw, kk);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.filters, kk, cols, 1.0f, grad, cols,
+                  col, cols, n0 == 0 ? 0.0f : 1.0f, dw, kk);
       if (dx) {
         // The im2col matrix is no longer needed: its gradient takes its place.
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, cols,
-                    s.filters, 1.0f, w, kk, grad, cols, 0.0f, col, cols);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, cols, s.filters, 1.0f, w, kk, grad,
+                    cols, 0.0f, col, cols);
         col2im(col, dx + static_cast<std::size_t>(n0) * image, s, m);
       }
     }
@@ -308,21 +297,19 @@ class CpuBackend final : public Backend {
   void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                         const PoolShape& s) override {
     std::fill_n(dx, static_cast<std::size_t>(s.n) * s.c * s.h * s.w, 0.0f);
-    const std::size_t outputs =
-        static_cast<std::size_t>(s.n) * s.c * s.out_h() * s.out_w();
+    const std::size_t outputs = static_cast<std::size_t>(s.n) * s.c * s.out_h() * s.out_w();
     for (std::size_t j = 0; j < outputs; ++j) dx[argmax[j]] = dy[j];
   }
 
-  void softmax_xent(const float* logits, const std::int32_t* labels,
-                    float* dlogits, float* loss, float* correct, int n,
-                    int classes) override {
+  void softmax_xent(const float* logits, const std::int32_t* labels, float* dlogits, float* loss,
+                    float* correct, int n, int classes) override {
     const float inv_n = 1.0f / static_cast<float>(n);
     for (int i = 0; i < n; ++i) {
       const std::int32_t label = labels[i];
       if (label < 0 || label >= classes) {
-        throw std::invalid_argument(
-            "softmax_xent: label " + std::to_string(label) + " of sample " +
-            std::to_string(i) + " is not in [0, " + std::to_string(classes) + ")");
+        throw std::invalid_argument("softmax_xent: label " + std::to_string(label) + " of sample " +
+                                    std::to_string(i) + " is not in [0, " +
+                                    std::to_string(classes) + ")");
       }
       const float* row = logits + static_cast<std::size_t>(i) * classes;
       float* grad = dlogits + static_cast<std::size_t>(i) * classes;
@@ -342,13 +329,11 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
   }
 
-  void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
-                       float* state, std::size_t n, std::uint64_t step,
-                       float lr_scale) override {
+  void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
+                       std::size_t n, std::uint64_t step, float lr_scale) override {
     const Optimizer optimizer(config);
     optimizer.apply(std::span<float>(w, n), std::span<const float>(g, n),
-                    std::span<float>(state, n * optimizer.state_slots()), step,
-                    lr_scale);
+                    std::span<float>(state, n * optimizer.state_slots()), step, lr_scale);
   }
 
  private:

@@ -23,17 +23,14 @@ const char* pstrain_cuda_architectures();
 // CUDA error text in `error` when the driver or a device is missing.
 int pstrain_cuda_device_count(char* error, std::size_t error_size);
 // A backend on `device`; nullptr with the reason in `error`.
-pstrain::Backend* pstrain_cuda_create_backend(int device, char* error,
-                                              std::size_t error_size);
+pstrain::Backend* pstrain_cuda_create_backend(int device, char* error, std::size_t error_size);
 // NCCL's unique id (128 bytes); works without a GPU. Returns 0 on success.
 int pstrain_nccl_unique_id(std::uint8_t* id, std::size_t id_size, char* error,
                            std::size_t error_size);
 // An NCCL communicator on `backend`'s compute stream (a backend made by this
 // library, which must outlive it). A peer that does not join, dies or hangs
 // for `timeout_s` seconds becomes a CommError instead of a hang.
-pstrain::Communicator* pstrain_nccl_create(pstrain::Backend* backend,
-                                           const std::uint8_t* id,
-                                           std::size_t id_size, int rank,
-                                           int size, double timeout_s,
-                                           char* error, std::size_t error_size);
+pstrain::Communicator* pstrain_nccl_create(pstrain::Backend* backend, const std::uint8_t* id,
+                                           std::size_t id_size, int rank, int size,
+                                           double timeout_s, char* error, std::size_t error_size);
 }

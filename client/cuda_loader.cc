@@ -40,11 +40,10 @@ std::filesystem::path find_library() {
     }
     return env;
   }
-  throw CudaUnavailable(
-      std::string(kLibraryName) + " not found beside " +
-      (exe.empty() ? std::string("the executable") : exe.parent_path().string()) +
-      " and PSTRAIN_CUDA_LIB is not set: this pstrain was built without CUDA "
-      "(configure with nvcc available), or the library was not copied with it");
+  throw CudaUnavailable(std::string(kLibraryName) + " not found beside " +
+                        (exe.empty() ? std::string("the executable") : exe.parent_path().string()) +
+                        " and PSTRAIN_CUDA_LIB is not set: this pstrain was built without CUDA "
+                        "(configure with nvcc available), or the library was not copied with it");
 }
 
 template <class F>
@@ -122,8 +121,8 @@ int device_count() {
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   ErrorText error;
   std::unique_ptr<Backend> backend(library().create_backend(device, error.data(), error.size()));
-  if (!backend) throw CudaUnavailable("CUDA backend on device " + std::to_string(device) +
-                                      ": " + error.str());
+  if (!backend)
+    throw CudaUnavailable("CUDA backend on device " + std::to_string(device) + ": " + error.str());
   return backend;
 }
 
@@ -136,13 +135,14 @@ NcclId nccl_unique_id() {
   return id;
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const NcclId& id,
-                                                     int rank, int size, double timeout_s) {
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const NcclId& id, int rank,
+                                                     int size, double timeout_s) {
   ErrorText error;
   std::unique_ptr<Communicator> comm(library().nccl_create(
       &backend, id.data(), id.size(), rank, size, timeout_s, error.data(), error.size()));
-  if (!comm) throw CommError("nccl communicator (rank " + std::to_string(rank) + " of " +
-                             std::to_string(size) + "): " + error.str());
+  if (!comm)
+    throw CommError("nccl communicator (rank " + std::to_string(rank) + " of " +
+                    std::to_string(size) + "): " + error.str());
   return comm;
 }
 

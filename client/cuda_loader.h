@@ -54,8 +54,7 @@ NcclId nccl_unique_id();
 // A communicator over `backend` (made by make_cuda_backend, which must outlive
 // it). A peer that does not join, dies or hangs for `timeout_s` seconds ends
 // in CommError rather than a hang.
-std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const NcclId& id,
-                                                     int rank, int size,
-                                                     double timeout_s = 60);
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const NcclId& id, int rank,
+                                                     int size, double timeout_s = 60);
 
 }  // namespace pstrain::cuda

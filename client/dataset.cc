@@ -33,8 +33,7 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
   return Random(a ^ (b * 0x9e3779b97f4a7c15ULL)).next();
 }
 
-const char* const kFashionHint =
-    "; install Debian's dataset-fashion-mnist package or set data.dir";
+const char* const kFashionHint = "; install Debian's dataset-fashion-mnist package or set data.dir";
 
 }  // namespace
 
@@ -51,14 +50,12 @@ Dataset load_fashion_mnist(const std::filesystem::path& dir, bool train) {
   }
   if (images.dims[1] != 28 || images.dims[2] != 28) {
     throw DataError("data: " + images_path.string() + ": images are " +
-                    std::to_string(images.dims[1]) + "x" +
-                    std::to_string(images.dims[2]) + ", expected 28x28" +
-                    kFashionHint);
+                    std::to_string(images.dims[1]) + "x" + std::to_string(images.dims[2]) +
+                    ", expected 28x28" + kFashionHint);
   }
   if (images.dims[0] != labels.dims[0]) {
-    throw DataError("data: " + images_path.string() + " holds " +
-                    std::to_string(images.dims[0]) + " images but " +
-                    labels_path.string() + " " + std::to_string(labels.dims[0]) +
+    throw DataError("data: " + images_path.string() + " holds " + std::to_string(images.dims[0]) +
+                    " images but " + labels_path.string() + " " + std::to_string(labels.dims[0]) +
                     " labels" + kFashionHint);
   }
 
@@ -71,9 +68,8 @@ Dataset load_fashion_mnist(const std::filesystem::path& dir, bool train) {
   for (std::size_t i = 0; i < labels.values.size(); ++i) {
     if (labels.values[i] >= data.classes) {
       throw DataError("data: " + labels_path.string() + ": label " +
-                      std::to_string(labels.values[i]) + " of sample " +
-                      std::to_string(i) + " is not a class in [0, 10)" +
-                      kFashionHint);
+                      std::to_string(labels.values[i]) + " of sample " + std::to_string(i) +
+                      " is not a class in [0, 10)" + kFashionHint);
     }
     data.labels[i] = labels.values[i];
   }
@@ -122,8 +118,7 @@ Dataset make_synthetic(std::size_t size, bool train) {
         const int sy = std::clamp(y + dy, 0, h - 1);
         const int sx = std::clamp(x + dx, 0, w - 1);
         const float noise = 2.0f * (random.uniform() - 0.5f);
-        out[y * w + x] =
-            std::clamp(brightness * pattern[sy * w + sx] + noise, 0.0f, 1.0f);
+        out[y * w + x] = std::clamp(brightness * pattern[sy * w + sx] + noise, 0.0f, 1.0f);
       }
     }
     data.labels[i] = label;
@@ -134,27 +129,23 @@ Dataset make_synthetic(std::size_t size, bool train) {
 Dataset load_dataset(const DataConfig& config, bool train) {
   if (config.name == "fashion-mnist") return load_fashion_mnist(config.dir, train);
   if (config.name == "synthetic") {
-    return make_synthetic(train ? config.synthetic_train : config.synthetic_test,
-                          train);
+    return make_synthetic(train ? config.synthetic_train : config.synthetic_test, train);
   }
   throw std::invalid_argument("data.name: unknown dataset '" + config.name +
                               "' (expected fashion-mnist or synthetic)");
 }
 
-WorkerShard::WorkerShard(const Dataset& data, std::uint32_t worker,
-                         std::uint32_t workers, std::uint64_t seed)
+WorkerShard::WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers,
+                         std::uint64_t seed)
     : data_(data), worker_(worker), seed_(seed) {
   if (workers == 0 || worker >= workers) {
-    throw std::invalid_argument("data: worker " + std::to_string(worker) +
-                                " is not one of " + std::to_string(workers) +
-                                " workers");
+    throw std::invalid_argument("data: worker " + std::to_string(worker) + " is not one of " +
+                                std::to_string(workers) + " workers");
   }
   part_ = data.size() / workers;
   if (part_ == 0) {
-    throw std::invalid_argument("data: " + data.name + " has " +
-                                std::to_string(data.size()) +
-                                " samples, too few for " +
-                                std::to_string(workers) + " workers");
+    throw std::invalid_argument("data: " + data.name + " has " + std::to_string(data.size()) +
+                                " samples, too few for " + std::to_string(workers) + " workers");
   }
   first_ = part_ * worker;
   order_ = epoch_order(0);
@@ -170,16 +161,14 @@ std::vector<std::size_t> WorkerShard::epoch_order(std::uint64_t epoch) const {
   return order;
 }
 
-Batch WorkerShard::next_batch(std::size_t batch_size, float* images,
-                              std::int32_t* labels) {
+Batch WorkerShard::next_batch(std::size_t batch_size, float* images, std::int32_t* labels) {
   if (batch_size == 0) throw std::invalid_argument("data: batch size must be > 0");
   if (position_ == order_.size()) {
     order_ = epoch_order(++epoch_);
     position_ = 0;
     batch_index_ = 0;
   }
-  Batch batch{std::min(batch_size, order_.size() - position_), epoch_,
-              batch_index_++};
+  Batch batch{std::min(batch_size, order_.size() - position_), epoch_, batch_index_++};
   const std::size_t floats = data_.sample_floats();
   for (std::size_t i = 0; i < batch.size; ++i) {
     const std::size_t sample = order_[position_ + i];

@@ -23,12 +23,8 @@ struct Dataset {
   std::vector<std::int32_t> labels;  // size()
 
   std::size_t size() const { return labels.size(); }
-  std::size_t sample_floats() const {
-    return static_cast<std::size_t>(channels) * height * width;
-  }
-  const float* image(std::size_t i) const {
-    return images.data() + i * sample_floats();
-  }
+  std::size_t sample_floats() const { return static_cast<std::size_t>(channels) * height * width; }
+  const float* image(std::size_t i) const { return images.data() + i * sample_floats(); }
 };
 
 // Fashion-MNIST's `train` (60,000) or `t10k` (10,000) split from the four
@@ -46,9 +42,9 @@ Dataset make_synthetic(std::size_t size, bool train);
 Dataset load_dataset(const DataConfig& config, bool train);
 
 struct Batch {
-  std::size_t size = 0;       // samples copied; 0 never happens
-  std::uint64_t epoch = 0;    // the epoch the batch belongs to
-  std::size_t index = 0;      // the batch's number within its epoch
+  std::size_t size = 0;     // samples copied; 0 never happens
+  std::uint64_t epoch = 0;  // the epoch the batch belongs to
+  std::size_t index = 0;    // the batch's number within its epoch
 };
 
 // Worker `worker` of `workers` owns the contiguous part
@@ -64,8 +60,7 @@ class WorkerShard {
   // Keeps a reference to `data`, which must outlive the shard. Throws
   // std::invalid_argument when the dataset has fewer samples than
   // workers, or worker >= workers.
-  WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers,
-              std::uint64_t seed);
+  WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers, std::uint64_t seed);
 
   const Dataset& data() const { return data_; }
   std::size_t size() const { return part_; }

@@ -21,21 +21,15 @@ PSTRAIN_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
 // Softmax cross-entropy of one row of logits, in the log-sum-exp form that
 // cannot overflow: lse = max + log(sum_j exp(logit_j - max)).
-PSTRAIN_HD float softmax_exp_term(float logit, float max) {
-  return expf(logit - max);
-}
-PSTRAIN_HD float log_sum_exp(float max, float sum_exp) {
-  return max + logf(sum_exp);
-}
+PSTRAIN_HD float softmax_exp_term(float logit, float max) { return expf(logit - max); }
+PSTRAIN_HD float log_sum_exp(float max, float sum_exp) { return max + logf(sum_exp); }
 // d loss / d logit for one element, already divided by the batch size n
 // (the mean over the batch): (softmax - onehot) / n.
 PSTRAIN_HD float xent_grad(float logit, float lse, bool is_label, float inv_n) {
   return (expf(logit - lse) - (is_label ? 1.0f : 0.0f)) * inv_n;
 }
 // The per-sample loss: -log softmax(label) = lse - logit[label].
-PSTRAIN_HD float xent_loss(float label_logit, float lse) {
-  return lse - label_logit;
-}
+PSTRAIN_HD float xent_loss(float label_logit, float lse) { return lse - label_logit; }
 
 // Argmax with ties broken towards the lower index, so every backend picks the
 // same class (and the same pooling input) for equal values: scan in

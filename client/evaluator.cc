@@ -37,9 +37,9 @@ Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset 
   // OpenBLAS's thread count is process-wide: the evaluator's backend keeps
   // the one training set rather than resetting it.
   backend_ = make_cpu_backend(static_cast<int>(config.train.threads));
-  model_ = std::make_unique<Model>(
-      config.model, *backend_, InputShape{test_.channels, test_.height, test_.width},
-      test_.classes, kEvalBatch);
+  model_ = std::make_unique<Model>(config.model, *backend_,
+                                   InputShape{test_.channels, test_.height, test_.width},
+                                   test_.classes, kEvalBatch);
   ps_ = std::make_unique<PsClient>(config, sender, shard_map_for(config, model_->variables()));
   ps_->hello();
   thread_ = std::thread([this] { loop(); });
@@ -107,8 +107,7 @@ void Evaluator::loop() {
       if (job.final) {
         error = std::current_exception();
       } else {
-        log("warning: evaluation at ", job.global_samples, " global samples skipped: ",
-            e.what());
+        log("warning: evaluation at ", job.global_samples, " global samples skipped: ", e.what());
       }
     } catch (...) {
       error = std::current_exception();
@@ -144,8 +143,8 @@ void Evaluator::pull_weights(std::chrono::steady_clock::time_point deadline) {
       if (now >= deadline) throw;
       log("warning: the final evaluation's pull failed (", e.what(), "); trying again");
       // An error reply comes at once: do not hammer the ps with tries.
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          std::chrono::seconds(1), deadline - now));
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(1), deadline - now));
     }
   }
 }

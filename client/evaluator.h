@@ -40,8 +40,7 @@ JsonObject eval_record(const char* event, const EvalPoint& point);
 class Evaluator {
  public:
   // `sender` identifies the evaluator's requests to the ps (not a worker).
-  Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test,
-            MetricsFile& metrics);
+  Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test, MetricsFile& metrics);
   ~Evaluator();
   Evaluator(const Evaluator&) = delete;
   Evaluator& operator=(const Evaluator&) = delete;
@@ -81,8 +80,8 @@ class Evaluator {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable finished_;
-  std::uint64_t next_eval_;               // the next multiple of eval_every
-  std::optional<Job> pending_;            // the queued request
+  std::uint64_t next_eval_;     // the next multiple of eval_every
+  std::optional<Job> pending_;  // the queued request
   bool busy_ = false;
   bool stop_ = false;
   std::uint64_t completed_ = 0;

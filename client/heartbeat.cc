@@ -48,8 +48,8 @@ void HeartbeatThread::loop() {
       if (failing) log("liveness heartbeats reach every ps again");
       failing = false;
     } catch (const PsError& e) {
-      if (!failing) log("liveness heartbeat failed (", e.what(), "); retrying every ",
-                        interval_s_, " s");
+      if (!failing)
+        log("liveness heartbeat failed (", e.what(), "); retrying every ", interval_s_, " s");
       failing = true;
     }
     MutexLock lock(mutex_);

@@ -42,8 +42,7 @@ class Reader {
     auto* dst = static_cast<unsigned char*>(out);
     std::size_t done = 0;
     while (done < bytes) {
-      const unsigned ask =
-          static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
+      const unsigned ask = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
       const int got = gzread(file_.get(), dst + done, ask);
       if (got < 0) fail(std::string("corrupt gzip data (") + zlib_error() + ")");
       if (got == 0) break;
@@ -55,8 +54,8 @@ class Reader {
   void read_exactly(void* out, std::size_t bytes, const std::string& what) {
     const std::size_t got = read(out, bytes);
     if (got != bytes) {
-      fail("truncated: " + what + " needs " + std::to_string(bytes) +
-           " bytes, the file holds " + std::to_string(got));
+      fail("truncated: " + what + " needs " + std::to_string(bytes) + " bytes, the file holds " +
+           std::to_string(got));
     }
   }
 
@@ -88,9 +87,8 @@ IdxArray read_idx(const std::filesystem::path& path, int rank) {
   reader.read_exactly(magic, sizeof magic, "the magic number");
   const std::uint32_t expected = 0x00000800u | static_cast<std::uint32_t>(rank);
   if (big_endian(magic) != expected) {
-    reader.fail("bad magic number " + hex32(big_endian(magic)) + ", expected " +
-                hex32(expected) + " (unsigned bytes, " + std::to_string(rank) +
-                " dimensions)");
+    reader.fail("bad magic number " + hex32(big_endian(magic)) + ", expected " + hex32(expected) +
+                " (unsigned bytes, " + std::to_string(rank) + " dimensions)");
   }
 
   IdxArray array;

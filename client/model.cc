@@ -20,8 +20,8 @@ struct Dims {
   std::size_t size() const { return static_cast<std::size_t>(c) * h * w; }
   std::string text() const {
     return flat ? "[" + std::to_string(c) + "]"
-                : "[" + std::to_string(c) + ", " + std::to_string(h) + ", " +
-                      std::to_string(w) + "]";
+                : "[" + std::to_string(c) + ", " + std::to_string(h) + ", " + std::to_string(w) +
+                      "]";
   }
 };
 
@@ -31,8 +31,8 @@ LayerKind parse_kind(const std::string& type, std::size_t index) {
   if (type == "conv2d") return LayerKind::conv2d;
   if (type == "maxpool2d") return LayerKind::maxpool2d;
   if (type == "flatten") return LayerKind::flatten;
-  throw ConfigError("model: layer " + std::to_string(index) + ": unknown type '" +
-                    type + "' (expected dense, relu, conv2d, maxpool2d or flatten)");
+  throw ConfigError("model: layer " + std::to_string(index) + ": unknown type '" + type +
+                    "' (expected dense, relu, conv2d, maxpool2d or flatten)");
 }
 
 ModelLayer dense(int units) { return {"dense", units, 0, 0}; }
@@ -48,8 +48,8 @@ std::vector<ModelLayer> model_layers(const ModelConfig& config) {
     return {dense(256), relu(), dense(128), relu(), dense(10)};
   }
   if (config.preset == "cnn") {
-    return {conv(32, 3), relu(), pool(2), conv(64, 3), relu(), pool(2),
-            flatten(),   dense(128), relu(), dense(10)};
+    return {conv(32, 3), relu(),    pool(2),    conv(64, 3), relu(),
+            pool(2),     flatten(), dense(128), relu(),      dense(10)};
   }
   if (config.preset == "custom") {
     if (config.layers.empty()) {
@@ -66,31 +66,26 @@ struct Model::Layer {
   ModelLayer spec;
   std::string name;  // "conv0", "relu2", ...
   Dims in, out;
-  std::size_t weight = 0;  // variable index of the weights; the bias follows
-  DeviceMemory output;     // empty when the layer works in place
-  DeviceMemory argmax;     // maxpool2d
+  std::size_t weight = 0;    // variable index of the weights; the bias follows
+  DeviceMemory output;       // empty when the layer works in place
+  DeviceMemory argmax;       // maxpool2d
   const float* x = nullptr;  // input, for the whole batch
   float* y = nullptr;        // output
 
-  bool has_params() const {
-    return kind == LayerKind::dense || kind == LayerKind::conv2d;
-  }
-  ConvShape conv(int n) const {
-    return {n, in.c, in.h, in.w, spec.filters, spec.kernel};
-  }
+  bool has_params() const { return kind == LayerKind::dense || kind == LayerKind::conv2d; }
+  ConvShape conv(int n) const { return {n, in.c, in.h, in.w, spec.filters, spec.kernel}; }
   PoolShape pool(int n) const { return {n, in.c, in.h, in.w, spec.kernel}; }
 };
 
-Model::Model(const ModelConfig& config, Backend& backend, InputShape input,
-             int classes, int max_batch)
+Model::Model(const ModelConfig& config, Backend& backend, InputShape input, int classes,
+             int max_batch)
     : backend_(backend),
       preset_(config.preset),
       input_shape_(input),
       classes_(classes),
       max_batch_(max_batch) {
   if (max_batch < 1) {
-    throw std::invalid_argument("model: max_batch must be >= 1, got " +
-                                std::to_string(max_batch));
+    throw std::invalid_argument("model: max_batch must be >= 1, got " + std::to_string(max_batch));
   }
   if (input.c < 1 || input.h < 1 || input.w < 1 || classes < 2) {
     throw std::invalid_argument("model: bad input shape or class count");
@@ -110,9 +105,10 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input,
     };
     auto need_image = [&] {
       if (dims.flat) {
-        throw ConfigError(where + "needs an image input (channels x height x "
-                          "width), got the flat " + dims.text() +
-                          " output of the layer before");
+        throw ConfigError(where +
+                          "needs an image input (channels x height x "
+                          "width), got the flat " +
+                          dims.text() + " output of the layer before");
       }
     };
     Layer layer;
@@ -135,8 +131,7 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input,
                             " does not fit its input " + dims.text());
         }
         layer.name = "conv" + std::to_string(conv_count++);
-        layer.out = {spec.filters, dims.h - spec.kernel + 1,
-                     dims.w - spec.kernel + 1, false};
+        layer.out = {spec.filters, dims.h - spec.kernel + 1, dims.w - spec.kernel + 1, false};
         break;
       case LayerKind::maxpool2d:
         need_positive(spec.kernel, "kernel");
@@ -170,8 +165,8 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input,
   const auto batch = static_cast<std::size_t>(max_batch);
   std::size_t widest = dims.size();
   std::size_t workspace = 0;
-  input_ = backend_.alloc(batch * static_cast<std::size_t>(input.c) * input.h *
-                          input.w * sizeof(float));
+  input_ =
+      backend_.alloc(batch * static_cast<std::size_t>(input.c) * input.h * input.w * sizeof(float));
   float* current = input_.data();
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = layers_[i];
@@ -182,8 +177,7 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input,
       // in between do not change that), Glorot otherwise.
       bool before_relu = false;
       for (std::size_t j = i + 1; j < layers_.size(); ++j) {
-        if (layers_[j].kind == LayerKind::maxpool2d ||
-            layers_[j].kind == LayerKind::flatten) {
+        if (layers_[j].kind == LayerKind::maxpool2d || layers_[j].kind == LayerKind::flatten) {
           continue;
         }
         before_relu = layers_[j].kind == LayerKind::relu;
@@ -194,18 +188,18 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input,
           is_conv ? static_cast<std::size_t>(layer.spec.kernel) * layer.spec.kernel : 1;
       const std::size_t fan_in = (is_conv ? layer.in.c : layer.in.size()) * taps;
       const std::size_t fan_out = static_cast<std::size_t>(layer.out.c) * taps;
-      const double limit =
-          before_relu ? std::sqrt(6.0 / static_cast<double>(fan_in))
-                      : std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+      const double limit = before_relu ? std::sqrt(6.0 / static_cast<double>(fan_in))
+                                       : std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
       layer.weight = variables_.size();
       variables_.push_back({layer.name + "/w", fan_in * layer.out.c,
                             InitSpec{InitKind::uniform, static_cast<float>(limit)}});
       variables_.push_back({layer.name + "/b", static_cast<std::uint64_t>(layer.out.c),
                             InitSpec{InitKind::zeros, 0.0f}});
-      if (is_conv) workspace = std::max(workspace, backend_.conv2d_workspace(layer.conv(max_batch)));
+      if (is_conv)
+        workspace = std::max(workspace, backend_.conv2d_workspace(layer.conv(max_batch)));
     }
-    const bool in_place = layer.kind == LayerKind::flatten ||
-                          (layer.kind == LayerKind::relu && i > 0);
+    const bool in_place =
+        layer.kind == LayerKind::flatten || (layer.kind == LayerKind::relu && i > 0);
     if (in_place) {
       layer.y = current;
     } else {
@@ -259,8 +253,8 @@ void Model::forward(int n) {
         break;
       case LayerKind::conv2d:
         backend_.conv2d_forward(layer.x, params_[layer.weight].data(),
-                                params_[layer.weight + 1].data(), layer.y,
-                                workspace_.data(), layer.conv(n));
+                                params_[layer.weight + 1].data(), layer.y, workspace_.data(),
+                                layer.conv(n));
         break;
       case LayerKind::relu:
         backend_.relu_forward(layer.x, layer.y, outputs);
@@ -276,12 +270,12 @@ void Model::forward(int n) {
 }
 
 void Model::loss(int n) {
-  backend_.softmax_xent(logits(), label_buffer(), grad_a_.data(), loss_.data(),
-                        correct_.data(), n, classes_);
+  backend_.softmax_xent(logits(), label_buffer(), grad_a_.data(), loss_.data(), correct_.data(), n,
+                        classes_);
 }
 
-void Model::forward_backward(
-    int n, const std::function<void(std::size_t variable)>& on_grad_issued) {
+void Model::forward_backward(int n,
+                             const std::function<void(std::size_t variable)>& on_grad_issued) {
   forward(n);
   loss(n);
   // Layers below the first one with parameters need no gradient at all.
@@ -295,23 +289,19 @@ void Model::forward_backward(
     switch (layer.kind) {
       case LayerKind::dense:
         backend_.dense_backward(layer.x, params_[layer.weight].data(), dy, dx,
-                                grads_[layer.weight].data(),
-                                grads_[layer.weight + 1].data(), n,
+                                grads_[layer.weight].data(), grads_[layer.weight + 1].data(), n,
                                 static_cast<int>(layer.in.size()), layer.out.c);
         break;
       case LayerKind::conv2d:
         backend_.conv2d_backward(layer.x, params_[layer.weight].data(), dy, dx,
-                                 grads_[layer.weight].data(),
-                                 grads_[layer.weight + 1].data(),
+                                 grads_[layer.weight].data(), grads_[layer.weight + 1].data(),
                                  workspace_.data(), layer.conv(n));
         break;
       case LayerKind::relu:
-        backend_.relu_backward(layer.y, dy, dy,
-                               static_cast<std::size_t>(n) * layer.out.size());
+        backend_.relu_backward(layer.y, dy, dy, static_cast<std::size_t>(n) * layer.out.size());
         continue;
       case LayerKind::maxpool2d:
-        backend_.maxpool_backward(dy, layer.argmax.data<std::int32_t>(), spare,
-                                  layer.pool(n));
+        backend_.maxpool_backward(dy, layer.argmax.data<std::int32_t>(), spare, layer.pool(n));
         break;
       case LayerKind::flatten:
         continue;

@@ -41,8 +41,7 @@ class Model {
   // naming the layer ("model: layer 3 (conv2d): ..."): a conv or pool that
   // does not fit its input or follows a flat layer, non-positive sizes, or a
   // last layer that is not a dense layer to `classes` units.
-  Model(const ModelConfig& config, Backend& backend, InputShape input,
-        int classes, int max_batch);
+  Model(const ModelConfig& config, Backend& backend, InputShape input, int classes, int max_batch);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -73,10 +72,9 @@ class Model {
   // on_grad_issued(i) runs as soon as variable i's gradient has been issued,
   // in decreasing order of i, so a caller can send a layer's gradient while
   // the layers below it still compute (after a fence on async backends).
-  void forward_backward(int n,
-                        const std::function<void(std::size_t variable)>& on_grad_issued);
+  void forward_backward(int n, const std::function<void(std::size_t variable)>& on_grad_issued);
 
-  const float* logits() const;             // n x classes
+  const float* logits() const;                                     // n x classes
   const float* loss_buffer() const { return loss_.data(); }        // n
   const float* correct_buffer() const { return correct_.data(); }  // n: 1 or 0
 

@@ -17,8 +17,8 @@ std::filesystem::path yaml_beside(const std::filesystem::path& bin) {
 
 }  // namespace
 
-void save_model(const std::filesystem::path& bin, Model& model,
-                const ClusterConfig& config, std::uint64_t global_samples) {
+void save_model(const std::filesystem::path& bin, Model& model, const ClusterConfig& config,
+                std::uint64_t global_samples) {
   Snapshot snapshot;
   snapshot.global_samples = global_samples;
   const auto& vars = model.variables();
@@ -30,8 +30,8 @@ void save_model(const std::filesystem::path& bin, Model& model,
   write_snapshot(bin, snapshot);
 
   std::ostringstream text;
-  text << "# pstrain saved model: weights in " << bin.filename().string()
-       << ", trained on " << global_samples << " samples\n"
+  text << "# pstrain saved model: weights in " << bin.filename().string() << ", trained on "
+       << global_samples << " samples\n"
        << config.to_yaml();
   std::istringstream layers(model.describe());
   for (std::string line; std::getline(layers, line);) text << "# " << line << "\n";

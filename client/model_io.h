@@ -14,8 +14,8 @@ class Model;
 
 // Writes `bin` and its .yaml atomically; the model's parameters must be
 // readable by the host (a CPU replica, as the evaluator holds).
-void save_model(const std::filesystem::path& bin, Model& model,
-                const ClusterConfig& config, std::uint64_t global_samples);
+void save_model(const std::filesystem::path& bin, Model& model, const ClusterConfig& config,
+                std::uint64_t global_samples);
 
 // The configuration saved beside `bin`, with `overrides` applied as on the
 // command line; throws ConfigError naming the file.

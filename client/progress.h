@@ -10,13 +10,13 @@
 namespace pstrain {
 
 struct ProgressState {
-  double epoch = 0;            // this worker's passes over its part, fractional
-  double epochs = 0;           // the budget
+  double epoch = 0;   // this worker's passes over its part, fractional
+  double epochs = 0;  // the budget
   std::uint64_t global_samples = 0;
-  double samples_per_s = 0;    // global, over the recent window
-  double loss = 0;             // this worker's recent mean training loss
+  double samples_per_s = 0;             // global, over the recent window
+  double loss = 0;                      // this worker's recent mean training loss
   std::optional<double> test_accuracy;  // last evaluation
-  double eta_s = -1;           // < 0: unknown
+  double eta_s = -1;                    // < 0: unknown
 };
 
 class ProgressDisplay {

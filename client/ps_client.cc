@@ -1,5 +1,6 @@
 #include "client/ps_client.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,7 +12,6 @@
 #include <optional>
 #include <random>
 #include <thread>
-#include <unistd.h>
 #include <unordered_map>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -62,7 +62,8 @@ bool resendable(Op op) {
 
 // An error reply that said when to ask again (wire::ErrorReply).
 struct RetryLater : PsError {
-  RetryLater(const std::string& what, std::chrono::milliseconds wait) : PsError(what), after(wait) {}
+  RetryLater(const std::string& what, std::chrono::milliseconds wait)
+      : PsError(what), after(wait) {}
   std::chrono::milliseconds after;
 };
 
@@ -81,7 +82,7 @@ struct PsClient::Impl {
   struct TicketState {
     Op op = Op::hello;
     std::uint32_t variable = kNoVariable;
-    std::string label;           // variable or key, for error messages
+    std::string label;  // variable or key, for error messages
     double timeout_s = 0;
     std::size_t replies_left = 0;
     std::string error;
@@ -120,7 +121,7 @@ struct PsClient::Impl {
   std::uint64_t run_id;
   PsClientOptions options;
   std::vector<std::uint64_t> pulled_version;  // per chunk of map.all_chunks()
-  std::uint64_t clock = 0;                     // set_clock(): what data requests carry
+  std::uint64_t clock = 0;                    // set_clock(): what data requests carry
   std::vector<double> staleness;              // per variable
   std::vector<std::uint64_t> generations;     // per ps: the latest its replies carried
   std::vector<bool> generation_changed;       // per ps: since take_generation_change
@@ -148,10 +149,9 @@ struct PsClient::Impl {
         faults(options.fault, options.fault_seed),
         context(1) {
     if (options.curve && options.curve->server_keys.size() != addresses.size())
-      throw std::invalid_argument("ps client: " + std::to_string(addresses.size()) +
-                                  " ps addresses but " +
-                                  std::to_string(options.curve->server_keys.size()) +
-                                  " CURVE server keys");
+      throw std::invalid_argument(
+          "ps client: " + std::to_string(addresses.size()) + " ps addresses but " +
+          std::to_string(options.curve->server_keys.size()) + " CURVE server keys");
     if (addresses.size() != map.servers())
       throw std::invalid_argument("ps client: " + std::to_string(addresses.size()) +
                                   " ps addresses but the shard map has " +
@@ -290,8 +290,8 @@ struct PsClient::Impl {
     return next;
   }
 
-  Ticket data_op(Op op, std::string_view name, std::span<const float> grad,
-                 std::span<float> out, std::size_t given) {
+  Ticket data_op(Op op, std::string_view name, std::span<const float> grad, std::span<float> out,
+                 std::size_t given) {
     const auto v = variable_index(name);
     const auto size = map.variables()[v].size;
     if (given != size)
@@ -390,7 +390,8 @@ struct PsClient::Impl {
     while (!frames_released()) {
       if (Clock::now() >= deadline) {
         if (replaced) {
-          std::fprintf(stderr, "ps client: ZeroMQ kept zero-copy frames after their sockets "
+          std::fprintf(stderr,
+                       "ps client: ZeroMQ kept zero-copy frames after their sockets "
                        "were closed; stopping rather than free buffers it may read\n");
           std::abort();
         }
@@ -428,8 +429,8 @@ struct PsClient::Impl {
     std::snprintf(secs, sizeof secs, "%.1f", t.timeout_s);
     std::string msg;
     for (auto s : silent)
-      msg += (msg.empty() ? "" : "; ") + where(s) + ": no reply to " +
-             describe(t) + " within " + secs + " s";
+      msg += (msg.empty() ? "" : "; ") + where(s) + ": no reply to " + describe(t) + " within " +
+             secs + " s";
     // The silent ps may still hold our zero-copy frames in its queue; a fresh
     // socket drops them so the caller gets its buffers back.
     for (auto s : silent) replace_socket(s);
@@ -441,8 +442,8 @@ struct PsClient::Impl {
   void poll(Clock::duration timeout) {
     std::vector<zmq::pollitem_t> items;
     for (auto& s : sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(
-        std::max(timeout, Clock::duration::zero()));
+    const auto ms =
+        std::chrono::ceil<std::chrono::milliseconds>(std::max(timeout, Clock::duration::zero()));
     if (zmq_poll(items.data(), static_cast<int>(items.size()), static_cast<long>(ms.count())) < 0) {
       if (zmq_errno() == EINTR) return;
       throw zmq::error_t();
@@ -452,8 +453,7 @@ struct PsClient::Impl {
       if (!(items[s].revents & ZMQ_POLLIN)) continue;
       while (true) {
         frames.clear();
-        if (!zmq::recv_multipart(sockets[s], std::back_inserter(frames),
-                                 zmq::recv_flags::dontwait))
+        if (!zmq::recv_multipart(sockets[s], std::back_inserter(frames), zmq::recv_flags::dontwait))
           break;
         dispatch(s, frames);
       }
@@ -481,8 +481,7 @@ struct PsClient::Impl {
         t.retry_after_ms = std::max(t.retry_after_ms, refusal.retry_after_ms);
         throw PsError(refusal.text);
       }
-      if (h.op != t.op)
-        throw PsError("reply is for " + std::string(wire::to_string(h.op)));
+      if (h.op != t.op) throw PsError("reply is for " + std::string(wire::to_string(h.op)));
       if (frames.size() != 1 + h.payload_frames)
         throw PsError("reply declares " + std::to_string(h.payload_frames) +
                       " payload frames, it has " + std::to_string(frames.size() - 1));
@@ -499,8 +498,7 @@ struct PsClient::Impl {
         t.control.push_back(std::move(reply));
       }
     } catch (const std::exception& e) {
-      if (t.error.empty())
-        t.error = where(server) + ": " + describe(t) + " failed: " + e.what();
+      if (t.error.empty()) t.error = where(server) + ": " + describe(t) + " failed: " + e.what();
     }
   }
 
@@ -536,7 +534,6 @@ struct PsClient::Impl {
 PsClient::PsClient(std::vector<std::string> ps_addresses, ShardMap map, std::uint64_t run_id,
                    PsClientOptions options)
     : impl_(std::make_unique<Impl>(std::move(ps_addresses), std::move(map), run_id, options)) {}
-
 
 std::vector<std::string> ps_addresses(const ClusterConfig& config) {
   std::vector<std::string> out;
@@ -629,8 +626,8 @@ PsClient::Ticket PsClient::push(std::string_view variable, std::span<const float
 PsClient::Ticket PsClient::push_pull(std::string_view variable, std::span<const float> grad,
                                      std::span<float> out) {
   if (grad.size() != out.size())
-    throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) + "': " +
-                                std::to_string(grad.size()) + " gradients but " +
+    throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
+                                "': " + std::to_string(grad.size()) + " gradients but " +
                                 std::to_string(out.size()) + " output floats");
   return impl_->data_op(Op::push_pull, variable, grad, out, grad.size());
 }
@@ -701,8 +698,7 @@ void PsClient::finished_pushing() {
 std::pair<std::uint64_t, std::uint64_t> PsClient::heartbeat_ps0(std::uint64_t samples) {
   Header h;
   wire::Heartbeat{samples}.write(h);
-  const auto replies =
-      impl_->control(Op::heartbeat, {0}, std::move(h), impl_->options.timeout_s);
+  const auto replies = impl_->control(Op::heartbeat, {0}, std::move(h), impl_->options.timeout_s);
   const auto counted = wire::GlobalSamples::read(replies.front().header);
   return {counted.global_samples, counted.sender_samples};
 }
@@ -734,11 +730,10 @@ std::vector<std::uint8_t> PsClient::kv_get(std::uint32_t writer, const std::stri
   // Whole milliseconds on the wire; a wait too long to count is the ps's to refuse.
   const double ms = std::round(timeout_s * 1000);
   Header h;
-  wire::KvGet{wire::kv_key(writer, key),
-              ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}
+  wire::KvGet{wire::kv_key(writer, key), ms < 0x1p64 ? static_cast<std::uint64_t>(ms) : UINT64_MAX}
       .write(h);
-  auto replies = impl_->control(Op::kv_get, {0}, std::move(h),
-                                timeout_s + impl_->options.timeout_s);
+  auto replies =
+      impl_->control(Op::kv_get, {0}, std::move(h), timeout_s + impl_->options.timeout_s);
   return std::move(replies.front().bytes);
 }
 

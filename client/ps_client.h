@@ -55,9 +55,9 @@ struct PsError : std::runtime_error {
 };
 
 struct PsClientOptions {
-  std::uint32_t sender = 0;      // worker index, sent with every request
-  double timeout_s = 30;         // a ps silent for this long is an error
-  double retry_interval_s = 1;   // a data request unanswered this long is resent (doubling)
+  std::uint32_t sender = 0;     // worker index, sent with every request
+  double timeout_s = 30;        // a ps silent for this long is an error
+  double retry_interval_s = 1;  // a data request unanswered this long is resent (doubling)
   // The resolved config (ClusterConfig::to_yaml), sent with hello so a ps
   // whose config differs can say which keys differ.
   std::string config_yaml;
@@ -65,7 +65,7 @@ struct PsClientOptions {
   // whose previous process the ps has not yet seen silent: a restart right
   // after a crash), counted from the first; 0: it does not.
   double takeover_grace_s = 0;
-  FaultConfig fault;             // for tests (net.fault): off by default
+  FaultConfig fault;  // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;
   // security.curve: this client's key pair and every ps's public key (by ps
   // index); every socket then speaks CURVE. None: plain TCP.
@@ -88,8 +88,8 @@ class PsClient {
  public:
   using Ticket = std::uint64_t;
 
-  PsClient(std::vector<std::string> ps_addresses, ShardMap map,
-           std::uint64_t run_id, PsClientOptions options = {});
+  PsClient(std::vector<std::string> ps_addresses, ShardMap map, std::uint64_t run_id,
+           PsClientOptions options = {});
   // Addresses, run id (ClusterConfig::run_id) and client_options() from the config.
   PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map);
   ~PsClient();
@@ -115,8 +115,7 @@ class PsClient {
 
   Ticket pull(std::string_view variable, std::span<float> out);
   Ticket push(std::string_view variable, std::span<const float> grad);
-  Ticket push_pull(std::string_view variable, std::span<const float> grad,
-                   std::span<float> out);
+  Ticket push_pull(std::string_view variable, std::span<const float> grad, std::span<float> out);
   Ticket assign(std::string_view variable, std::span<const float> values);
   // The worker's clock: the steps it completed before the one its next
   // pulls and pushes are for. Every data request carries it (with a push,
@@ -163,8 +162,7 @@ class PsClient {
   // Waits up to `timeout_s` (>= 0, at most a day; whole milliseconds on the
   // wire) on ps 0 for `key` as sender `writer` set it; throws PsError when
   // it is not set by then.
-  std::vector<std::uint8_t> kv_get(std::uint32_t writer, const std::string& key,
-                                   double timeout_s);
+  std::vector<std::uint8_t> kv_get(std::uint32_t writer, const std::string& key, double timeout_s);
   std::string snapshot(std::uint32_t server);  // returns the snapshot's path
   std::string stats(std::uint32_t server);     // JSON
   void shutdown(std::uint32_t server);

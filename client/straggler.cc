@@ -29,8 +29,8 @@ StragglerDraw straggler_draw(std::uint64_t seed, std::uint32_t worker, std::uint
 }
 
 double straggler_delay_ms(const TrainConfig& train, StragglerDraw draw) {
-  const double jittered = std::max(
-      0.0, train.straggler_delay_ms + train.straggler_jitter_ms * (2 * draw.jitter - 1));
+  const double jittered =
+      std::max(0.0, train.straggler_delay_ms + train.straggler_jitter_ms * (2 * draw.jitter - 1));
   const bool pause = draw.pause < train.straggler_pause_probability;
   return jittered + (pause ? train.straggler_pause_ms : 0.0);
 }

@@ -13,8 +13,7 @@ namespace pstrain {
 
 std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard) {
   const auto batches = shard.batches_per_epoch(config.train.batch_size);
-  return static_cast<std::uint64_t>(
-      std::ceil(config.train.epochs * static_cast<double>(batches)));
+  return static_cast<std::uint64_t>(std::ceil(config.train.epochs * static_cast<double>(batches)));
 }
 
 std::uint64_t steps_for_samples(const WorkerShard& shard, std::uint64_t samples,
@@ -38,8 +37,7 @@ HostViews::HostViews(Backend& backend, Model& model, bool grads)
   }
 }
 
-BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard,
-                         std::size_t batch_size)
+BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard, std::size_t batch_size)
     : backend_(backend),
       model_(model),
       shard_(shard),
@@ -86,8 +84,7 @@ void BatchFeeder::stage_next() {
 }
 
 void BatchFeeder::fetch_losses() {
-  if (!direct_)
-    backend_.download(model_.loss_buffer(), host_loss_.data(), last_ * sizeof(float));
+  if (!direct_) backend_.download(model_.loss_buffer(), host_loss_.data(), last_ * sizeof(float));
 }
 
 double BatchFeeder::mean_loss() const {
@@ -111,26 +108,30 @@ ProgressReporter::ProgressReporter(const TrainContext& context)
       heartbeat_s_(context.index == 0 ? std::min(context.config.net.heartbeat, 0.25)
                                       : context.config.net.heartbeat),
       straggler_(straggles(context.config.train, context.index)),
-      steps_(context.registry.counter("pstrain_worker_steps_total",
-                                      "Training steps this worker has taken.")
+      steps_(context.registry
+                 .counter("pstrain_worker_steps_total", "Training steps this worker has taken.")
                  .with()),
-      samples_(context.registry.counter("pstrain_worker_samples_total",
-                                        "Samples this worker has trained on.")
+      samples_(context.registry
+                   .counter("pstrain_worker_samples_total", "Samples this worker has trained on.")
                    .with()),
-      global_samples_(context.registry.gauge("pstrain_worker_global_samples",
-                                             "Samples all workers have trained on, as ps 0 "
-                                             "counted them at this worker's last heartbeat.")
+      global_samples_(context.registry
+                          .gauge("pstrain_worker_global_samples",
+                                 "Samples all workers have trained on, as ps 0 "
+                                 "counted them at this worker's last heartbeat.")
                           .with()),
-      samples_per_s_(context.registry.gauge("pstrain_worker_samples_per_second",
-                                            "This worker's samples per second over the window "
-                                            "since its previous metrics line.")
+      samples_per_s_(context.registry
+                         .gauge("pstrain_worker_samples_per_second",
+                                "This worker's samples per second over the window "
+                                "since its previous metrics line.")
                          .with()),
-      recent_loss_(context.registry.gauge("pstrain_worker_recent_loss",
-                                          "Mean training loss of this worker's steps in the "
-                                          "window since its previous metrics line.")
+      recent_loss_(context.registry
+                       .gauge("pstrain_worker_recent_loss",
+                              "Mean training loss of this worker's steps in the "
+                              "window since its previous metrics line.")
                        .with()),
-      loss_(context.registry.histogram("pstrain_worker_loss", "Mean training loss of each step.",
-                                       {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5})
+      loss_(context.registry
+                .histogram("pstrain_worker_loss", "Mean training loss of each step.",
+                           {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5})
                 .with()),
       compute_(mean_ms("compute_ms", "pstrain_worker_compute_seconds",
                        "Forward and backward time per step.")),

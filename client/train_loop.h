@@ -32,8 +32,7 @@ struct TrainSummary {
 
 // Called after every heartbeat with the global sample count and the worker's
 // recent loss; worker 0 uses it to trigger evaluations and show progress.
-using ProgressHook = std::function<void(std::uint64_t global_samples,
-                                        double epoch, double loss,
+using ProgressHook = std::function<void(std::uint64_t global_samples, double epoch, double loss,
                                         double samples_per_s)>;
 
 // What a training loop works with: one worker's model on its backend, its
@@ -136,8 +135,8 @@ class ProgressReporter {
   // A trainer figure: histogram `name` in the registry, written into the
   // line as `field`, the mean of its observations over the window times
   // `scale`.
-  Histogram& mean(std::string field, std::string name, std::string help,
-                  std::vector<double> bounds, double scale = 1);
+  Histogram& mean(std::string field, std::string name, std::string help, std::vector<double> bounds,
+                  double scale = 1);
   // A step's duration: histogram `name` of seconds (the registry's base
   // unit), written as `field` in milliseconds (the line's).
   Histogram& mean_ms(std::string field, std::string name, std::string help);

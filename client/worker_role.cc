@@ -41,8 +41,8 @@ std::unique_ptr<Backend> make_backend(const ClusterConfig& config, std::uint32_t
 
 void print_final(const EvalPoint& point, double seconds) {
   std::printf("final test accuracy %.4f (loss %.4f) after %llu global samples, %.1f s\n",
-              point.accuracy, point.loss,
-              static_cast<unsigned long long>(point.global_samples), seconds);
+              point.accuracy, point.loss, static_cast<unsigned long long>(point.global_samples),
+              seconds);
   std::fflush(stdout);
 }
 
@@ -50,8 +50,9 @@ void print_final(const EvalPoint& point, double seconds) {
 
 int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   if (config.workers_auto)
-    throw ConfigError("workers: auto is resolved by tools/launch; give an explicit list "
-                      "or {count: N} to start workers by hand");
+    throw ConfigError(
+        "workers: auto is resolved by tools/launch; give an explicit list "
+        "or {count: N} to start workers by hand");
   const auto n_workers = static_cast<std::uint32_t>(config.workers.size());
   // First: a metrics port already taken stops the worker before it joins.
   ProcessMetrics process_metrics(config, Role::worker, index);
@@ -69,9 +70,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   WorkerShard shard(train, index, n_workers, config.train.seed);
   Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
               train.classes, static_cast<int>(config.train.batch_size));
-  log("backend ", backend->name(), ", model ", config.model.preset, " (",
-      model.parameter_count(), " parameters), ", shard.size(), " training samples of ",
-      train.size(), ", batch ", config.train.batch_size);
+  log("backend ", backend->name(), ", model ", config.model.preset, " (", model.parameter_count(),
+      " parameters), ", shard.size(), " training samples of ", train.size(), ", batch ",
+      config.train.batch_size);
 
   PsClient ps(config, index, shard_map_for(config, model.variables()));
   const auto state_updates = ps.hello();
@@ -100,9 +101,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
                          .gauge("pstrain_worker_test_accuracy",
                                 "Test accuracy of worker 0's latest evaluation.")
                          .with();
-    test_loss = &registry
-                     .gauge("pstrain_worker_test_loss", "Test loss of worker 0's latest evaluation.")
-                     .with();
+    test_loss =
+        &registry.gauge("pstrain_worker_test_loss", "Test loss of worker 0's latest evaluation.")
+             .with();
     // Under security.curve a request's sender is its key's, and this process
     // holds worker 0's key only: the evaluator speaks as worker 0 (its pulls
     // count as worker 0 being heard, which it is).
@@ -114,8 +115,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   ProgressHook hook;
   if (evaluator) {
-    const double total = config.train.epochs * static_cast<double>(train.size() / n_workers) *
-                         n_workers;
+    const double total =
+        config.train.epochs * static_cast<double>(train.size() / n_workers) * n_workers;
     // `total` by value: it ends with this block, the hook lives on.
     hook = [&, total](std::uint64_t global, double epoch, double loss, double rate) {
       evaluator->on_global_samples(global);
@@ -139,8 +140,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   const TrainSummary summary =
       allreduce_mode(config.mode) ? train_sync(context) : train_async(context, first_step);
 
-  log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ",
-      summary.seconds, " s; waiting for the other workers");
+  log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ", summary.seconds,
+      " s; waiting for the other workers");
   // Every worker's last push (sync: worker 0's last assign) lands before
   // anyone evaluates or saves. Worker 0 goes on evaluating while slower
   // workers still train, so the accuracy curve has no gap at the end.

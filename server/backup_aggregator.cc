@@ -13,8 +13,7 @@ std::size_t BackupAggregator::needed(std::size_t training) const {
 
 BackupAggregator::Verdict BackupAggregator::add(const Request& push, std::string_view name,
                                                 std::uint32_t chunk, std::uint64_t version,
-                                                std::span<const float> grad,
-                                                std::size_t needed) {
+                                                std::span<const float> grad, std::size_t needed) {
   const auto base = wire::ChunkRequest::read(push.header).base_version;
   if (base < version) return Verdict::late;
   auto it = steps_.find(Key{std::string(name), chunk});

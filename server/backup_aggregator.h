@@ -53,8 +53,8 @@ class BackupAggregator {
   struct Step {
     std::string name;
     std::uint32_t chunk = 0;
-    std::vector<float> mean;        // of the gradients summed
-    std::vector<Request> waiting;   // their held replies
+    std::vector<float> mean;       // of the gradients summed
+    std::vector<Request> waiting;  // their held replies
   };
   // The collecting step of a chunk, taken out, once it has `needed`
   // gradients; nullopt otherwise.

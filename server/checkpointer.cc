@@ -72,8 +72,8 @@ void Checkpointer::write(std::uint64_t seq, const ShardCut& cut) const {
     if (options_.written) options_.written(took);
     char seconds[16];
     std::snprintf(seconds, sizeof seconds, "%.3f", took);
-    log("checkpoint ", seq, " of ", cut.chunks.size(), " chunks written to ", file.string(),
-        " in ", seconds, " s");
+    log("checkpoint ", seq, " of ", cut.chunks.size(), " chunks written to ", file.string(), " in ",
+        seconds, " s");
     prune();
   } catch (const std::exception& e) {
     // The ps serves on; the previous generations are still there.

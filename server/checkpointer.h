@@ -38,10 +38,10 @@
 namespace pstrain::ps {
 
 struct CheckpointerOptions {
-  std::filesystem::path checkpoints;           // <run_dir>/checkpoints
+  std::filesystem::path checkpoints;  // <run_dir>/checkpoints
   std::uint32_t ps_index = 0;
-  std::chrono::duration<double> every{60};     // checkpoint.every_s, > 0
-  std::uint32_t keep = 3;                      // checkpoint.keep, >= 1
+  std::chrono::duration<double> every{60};  // checkpoint.every_s, > 0
+  std::uint32_t keep = 3;                   // checkpoint.keep, >= 1
   // Told the seconds each checkpoint took to write, on the writer's thread
   // (PsStats::checkpoint_written); none: not told.
   std::function<void(double seconds)> written = {};
@@ -51,8 +51,7 @@ class Checkpointer {
  public:
   // `cut` takes the shard's cut; it is called on the ps thread only. The
   // first checkpoint is due `every` after `start`.
-  Checkpointer(CheckpointerOptions options, std::function<ShardCut()> cut,
-               Clock::time_point start);
+  Checkpointer(CheckpointerOptions options, std::function<ShardCut()> cut, Clock::time_point start);
   ~Checkpointer();  // waits for a write in flight
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

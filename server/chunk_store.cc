@@ -14,14 +14,12 @@ std::string describe(std::string_view name, std::uint32_t chunk) {
 
 ChunkStore::ChunkStore(OptimizerConfig optimizer) : optimizer_(optimizer) {}
 
-bool ChunkStore::init(std::string_view name, std::uint32_t chunk,
-                      std::span<const float> values) {
+bool ChunkStore::init(std::string_view name, std::uint32_t chunk, std::span<const float> values) {
   if (auto it = chunks_.find(KeyView{name, chunk}); it != chunks_.end()) {
     if (it->second.values->size() != values.size())
-      throw std::invalid_argument("init of " + describe(name, chunk) + " with " +
-                                  std::to_string(values.size()) +
-                                  " elements, but the ps holds it with " +
-                                  std::to_string(it->second.values->size()));
+      throw std::invalid_argument(
+          "init of " + describe(name, chunk) + " with " + std::to_string(values.size()) +
+          " elements, but the ps holds it with " + std::to_string(it->second.values->size()));
     return false;
   }
   Chunk c;
@@ -114,7 +112,8 @@ std::uint64_t ChunkStore::version_max() const {
 std::vector<HeldChunk> ChunkStore::refs() const {
   std::vector<HeldChunk> out;
   out.reserve(chunks_.size());
-  for (const auto& [key, c] : chunks_) out.push_back({key.first, key.second, c.version, c.values, c.state});
+  for (const auto& [key, c] : chunks_)
+    out.push_back({key.first, key.second, c.version, c.values, c.state});
   return out;
 }
 
@@ -130,11 +129,11 @@ void ChunkStore::restore(std::vector<SnapshotRecord> records) {
   for (auto& r : records) {
     const auto where = describe(r.name, r.chunk);
     if (r.state.size() != r.values.size() * optimizer_.state_slots())
-      throw std::invalid_argument(
-          where + " has " + std::to_string(r.state.size()) +
-          " optimizer state floats for " + std::to_string(r.values.size()) +
-          " values, but optimizer " + std::string(to_string(optimizer_.config().kind)) +
-          " keeps " + std::to_string(optimizer_.state_slots()) + " per value");
+      throw std::invalid_argument(where + " has " + std::to_string(r.state.size()) +
+                                  " optimizer state floats for " + std::to_string(r.values.size()) +
+                                  " values, but optimizer " +
+                                  std::string(to_string(optimizer_.config().kind)) + " keeps " +
+                                  std::to_string(optimizer_.state_slots()) + " per value");
     Chunk c;
     c.values = std::make_shared<std::vector<float>>(std::move(r.values));
     c.state = std::make_shared<std::vector<float>>(std::move(r.state));

@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "shared/snapshot.h"
 #include "shared/optimizer.h"
+#include "shared/snapshot.h"
 
 namespace pstrain {
 

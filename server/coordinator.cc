@@ -219,8 +219,7 @@ void Coordinator::heartbeat(const Request& request) {
   worker_samples_[request.header.sender] += beat.samples;
   if (beat.finished_pushing) workers_[request.header.sender].finished_pushing = true;
   Reply reply{wire::reply_to(request.header), {}};
-  wire::GlobalSamples{global_samples_, worker_samples_[request.header.sender]}.write(
-      reply.header);
+  wire::GlobalSamples{global_samples_, worker_samples_[request.header.sender]}.write(reply.header);
   sink_.send(request.from, std::move(reply));
 }
 
@@ -264,11 +263,11 @@ bool Coordinator::admit(const Request& request) {
     }
     const std::chrono::duration<double> silent = request.received - w.last;
     if (w.incarnation != 0 && w.state == Liveness::live && silent < options_.takeover_silence) {
-      const auto retry = std::chrono::ceil<std::chrono::milliseconds>(
-          options_.takeover_silence - silent);
+      const auto retry =
+          std::chrono::ceil<std::chrono::milliseconds>(options_.takeover_silence - silent);
       refuse(request, w,
-             index + " is taken by a live process (incarnation " + hex(w.incarnation) +
-                 ", heard " + seconds_text(silent.count(), "%.1f") +
+             index + " is taken by a live process (incarnation " + hex(w.incarnation) + ", heard " +
+                 seconds_text(silent.count(), "%.1f") +
                  " s ago); a restart is accepted once the old process has been silent for " +
                  seconds_text(options_.takeover_silence.count(), "%.1f") +
                  " s (three liveness heartbeat intervals)",

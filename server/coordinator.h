@@ -47,14 +47,14 @@
 #include <vector>
 
 #include "server/request.h"
-#include "shared/snapshot.h"
 #include "shared/config.h"
+#include "shared/snapshot.h"
 
 namespace pstrain::ps {
 
 struct CoordinatorOptions {
-  std::string name;            // "ps 0": starts the text of the errors it sends
-  std::uint32_t workers = 0;   // senders 0 .. workers-1 are workers; others are tools
+  std::string name;           // "ps 0": starts the text of the errors it sends
+  std::uint32_t workers = 0;  // senders 0 .. workers-1 are workers; others are tools
   std::chrono::duration<double> worker_timeout{60};  // net.worker_timeout
   WorkerLoss on_worker_loss = WorkerLoss::fail;      // train.on_worker_loss
   // How long a worker index's holder must be silent before another process
@@ -127,7 +127,7 @@ class Coordinator {
 
   // What the stats op and the metrics report of the coordinator.
   struct WorkerFigures {
-    const char* state = "pending";  // pending, live, absent or done (the liveness above)
+    const char* state = "pending";           // pending, live, absent or done (the liveness above)
     std::optional<Clock::time_point> heard;  // last heard; none before its first message
   };
   struct Figures {
@@ -177,11 +177,11 @@ class Coordinator {
   static constexpr std::size_t kReplacedKept = 16;
   struct Worker {
     Liveness state = Liveness::pending;
-    Clock::time_point last{};  // last heard; live and absent workers only
-    std::uint64_t incarnation = 0;  // the process holding the index; 0: none yet
+    Clock::time_point last{};             // last heard; live and absent workers only
+    std::uint64_t incarnation = 0;        // the process holding the index; 0: none yet
     std::vector<std::uint64_t> replaced;  // oldest first, at most kReplacedKept
-    std::uint64_t last_refused = 0;  // the newcomer whose refusal was logged last
-    bool finished_pushing = false;   // its incarnation's last step is pushed
+    std::uint64_t last_refused = 0;       // the newcomer whose refusal was logged last
+    bool finished_pushing = false;        // its incarnation's last step is pushed
   };
 
   // A parked kv_get, indexed by its key (what kv_set looks up) and by its

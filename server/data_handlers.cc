@@ -5,9 +5,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "server/shard_file.h"
 #include "shared/log.h"
 #include "shared/messages.h"
-#include "server/shard_file.h"
 
 namespace pstrain::ps {
 namespace {
@@ -45,8 +45,7 @@ class FloatPayload {
 }  // namespace
 
 DataHandlers::DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
-                           PsStats& stats,
-                           std::filesystem::path run_dir, std::uint32_t ps_index,
+                           PsStats& stats, std::filesystem::path run_dir, std::uint32_t ps_index,
                            std::uint64_t config_hash, Consistency consistency)
     : store_(store),
       coordinator_(coordinator),
@@ -151,7 +150,8 @@ std::uint64_t DataHandlers::slowest() const {
 
 void DataHandlers::release_reads(std::uint64_t slowest) {
   const auto released = ssp_->release(slowest);
-  for (const auto& read : released) reply_values(read, chunk_of(wire::ChunkRequest::read(read.header)));
+  for (const auto& read : released)
+    reply_values(read, chunk_of(wire::ChunkRequest::read(read.header)));
   if (!released.empty()) count_held();
 }
 
@@ -201,8 +201,9 @@ void DataHandlers::refuse_nonfinite(const Request& request, std::span<const floa
   stats_.nonfinite_refused();
   const auto sender = request.header.sender;
   if (poisoners_.size() < kMaxLoggedPoisoners && poisoners_.insert(sender).second)
-    log("refused a ", wire::to_string(request.header.op), " with NaN or infinite values from sender ",
-        sender, "; later ones from it are only counted (stats: nonfinite_refused)");
+    log("refused a ", wire::to_string(request.header.op),
+        " with NaN or infinite values from sender ", sender,
+        "; later ones from it are only counted (stats: nonfinite_refused)");
   throw std::invalid_argument("NaN or infinite values; nothing was stored");
 }
 
@@ -224,17 +225,16 @@ void DataHandlers::snapshot(const Request& request) {
   write->request.payload = {};  // a snapshot request has none; keep no frame alive
   write->path = shard_file(run_dir_ / "snapshot", ps_index_);
   write->chunks = store_.size();
-  write->writer = std::thread(
-      [w = write.get(), cut = cut_shard(store_, coordinator_, config_hash_,
-                                         SnapshotKind::snapshot)]() mutable {
-        try {
-          write_shard(w->path, cut);
-        } catch (const std::exception& e) {
-          w->error = e.what();
-        }
-        cut.chunks.clear();  // let go of the buffers before saying so
-        w->done.store(true, std::memory_order_release);
-      });
+  write->writer = std::thread([w = write.get(), cut = cut_shard(store_, coordinator_, config_hash_,
+                                                                SnapshotKind::snapshot)]() mutable {
+    try {
+      write_shard(w->path, cut);
+    } catch (const std::exception& e) {
+      w->error = e.what();
+    }
+    cut.chunks.clear();  // let go of the buffers before saying so
+    w->done.store(true, std::memory_order_release);
+  });
   snapshot_ = std::move(write);
 }
 

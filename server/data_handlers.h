@@ -102,7 +102,7 @@ class DataHandlers {
     Request request;
     std::filesystem::path path;
     std::size_t chunks = 0;
-    std::string error;              // the writer's, read once `done`
+    std::string error;  // the writer's, read once `done`
     std::atomic<bool> done{false};
     std::thread writer;
   };
@@ -135,11 +135,11 @@ class DataHandlers {
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;
   std::uint64_t config_hash_;
-  std::unique_ptr<SnapshotWrite> snapshot_;  // the one being written, if any
-  std::optional<SspGate> ssp_;                // mode ssp
-  std::optional<BackupAggregator> backup_;    // mode backup
-  bool lr_scaling_ = false;                   // mode backup
-  std::uint64_t largest_staleness_ = 0;       // mode ssp
+  std::unique_ptr<SnapshotWrite> snapshot_;                  // the one being written, if any
+  std::optional<SspGate> ssp_;                               // mode ssp
+  std::optional<BackupAggregator> backup_;                   // mode backup
+  bool lr_scaling_ = false;                                  // mode backup
+  std::uint64_t largest_staleness_ = 0;                      // mode ssp
   std::uint64_t steps_applied_ = 0, gradients_dropped_ = 0;  // mode backup
 };
 

@@ -8,7 +8,8 @@ namespace pstrain::ps {
 using wire::Op;
 
 Dedup::Dedup(std::size_t window, std::size_t clients) : window_(window), max_clients_(clients) {
-  if (window == 0 || clients == 0) throw std::invalid_argument("dedup: window and clients must be > 0");
+  if (window == 0 || clients == 0)
+    throw std::invalid_argument("dedup: window and clients must be > 0");
 }
 
 bool Dedup::recorded(Op op) {
@@ -55,9 +56,8 @@ Dedup::Client& Dedup::client(const wire::Header& request) {
   auto it = clients_.find(request.incarnation);
   if (it == clients_.end()) {
     if (clients_.size() >= max_clients_)
-      clients_.erase(std::ranges::min_element(clients_, {}, [](const auto& entry) {
-        return entry.second.last_used;
-      }));
+      clients_.erase(std::ranges::min_element(
+          clients_, {}, [](const auto& entry) { return entry.second.last_used; }));
     Client fresh;
     fresh.sender = request.sender;
     it = clients_.emplace(request.incarnation, std::move(fresh)).first;

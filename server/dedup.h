@@ -79,8 +79,8 @@ class Dedup {
  private:
   struct Client {
     std::uint32_t sender = 0;
-    std::uint64_t last_used = 0;       // tick of the last find or record
-    std::uint64_t evicted_below = 0;   // ids <= this may have been evicted
+    std::uint64_t last_used = 0;                     // tick of the last find or record
+    std::uint64_t evicted_below = 0;                 // ids <= this may have been evicted
     std::map<std::uint64_t, std::uint64_t> applied;  // request id -> version
   };
   Client& client(const wire::Header& request);

@@ -85,8 +85,7 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
          {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
           {}});
   }
-  stats_.handled(request.header.op,
-                 std::chrono::duration<double>(Clock::now() - received).count());
+  stats_.handled(request.header.op, std::chrono::duration<double>(Clock::now() - received).count());
 }
 
 void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
@@ -157,9 +156,8 @@ void Dispatcher::check(const Header& request, std::span<const Frame> payloads) c
 
 std::optional<std::string> Dispatcher::refusal_of(const Connection& connection,
                                                   const Header& request) {
-  auto why = connection.identity
-                 ? refusal(*connection.identity, request, *options_.rights)
-                 : std::optional<std::string>("the connection has no identity");
+  auto why = connection.identity ? refusal(*connection.identity, request, *options_.rights)
+                                 : std::optional<std::string>("the connection has no identity");
   if (why && rights_refusals_logged_.size() < kMaxRightsRefusalsLogged) {
     const std::string address = connection.address.empty() ? "?" : connection.address;
     if (rights_refusals_logged_.emplace(address, request.op).second)
@@ -178,16 +176,17 @@ void Dispatcher::check_run(const Header& request) {
     reply = "run id differs: the sender belongs to another launch or uses a different config";
     logged = "sent run id " + hex(request.run_id) + ", this run's is " + hex(options_.run_id);
   } else if (fnv1a64(hello) == options_.config_hash) {
-    reply = "run id differs: the sender is a process of another launch of this config (a "
-            "stale process of an earlier run, or one started without this launch's --run-id); "
-            "it is not part of this run";
+    reply =
+        "run id differs: the sender is a process of another launch of this config (a "
+        "stale process of an earlier run, or one started without this launch's --run-id); "
+        "it is not part of this run";
     logged = "same config, run id " + hex(request.run_id) + " of another launch (this one's is " +
              hex(options_.run_id) + ")";
   } else {
     reply = "config differs in: " + config_difference_keys(options_.config_yaml, hello) +
             " — all processes must use the same cluster.yaml and --set overrides";
-    logged = "config differs (ps vs sender: " + config_differences(options_.config_yaml, hello) +
-             ")";
+    logged =
+        "config differs (ps vs sender: " + config_differences(options_.config_yaml, hello) + ")";
   }
   if (refusals_logged_ < kMaxLoggedRefusals)
     log(prefix(), "refused ", describe(request), " from sender ", request.sender, ": ", logged,

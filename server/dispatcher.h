@@ -56,7 +56,7 @@ struct DispatcherOptions {
   std::uint32_t ps_index = 0;
   std::uint64_t run_id = 0;       // every request must carry it (ClusterConfig::run_id)
   std::uint64_t config_hash = 0;  // ClusterConfig::hash: a hello of another launch has it
-  std::string config_yaml;   // ours, to name the keys a hello's config differs in
+  std::string config_yaml;        // ours, to name the keys a hello's config differs in
   // Under CURVE: what each authenticated identity may do. None: nobody is
   // authenticated and nothing is checked.
   std::optional<RightsPolicy> rights;

@@ -36,8 +36,8 @@ std::optional<ps::CurveServerOptions> curve_options(const ClusterConfig& config,
       .rights = {.workers = static_cast<std::uint32_t>(config.workers.size()),
                  .sync = allreduce_mode(config.mode)}};
   if (public_key_of(curve.allowed, {Identity::Role::ps, index}, dir) != curve.own.public_key)
-    throw CurveKeyError((dir / kPublicKeysFile).string() + ": the key listed for ps:" +
-                        std::to_string(index) + " is not the one of " +
+    throw CurveKeyError((dir / kPublicKeysFile).string() +
+                        ": the key listed for ps:" + std::to_string(index) + " is not the one of " +
                         (dir / Identity{Identity::Role::ps, index}.file_stem()).string() +
                         ".key (keys of two different keygen runs?)");
   return curve;
@@ -91,19 +91,18 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                         .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1)),
                         .curve = std::move(curve)},
                        stats);
-  ps::Coordinator coordinator({"ps " + std::to_string(index),
-                               static_cast<std::uint32_t>(config.workers.size()),
-                               std::chrono::duration<double>(config.net.worker_timeout),
-                               config.train.on_worker_loss,
-                               std::chrono::duration<double>(takeover_silence(config.net))},
-                              loop);
+  ps::Coordinator coordinator(
+      {"ps " + std::to_string(index), static_cast<std::uint32_t>(config.workers.size()),
+       std::chrono::duration<double>(config.net.worker_timeout), config.train.on_worker_loss,
+       std::chrono::duration<double>(takeover_silence(config.net))},
+      loop);
   if (restored) coordinator.restore_progress(restored->info, store.version_sum());
   ps::DataHandlers data(store, coordinator, loop, stats, config.run_dir, index, hash,
-                       {.mode = config.mode,
-                        .workers = static_cast<std::uint32_t>(config.workers.size()),
-                        .staleness_bound = config.train.staleness_bound,
-                        .backup_workers = config.train.backup_workers,
-                        .lr_scaling = config.train.lr_scaling});
+                        {.mode = config.mode,
+                         .workers = static_cast<std::uint32_t>(config.workers.size()),
+                         .staleness_bound = config.train.staleness_bound,
+                         .backup_workers = config.train.backup_workers,
+                         .lr_scaling = config.train.lr_scaling});
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
   stats.add_handler(loop.handlers(), loop, store, coordinator);
@@ -114,8 +113,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     return 2;
   }
   log("serving on ", address, " (", config.workers.size(), " workers, optimizer ",
-      to_string(config.optimizer.kind), ", restored_from ", restored_from,
-      ", generation ", generation, config.security.curve ? ", CURVE" : "", ")");
+      to_string(config.optimizer.kind), ", restored_from ", restored_from, ", generation ",
+      generation, config.security.curve ? ", CURVE" : "", ")");
   std::optional<ps::Checkpointer> checkpointer;
   if (config.checkpoint.every_s > 0)
     checkpointer.emplace(

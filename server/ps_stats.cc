@@ -52,18 +52,20 @@ double PsStats::total(const ByOp<Counter>& counters) {
 
 PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
     : ps_index_(ps_index),
-      requests_(by_op(r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"}),
-                      false)),
+      requests_(
+          by_op(r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"}), false)),
       errors_(r.counter("pstrain_ps_errors_total", "Requests answered with an error.").with()),
       malformed_(r.counter("pstrain_ps_malformed_requests_total",
                            "Messages that were not a decodable request.")
                      .with()),
-      resends_answered_(r.counter("pstrain_ps_resends_answered_total",
-                                  "Resent updates answered from the record instead of applied again.")
-                            .with()),
-      too_old_(r.counter("pstrain_ps_requests_too_old_total",
-                         "Resends too old for the record to tell whether they were applied; refused.")
-                   .with()),
+      resends_answered_(
+          r.counter("pstrain_ps_resends_answered_total",
+                    "Resent updates answered from the record instead of applied again.")
+              .with()),
+      too_old_(
+          r.counter("pstrain_ps_requests_too_old_total",
+                    "Resends too old for the record to tell whether they were applied; refused.")
+              .with()),
       fault_drops_(r.counter("pstrain_ps_fault_drops_total",
                              "Replies dropped by fault injection (net.fault.drop, for tests).")
                        .with()),
@@ -108,18 +110,19 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                                       "rename), on the writer's thread.",
                                       kCheckpointSeconds)
                               .with()),
-      updates_(r.counter("pstrain_ps_updates_total", "Pushes and assigns applied to chunks.")
-                   .with()),
+      updates_(
+          r.counter("pstrain_ps_updates_total", "Pushes and assigns applied to chunks.").with()),
       copies_on_write_(r.counter("pstrain_ps_copies_on_write_total",
                                  "Updates that copied a chunk a pull still held.")
                            .with()),
-      optimizer_seconds_(r.counter("pstrain_ps_optimizer_seconds_total",
-                                   "Time spent applying the optimizer.")
-                             .with()),
+      optimizer_seconds_(
+          r.counter("pstrain_ps_optimizer_seconds_total", "Time spent applying the optimizer.")
+              .with()),
       chunks_(r.gauge("pstrain_ps_chunks", "Chunks this ps holds.").with()),
       elements_(r.gauge("pstrain_ps_elements", "Values in this ps's chunks.").with()),
       version_sum_(r.gauge("pstrain_ps_chunk_versions",
-                                   "Sum of the chunks' versions: the updates they hold.").with()),
+                           "Sum of the chunks' versions: the updates they hold.")
+                       .with()),
       version_max_(r.gauge("pstrain_ps_version_max", "Highest chunk version.").with()),
       global_samples_(r.gauge("pstrain_ps_global_samples",
                               "Samples all workers have trained on, as counted by this ps.")
@@ -153,8 +156,7 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                              "Seconds since this ps last heard from the worker; NaN while it "
                              "is pending or done.",
                              {"worker"})),
-      start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.")
-                      .with()) {
+      start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.").with()) {
   for (const auto* state : kWorkerStates) workers_by_state_.with({state});
   start_time_.set(unix_time());
 }
@@ -211,8 +213,7 @@ std::string PsStats::json(double now_unix) const {
     << ",\"nonfinite_refused\":" << whole(nonfinite_.value())
     << ",\"refused\":" << whole(refused_.value())
     << ",\"replies_dropped\":" << whole(replies_dropped_.value())
-    << ",\"bytes_in\":" << whole(total(bytes_in_))
-    << ",\"bytes_out\":" << whole(total(bytes_out_))
+    << ",\"bytes_in\":" << whole(total(bytes_in_)) << ",\"bytes_out\":" << whole(total(bytes_out_))
     << ",\"optimizer_seconds\":" << optimizer_seconds_.value()
     << ",\"updates\":" << whole(updates_.value())
     << ",\"copies_on_write\":" << whole(copies_on_write_.value())

@@ -87,11 +87,11 @@ class PsStats {
     checkpoints_.add();
     checkpoint_seconds_.observe(seconds);
   }
-  void error() { errors_.add(); }         // a request answered with an error
+  void error() { errors_.add(); }                      // a request answered with an error
   void resend_answered() { resends_answered_.add(); }  // from the record (server/dedup.h)
-  void too_old() { too_old_.add(); }         // a resend the record cannot tell about
-  void fault_drop() { fault_drops_.add(); }  // a reply net.fault dropped
-  void nonfinite_refused() { nonfinite_.add(); }  // an update with NaN or infinity
+  void too_old() { too_old_.add(); }                   // a resend the record cannot tell about
+  void fault_drop() { fault_drops_.add(); }            // a reply net.fault dropped
+  void nonfinite_refused() { nonfinite_.add(); }       // an update with NaN or infinity
   void refused() { refused_.add(); }  // its CURVE key lacks the right (server/rights.h)
   // A reply the send budget had no room for (server/send_budget.h).
   void reply_dropped() { replies_dropped_.add(); }

@@ -14,8 +14,7 @@ std::span<const std::uint8_t> Request::payload_of(wire::DType type) const {
 
 void Handlers::on(wire::Op op, Handler handler) {
   auto& slot = table_.at(static_cast<std::size_t>(op));
-  if (slot)
-    throw std::logic_error("two handlers for op " + std::string(wire::to_string(op)));
+  if (slot) throw std::logic_error("two handlers for op " + std::string(wire::to_string(op)));
   slot = std::move(handler);
 }
 

@@ -147,8 +147,10 @@ struct RequestLoop::Impl final : ReplySink {
   std::chrono::milliseconds poll_timeout(const Coordinator& coordinator) const {
     std::chrono::milliseconds timeout = kPollInterval;
     if (const auto deadline = coordinator.next_deadline()) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
-      timeout = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), timeout);
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+      timeout =
+          std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), timeout);
     }
     return timeout;
   }
@@ -240,8 +242,7 @@ void RequestLoop::bind() {
   }
 }
 
-int RequestLoop::run(Coordinator& coordinator,
-                     const std::function<void(Clock::time_point)>& tick) {
+int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::time_point)>& tick) {
   try {
     coordinator.start(Clock::now());
     while (!coordinator.exit_code()) {
@@ -250,7 +251,8 @@ int RequestLoop::run(Coordinator& coordinator,
         return 0;
       }
       zmq::pollitem_t item{impl_->socket.handle(), 0, ZMQ_POLLIN, 0};
-      const auto rc = zmq_poll(&item, 1, static_cast<long>(impl_->poll_timeout(coordinator).count()));
+      const auto rc =
+          zmq_poll(&item, 1, static_cast<long>(impl_->poll_timeout(coordinator).count()));
       if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
       if (rc > 0) impl_->drain(coordinator);
       impl_->budget.forget_idle();
@@ -265,7 +267,9 @@ int RequestLoop::run(Coordinator& coordinator,
   }
 }
 
-void RequestLoop::send(const Peer& to, Reply reply) { impl_->dispatcher.send(to, std::move(reply)); }
+void RequestLoop::send(const Peer& to, Reply reply) {
+  impl_->dispatcher.send(to, std::move(reply));
+}
 void RequestLoop::accepted(const wire::Header& request, std::uint64_t version) {
   impl_->dispatcher.accepted(request, version);
 }

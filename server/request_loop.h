@@ -64,11 +64,11 @@ struct RequestLoopOptions {
   std::uint64_t run_id = 0;       // every request must carry it (ClusterConfig::run_id)
   std::uint64_t config_hash = 0;  // ClusterConfig::hash: a hello of another launch has it
   std::string config_yaml;        // ours, to name the keys a hello's config differs in
-  std::string bind_address;     // "tcp://host:port"
+  std::string bind_address;       // "tcp://host:port"
   // Stamped on every reply (wire::Header::generation): nonzero, new for
   // every state this ps serves that may differ from what clients saw.
   std::uint64_t generation = 1;
-  FaultConfig fault;            // for tests: off by default
+  FaultConfig fault;  // for tests: off by default
   std::uint64_t fault_seed = 0;
   std::optional<CurveServerOptions> curve;  // none: plain TCP, nobody authenticated
 };

@@ -92,7 +92,8 @@ RestoredShard load(ChunkStore& store, const std::filesystem::path& file, Snapsho
     throw SnapshotError(file.string() + " was written with optimizer " + snap.optimizer +
                         ", this run uses " + ours + "; its state does not fit");
   if (snap.kind == SnapshotKind::checkpoint && snap.config_hash != config_hash)
-    throw SnapshotError(file.string() + " is a checkpoint of another run or configuration (config hash " +
+    throw SnapshotError(file.string() +
+                        " is a checkpoint of another run or configuration (config hash " +
                         hash_text(snap.config_hash) + ", this run has " + hash_text(config_hash) +
                         "); resume with the same cluster.yaml and --set overrides, or seed a "
                         "new run from an end-of-run snapshot");

@@ -59,8 +59,7 @@ struct RestoredShard {
 // the files of another number of servers than `servers` (the shard map
 // depends on it; a checkpoint's config hash already covers the ps list).
 RestoredShard restore_shard(ChunkStore& store, const std::filesystem::path& dir,
-                            std::uint32_t ps_index, std::size_t servers,
-                            std::uint64_t config_hash);
+                            std::uint32_t ps_index, std::size_t servers, std::uint64_t config_hash);
 
 // `--restore latest`: loads this ps's newest checkpoint in `checkpoints`.
 // A file that cannot be read (damaged, truncated) is logged by name and the

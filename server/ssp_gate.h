@@ -61,7 +61,7 @@ class SspGate {
 
  private:
   std::uint64_t bound_;
-  std::vector<std::uint64_t> completed_;  // per worker
+  std::vector<std::uint64_t> completed_;          // per worker
   std::multimap<std::uint64_t, Request> parked_;  // by the clock each waits for
   std::map<std::uint32_t, std::size_t> parked_by_sender_;
 };

@@ -8,8 +8,8 @@
 namespace pstrain::ps {
 namespace {
 
-constexpr auto kPollMs = 100;            // how often the thread looks at its stop token
-constexpr std::size_t kMaxLogged = 64;   // refused keys logged by name; the count has the rest
+constexpr auto kPollMs = 100;           // how often the thread looks at its stop token
+constexpr std::size_t kMaxLogged = 64;  // refused keys logged by name; the count has the rest
 
 }  // namespace
 

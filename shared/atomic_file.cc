@@ -71,8 +71,8 @@ void write_file_atomically(const std::filesystem::path& path,
     }
     std::filesystem::rename(tmp, path, ec);
     if (ec)
-      throw std::runtime_error("renaming " + tmp.string() + " to " + path.string() +
-                               " failed (" + ec.message() + ")");
+      throw std::runtime_error("renaming " + tmp.string() + " to " + path.string() + " failed (" +
+                               ec.message() + ")");
   } catch (...) {
     // A failed write leaves the target as it was and nothing beside it.
     std::filesystem::remove(tmp, ec);
@@ -82,7 +82,8 @@ void write_file_atomically(const std::filesystem::path& path,
 }
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view content) {
-  write_file_atomically(path, [&](AtomicFileWriter& f) { f.write(content.data(), content.size()); });
+  write_file_atomically(path,
+                        [&](AtomicFileWriter& f) { f.write(content.data(), content.size()); });
 }
 
 }  // namespace pstrain

@@ -49,9 +49,8 @@ ChildProcess::ChildProcess(std::vector<std::string> argv, const std::filesystem:
   std::vector<std::string> environment = env;
   const auto name = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
   for (char** entry = environ; *entry; ++entry) {
-    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& e) {
-      return name(e) == name(*entry);
-    });
+    const bool replaced = std::any_of(
+        env.begin(), env.end(), [&](const std::string& e) { return name(e) == name(*entry); });
     if (!replaced) environment.emplace_back(*entry);
   }
   std::vector<char*> envp;

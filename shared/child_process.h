@@ -48,8 +48,9 @@ class ChildProcess {
   // code: for benchmarks that run a role in-process. Fork before creating
   // any ZeroMQ context or thread.
   template <class Body>
-    requires std::is_invocable_r_v<int, Body>
-  ChildProcess(const std::filesystem::path& log, Body body) : log_(log) {
+  requires std::is_invocable_r_v<int, Body> ChildProcess(const std::filesystem::path& log,
+                                                         Body body)
+      : log_(log) {
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {

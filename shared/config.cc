@@ -38,11 +38,16 @@ std::string PsEndpoint::bind_address() const {
 
 std::string_view to_string(Mode mode) {
   switch (mode) {
-    case Mode::async: return "async";
-    case Mode::sync: return "sync";
-    case Mode::ssp: return "ssp";
-    case Mode::backup: return "backup";
-    case Mode::local: return "local";
+    case Mode::async:
+      return "async";
+    case Mode::sync:
+      return "sync";
+    case Mode::ssp:
+      return "ssp";
+    case Mode::backup:
+      return "backup";
+    case Mode::local:
+      return "local";
   }
   return "unknown";
 }
@@ -55,9 +60,12 @@ std::string_view to_string(WorkerLoss loss) {
 
 std::string_view to_string(Device device) {
   switch (device) {
-    case Device::cpu: return "cpu";
-    case Device::cuda: return "cuda";
-    case Device::auto_: return "auto";
+    case Device::cpu:
+      return "cpu";
+    case Device::cuda:
+      return "cuda";
+    case Device::auto_:
+      return "auto";
   }
   return "unknown";
 }
@@ -71,9 +79,9 @@ using namespace config_detail;
 // Keys of other optimizers are accepted so that --set optimizer.name=...
 // can switch without editing the file.
 const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
-    choice("name", &OptimizerConfig::kind,
-           {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam,
-            OptimizerKind::adagrad}),
+    choice(
+        "name", &OptimizerConfig::kind,
+        {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam, OptimizerKind::adagrad}),
     bounded("lr", &OptimizerConfig::lr, kPositive),
     bounded("momentum", &OptimizerConfig::momentum, kUnitOpen),
     flag("nesterov", &OptimizerConfig::nesterov),
@@ -178,9 +186,8 @@ Field<WorkerSpec> gpu_field() {
   return scalar(
       "gpu", &WorkerSpec::gpu,
       [](const Reader& r, const YAML::Node& node, const std::string& path) {
-        return node.IsScalar() && node.Scalar() == "auto"
-                   ? -1
-                   : r.integer<int>(node, path, at_least(0));
+        return node.IsScalar() && node.Scalar() == "auto" ? -1
+                                                          : r.integer<int>(node, path, at_least(0));
       },
       [](int gpu) { return gpu < 0 ? std::string("auto") : number(gpu); });
 }
@@ -321,8 +328,8 @@ Field<ClusterConfig> ps_field() {
     for (std::size_t i = 0; i < c.ps.size(); ++i) {
       const std::string endpoint = c.ps[i].host + ":" + std::to_string(c.ps[i].port);
       if (auto [it, fresh] = seen.emplace(endpoint, i); !fresh) {
-        r.fail(join(path, std::to_string(i)), "duplicate endpoint " + endpoint + " (also ps." +
-                                                  std::to_string(it->second) + ")");
+        r.fail(join(path, std::to_string(i)),
+               "duplicate endpoint " + endpoint + " (also ps." + std::to_string(it->second) + ")");
       }
     }
   };
@@ -361,7 +368,8 @@ Field<ClusterConfig> workers_field() {
     } else {
       r.fail(path,
              "expected a non-empty list of {host, device, gpu}, a map {count, host, device} "
-             "or 'auto', got " + shown(node));
+             "or 'auto', got " +
+                 shown(node));
     }
   };
   const auto write = [](YAML::Emitter& out, const ClusterConfig& c) {
@@ -383,8 +391,8 @@ Field<ClusterConfig> mode_field() {
   Field<ClusterConfig> field =
       choice("mode", &ClusterConfig::mode,
              {Mode::async, Mode::sync, Mode::ssp, Mode::backup, Mode::local});
-  field.read = [read = field.read](const Reader& r, const YAML::Node& node,
-                                   const std::string& path, ClusterConfig& c) {
+  field.read = [read = field.read](const Reader& r, const YAML::Node& node, const std::string& path,
+                                   ClusterConfig& c) {
     read(r, node, path, c);
     // Every step of an all-reduce needs every worker; through the ps the
     // others go on (ssp and backup count only the live ones).
@@ -421,8 +429,7 @@ Field<ClusterConfig> model_field() {
       const std::string at = join(path, std::to_string(i));
       const YAML::Node entry = node[i];
       if (!entry.IsMap() || !entry["type"]) {
-        r.fail(at, "expected a layer {type: " + spelled + ", ...}, got " +
-                       shown(entry));
+        r.fail(at, "expected a layer {type: " + spelled + ", ...}, got " + shown(entry));
       }
       const std::string type = r.choice(entry["type"], join(at, "type"), types);
       ModelLayer layer;
@@ -475,10 +482,9 @@ void check_metrics_ports(const Reader& r, const ClusterConfig& c) {
                                     " (one port per ps and worker) must be at most 65535");
   for (std::size_t i = 0; i < c.ps.size(); ++i)
     if (c.ps[i].port >= c.metrics.port_base && c.ps[i].port < c.metrics.port_base + processes)
-      r.fail("metrics.port_base",
-             "the metrics ports " + number(c.metrics.port_base) + ".." +
-                 number(c.metrics.port_base + processes - 1) + " include ps " + std::to_string(i) +
-                 "'s port " + number(c.ps[i].port));
+      r.fail("metrics.port_base", "the metrics ports " + number(c.metrics.port_base) + ".." +
+                                      number(c.metrics.port_base + processes - 1) + " include ps " +
+                                      std::to_string(i) + "'s port " + number(c.ps[i].port));
 }
 
 // Constraints between sections, checked once every section is read.
@@ -527,17 +533,15 @@ ClusterConfig read_config(const Reader& r, const YAML::Node& root) {
 
 }  // namespace
 
-ClusterConfig parse_config(const std::string& yaml_text,
-                           const std::vector<std::string>& overrides,
+ClusterConfig parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                            const std::string& origin) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    const std::string where =
-        e.mark.is_null() ? origin
-                         : origin + ":" + std::to_string(e.mark.line + 1) + ":" +
-                               std::to_string(e.mark.column + 1);
+    const std::string where = e.mark.is_null() ? origin
+                                               : origin + ":" + std::to_string(e.mark.line + 1) +
+                                                     ":" + std::to_string(e.mark.column + 1);
     throw ConfigError(where + ": YAML syntax error: " + e.msg);
   }
   const Reader reader(origin);
@@ -598,9 +602,7 @@ void ClusterConfig::fill_hosts(const std::vector<std::string>& ps_hosts,
   hosts_pending = false;
 }
 
-std::vector<std::string> config_keys() {
-  return keys_below("", kRootFields);
-}
+std::vector<std::string> config_keys() { return keys_below("", kRootFields); }
 
 namespace {
 
@@ -628,7 +630,8 @@ void diff_nodes(const YAML::Node& a, const YAML::Node& b, const std::string& pat
     return;
   }
   if (a.IsSequence() && b.IsSequence() && a.size() == b.size()) {
-    for (std::size_t i = 0; i < a.size(); ++i) diff_nodes(a[i], b[i], join(path, std::to_string(i)), out);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      diff_nodes(a[i], b[i], join(path, std::to_string(i)), out);
     return;
   }
   const auto at = scalar_text(a), bt = scalar_text(b);
@@ -647,8 +650,8 @@ std::optional<std::vector<Difference>> differences(const std::string& a_yaml,
   return found;
 }
 
-std::string join_differences(const std::optional<std::vector<Difference>>& found,
-                             std::size_t limit, bool with_values, const char* separator) {
+std::string join_differences(const std::optional<std::vector<Difference>>& found, std::size_t limit,
+                             bool with_values, const char* separator) {
   if (!found) return "(a configuration could not be read)";
   std::string text;
   for (std::size_t i = 0; i < found->size() && i < limit; ++i) {

@@ -26,7 +26,7 @@ struct ConfigError : std::runtime_error {
 struct PsEndpoint {
   std::string host = "127.0.0.1";  // the address others dial
   std::uint16_t port = 0;
-  std::string bind;                // the address to listen on; empty: host
+  std::string bind;  // the address to listen on; empty: host
 
   std::string connect_address() const;  // "tcp://host:port"
   std::string bind_address() const;     // "tcp://bind-or-host:port"
@@ -61,16 +61,16 @@ bool allreduce_mode(Mode mode);
 // net.worker_timeout: go on with the live ones, or exit 3 naming it.
 enum class WorkerLoss { continue_, fail };
 
-struct ModelLayer {        // one entry of a model given as a list of layers
-  std::string type;        // dense, relu, conv2d, maxpool2d, flatten
-  int units = 0;           // dense
-  int filters = 0;         // conv2d
-  int kernel = 0;          // conv2d, maxpool2d
+struct ModelLayer {  // one entry of a model given as a list of layers
+  std::string type;  // dense, relu, conv2d, maxpool2d, flatten
+  int units = 0;     // dense
+  int filters = 0;   // conv2d
+  int kernel = 0;    // conv2d, maxpool2d
 };
 
 struct ModelConfig {
-  std::string preset = "mlp";     // mlp | cnn | custom
-  std::vector<ModelLayer> layers; // for custom models
+  std::string preset = "mlp";      // mlp | cnn | custom
+  std::vector<ModelLayer> layers;  // for custom models
 };
 
 struct DataConfig {
@@ -84,8 +84,8 @@ struct DataConfig {
 inline constexpr std::int32_t kEveryWorker = -2;
 
 struct TrainConfig {
-  std::uint32_t batch_size = 64;     // per worker
-  double epochs = 1;                 // passes of each worker over its part
+  std::uint32_t batch_size = 64;  // per worker
+  double epochs = 1;              // passes of each worker over its part
   std::uint64_t seed = 42;
   std::uint64_t eval_every = 20000;  // global samples between evaluations; 0: off
   std::uint32_t threads = 1;         // BLAS threads per worker
@@ -112,11 +112,11 @@ struct TrainConfig {
 
 struct NetConfig {
   std::uint64_t chunk_bytes = ShardMap::kDefaultChunkBytes;
-  double request_timeout = 30;   // s: a ps that does not answer is an error
-  double retry_interval = 1;     // s before a data request is first resent (doubling)
-  double worker_timeout = 60;    // s: a ps exits when no worker was heard for this long
-  double heartbeat = 1;          // s between worker heartbeats
-  FaultConfig fault;             // for testing only
+  double request_timeout = 30;  // s: a ps that does not answer is an error
+  double retry_interval = 1;    // s before a data request is first resent (doubling)
+  double worker_timeout = 60;   // s: a ps exits when no worker was heard for this long
+  double heartbeat = 1;         // s between worker heartbeats
+  FaultConfig fault;            // for testing only
 };
 
 // Seconds between a worker's liveness heartbeats (client/heartbeat.h):
@@ -135,7 +135,7 @@ struct CheckpointConfig {
 
 // Who may talk to a ps (docs/security.md).
 struct SecurityConfig {
-  bool curve = false;              // ZeroMQ CURVE on every pstrain socket, keys per identity
+  bool curve = false;                   // ZeroMQ CURVE on every pstrain socket, keys per identity
   std::filesystem::path keys = "keys";  // pstrain keygen's directory (shared/curve_keys.h)
 };
 
@@ -159,7 +159,7 @@ struct ClusterConfig {
   // while pending, as the filled lists after, so the hash is over the hosts.
   bool hosts_pending = false;
   std::vector<WorkerSpec> workers;
-  bool workers_auto = false;      // `workers: auto`, unresolved
+  bool workers_auto = false;  // `workers: auto`, unresolved
   OptimizerConfig optimizer;
   ModelConfig model;
   DataConfig data;

@@ -44,9 +44,8 @@ template <class S, class T, class Parse, class Show>
 Field<S> scalar(std::string key, T S::*member, Parse parse, Show show) {
   std::vector<std::string> keys = {key};
   return {.key = std::move(key),
-          .read =
-              [member, parse](const Reader& r, const YAML::Node& node, const std::string& path,
-                              S& s) { s.*member = parse(r, node, path); },
+          .read = [member, parse](const Reader& r, const YAML::Node& node, const std::string& path,
+                                  S& s) { s.*member = parse(r, node, path); },
           .write = [member, show](YAML::Emitter& out, const S& s) { out << show(s.*member); },
           .keys = std::move(keys)};
 }
@@ -91,10 +90,7 @@ Field<S> text(std::string key, T S::*member) {
 // to_string().
 inline std::string label(const std::string& option) { return option; }
 template <class E>
-  requires std::is_enum_v<E>
-std::string label(E option) {
-  return std::string(to_string(option));
-}
+requires std::is_enum_v<E> std::string label(E option) { return std::string(to_string(option)); }
 
 // One of `options`, each spelled as label() spells it.
 template <class S, class T>
@@ -129,14 +125,13 @@ Field<S> written_as(Field<S> field, Show show) {
 // A field of a member struct, read and written as a key of the outer one.
 template <class Outer, class Inner>
 Field<Outer> inside(Inner Outer::*member, Field<Inner> field) {
-  Field<Outer> out{
-      .key = field.key,
-      .read = [member, read = field.read](const Reader& r, const YAML::Node& node,
-                                          const std::string& path,
-                                          Outer& o) { read(r, node, path, o.*member); },
-      .write = [member, write = field.write](YAML::Emitter& e,
-                                             const Outer& o) { write(e, o.*member); },
-      .keys = field.keys};
+  Field<Outer> out{.key = field.key,
+                   .read = [member, read = field.read](
+                               const Reader& r, const YAML::Node& node, const std::string& path,
+                               Outer& o) { read(r, node, path, o.*member); },
+                   .write = [member, write = field.write](YAML::Emitter& e,
+                                                          const Outer& o) { write(e, o.*member); },
+                   .keys = field.keys};
   if (field.absent) {
     out.absent = [member, absent = field.absent](const Reader& r, const std::string& path,
                                                  Outer& o) { absent(r, path, o.*member); };
@@ -204,17 +199,17 @@ void write_fields(YAML::Emitter& out, const std::vector<Field<S>>& fields, const
 template <class P, class S>
 Field<P> section(std::string key, S P::*member, const std::vector<Field<S>>& fields) {
   std::vector<std::string> keys = keys_below(key + ".", fields);
-  return {.key = std::move(key),
-          .read = [member, &fields](const Reader& r, const YAML::Node& node,
-                                    const std::string& path,
-                                    P& p) { read_map(r, node, path, fields, p.*member); },
-          .write =
-              [member, &fields](YAML::Emitter& out, const P& p) {
-                out << YAML::BeginMap;
-                write_fields(out, fields, p.*member);
-                out << YAML::EndMap;
-              },
-          .keys = std::move(keys)};
+  return {
+      .key = std::move(key),
+      .read = [member, &fields](const Reader& r, const YAML::Node& node, const std::string& path,
+                                P& p) { read_map(r, node, path, fields, p.*member); },
+      .write =
+          [member, &fields](YAML::Emitter& out, const P& p) {
+            out << YAML::BeginMap;
+            write_fields(out, fields, p.*member);
+            out << YAML::EndMap;
+          },
+      .keys = std::move(keys)};
 }
 
 // The entries of a list, each a map of the table's keys. The caller checks

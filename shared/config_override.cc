@@ -68,9 +68,8 @@ void apply_override(YAML::Node& root, const std::string& item) {
     if (node.IsSequence()) {
       const auto index = as_index(key);
       if (!index || *index > node.size() || (*index == node.size() && !last)) {
-        throw fail(walked + " is a list of " + std::to_string(node.size()) + " entries; '" +
-                   key + "' is not an index of it (to replace the whole list: " + walked +
-                   "=...)");
+        throw fail(walked + " is a list of " + std::to_string(node.size()) + " entries; '" + key +
+                   "' is not an index of it (to replace the whole list: " + walked + "=...)");
       }
       if (*index == node.size()) {
         node.push_back(value);

@@ -19,10 +19,14 @@ std::string listed(const std::vector<std::string>& names, std::string_view last_
 
 std::string shown(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a map";
-    default: return "nothing";
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "nothing";
   }
 }
 
@@ -32,8 +36,7 @@ std::string Range::text(std::string_view noun) const {
   std::string out(noun);
   if (has_lo && has_hi && !lo_open && !hi_open) return out + " in " + num(lo) + ".." + num(hi);
   if (has_lo && has_hi) {
-    return out + " in " + (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) +
-           (hi_open ? ")" : "]");
+    return out + " in " + (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
   }
   if (has_lo) return out + (lo_open ? " > " : " >= ") + num(lo);
   if (has_hi) return out + (hi_open ? " < " : " <= ") + num(hi);

@@ -1,16 +1,16 @@
 #include "shared/curve_keys.h"
 
-#include <cerrno>
-#include <charconv>
-#include <cstdlib>
-#include <cstdio>
-#include <cstring>
 #include <fcntl.h>
-#include <fstream>
-#include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "shared/config.h"
 
@@ -55,9 +55,12 @@ std::string read_text(const std::filesystem::path& path, const std::string& what
 
 std::string Identity::name() const {
   switch (role) {
-    case Role::ps: return "ps:" + std::to_string(index);
-    case Role::worker: return "worker:" + std::to_string(index);
-    case Role::tool: break;
+    case Role::ps:
+      return "ps:" + std::to_string(index);
+    case Role::worker:
+      return "worker:" + std::to_string(index);
+    case Role::tool:
+      break;
   }
   return "tool";
 }
@@ -92,8 +95,7 @@ Identity client_identity(const ClusterConfig& config, std::uint32_t sender) {
   return {};
 }
 
-void write_cluster_keys(const std::filesystem::path& dir, std::uint32_t ps,
-                        std::uint32_t workers) {
+void write_cluster_keys(const std::filesystem::path& dir, std::uint32_t ps, std::uint32_t workers) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw CurveKeyError(dir.string() + ": cannot create the directory: " + ec.message());
@@ -157,8 +159,8 @@ CurveKeyPair read_key_pair(const std::filesystem::path& dir, const Identity& who
                         "Z85 characters)");
   char public_key[kZ85KeyChars + 1];
   if (zmq_curve_public(public_key, text.c_str()) != 0)
-    throw CurveKeyError(path.string() + ": cannot derive the public key: " +
-                        zmq_strerror(zmq_errno()));
+    throw CurveKeyError(path.string() +
+                        ": cannot derive the public key: " + zmq_strerror(zmq_errno()));
   return {public_key, text};
 }
 

@@ -66,8 +66,7 @@ inline constexpr const char* kPublicKeysFile = "public_keys";
 // into `dir` (created with mode 0700 if absent), and the public list. Secret
 // files are created with mode 0600; an existing file is never overwritten
 // (CurveKeyError naming it).
-void write_cluster_keys(const std::filesystem::path& dir, std::uint32_t ps,
-                        std::uint32_t workers);
+void write_cluster_keys(const std::filesystem::path& dir, std::uint32_t ps, std::uint32_t workers);
 
 // The public list in `dir`; every line checked (identity, key length, Z85).
 std::vector<PublicKey> read_public_keys(const std::filesystem::path& dir);

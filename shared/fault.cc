@@ -10,8 +10,8 @@ FaultInjector::FaultInjector(FaultConfig config, std::uint64_t seed)
 
 bool FaultInjector::drop(wire::Op op) {
   using wire::Op;
-  const bool data = op == Op::init || op == Op::pull || op == Op::push ||
-                    op == Op::push_pull || op == Op::assign;
+  const bool data =
+      op == Op::init || op == Op::pull || op == Op::push || op == Op::push_pull || op == Op::assign;
   if (!data || (config_.drop == 0 && config_.delay_ms == 0)) return false;
   if (dropped_(random_)) return true;
   if (config_.delay_ms > 0)

@@ -27,8 +27,8 @@ std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t seed) {
   return h;
 }
 
-float init_value(std::uint64_t seed, std::string_view variable,
-                 std::uint64_t element, InitSpec spec) {
+float init_value(std::uint64_t seed, std::string_view variable, std::uint64_t element,
+                 InitSpec spec) {
   if (spec.kind == InitKind::zeros) return 0.0f;
   const std::uint64_t key = splitmix64(seed ^ fnv1a64(variable));
   const std::uint64_t a = splitmix64(key ^ splitmix64(2 * element));
@@ -36,8 +36,7 @@ float init_value(std::uint64_t seed, std::string_view variable,
     return static_cast<float>((2.0 * unit(a) - 1.0) * spec.scale);
   }
   const std::uint64_t b = splitmix64(key ^ splitmix64(2 * element + 1));
-  const double z = std::sqrt(-2.0 * std::log(unit(a))) *
-                   std::cos(2.0 * std::numbers::pi * unit(b));
+  const double z = std::sqrt(-2.0 * std::log(unit(a))) * std::cos(2.0 * std::numbers::pi * unit(b));
   return static_cast<float>(z * spec.scale);
 }
 

@@ -23,8 +23,8 @@ std::uint64_t splitmix64(std::uint64_t x);
 // 64-bit FNV-1a; also names variables in the generator's counter.
 std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t seed = 0xcbf29ce484222325ULL);
 
-float init_value(std::uint64_t seed, std::string_view variable,
-                 std::uint64_t element, InitSpec spec);
+float init_value(std::uint64_t seed, std::string_view variable, std::uint64_t element,
+                 InitSpec spec);
 
 // out[i] = init_value(seed, variable, first_element + i, spec).
 void init_fill(std::span<float> out, std::uint64_t seed, std::string_view variable,

@@ -29,8 +29,8 @@ std::string timestamp() {
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03d", tm.tm_hour, tm.tm_min,
-                tm.tm_sec, static_cast<int>(ms));
+  std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03d", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ms));
   return buf;
 }
 

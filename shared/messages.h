@@ -61,7 +61,10 @@ struct ChunkReply {
 struct Hello {
   std::string config_yaml;
   std::uint64_t acked_updates = 0;
-  void write(Header& h) const { h.text = config_yaml; h.arg = acked_updates; }
+  void write(Header& h) const {
+    h.text = config_yaml;
+    h.arg = acked_updates;
+  }
   static Hello read(const Header& h) { return {h.text, h.arg}; }
 };
 // The reply: the number of workers in the ps's cluster, and the updates its
@@ -70,7 +73,10 @@ struct Hello {
 struct HelloReply {
   std::uint64_t workers = 0;
   std::uint64_t state_updates = 0;
-  void write(Header& h) const { h.arg = workers; h.version = state_updates; }
+  void write(Header& h) const {
+    h.arg = workers;
+    h.version = state_updates;
+  }
   static HelloReply read(const Header& h) { return {h.arg, h.version}; }
 };
 
@@ -78,7 +84,10 @@ struct HelloReply {
 struct Barrier {
   std::string name;
   std::uint64_t count = 0;
-  void write(Header& h) const { h.name = name; h.arg = count; }
+  void write(Header& h) const {
+    h.name = name;
+    h.arg = count;
+  }
   static Barrier read(const Header& h) { return {h.name, h.arg}; }
 };
 struct BarrierReply {
@@ -117,7 +126,10 @@ struct KvSet {
 struct KvGet {
   std::string key;
   std::uint64_t timeout_ms = 0;
-  void write(Header& h) const { h.name = key; h.arg = timeout_ms; }
+  void write(Header& h) const {
+    h.name = key;
+    h.arg = timeout_ms;
+  }
   static KvGet read(const Header& h) { return {h.name, h.arg}; }
 };
 
@@ -146,7 +158,10 @@ struct Done {
 struct GlobalSamples {
   std::uint64_t global_samples = 0;
   std::uint64_t sender_samples = 0;
-  void write(Header& h) const { h.arg = global_samples; h.version = sender_samples; }
+  void write(Header& h) const {
+    h.arg = global_samples;
+    h.version = sender_samples;
+  }
   static GlobalSamples read(const Header& h) { return {h.arg, h.version}; }
 };
 
@@ -171,7 +186,10 @@ struct StatsReply {
 struct ErrorReply {
   std::string text;
   std::uint64_t retry_after_ms = 0;
-  void write(Header& h) const { h.text = text; h.arg = retry_after_ms; }
+  void write(Header& h) const {
+    h.text = text;
+    h.arg = retry_after_ms;
+  }
   static ErrorReply read(const Header& h) { return {h.text, h.arg}; }
 };
 

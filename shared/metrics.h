@@ -19,7 +19,9 @@ class JsonObject {
   JsonObject& add(std::string_view key, std::uint64_t value);
   JsonObject& add(std::string_view key, int value) { return add(key, std::int64_t{value}); }
   JsonObject& add(std::string_view key, std::string_view value);
-  JsonObject& add(std::string_view key, const char* value) { return add(key, std::string_view(value)); }
+  JsonObject& add(std::string_view key, const char* value) {
+    return add(key, std::string_view(value));
+  }
   JsonObject& add(std::string_view key, bool value);
   std::string str() const { return body_.empty() ? "{}" : body_ + "}"; }
 

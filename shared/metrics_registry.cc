@@ -23,10 +23,14 @@ std::string format_value(double value) {
 std::string escape(std::string_view text, bool quote) {
   std::string out;
   for (char c : text) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '"' && quote) out += "\\\"";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '"' && quote)
+      out += "\\\"";
+    else
+      out += c;
   }
   return out;
 }
@@ -67,9 +71,12 @@ void sample(std::string& out, const std::string& name, const std::string& labels
 
 template <class Metric>
 constexpr const char* type_name() {
-  if constexpr (std::is_same_v<Metric, Counter>) return "counter";
-  else if constexpr (std::is_same_v<Metric, Gauge>) return "gauge";
-  else return "histogram";
+  if constexpr (std::is_same_v<Metric, Counter>)
+    return "counter";
+  else if constexpr (std::is_same_v<Metric, Gauge>)
+    return "gauge";
+  else
+    return "histogram";
 }
 
 // A counter's or a gauge's one sample.
@@ -148,10 +155,8 @@ void Family::check_arity(const LabelValues& values) const {
 
 template <class Metric>
 MetricFamily<Metric>::MetricFamily(std::string name, std::string help,
-                                   std::vector<std::string> label_names,
-                                   std::vector<double> bounds)
-    : Family(std::move(name), std::move(help), std::move(label_names)),
-      bounds_(std::move(bounds)) {
+                                   std::vector<std::string> label_names, std::vector<double> bounds)
+    : Family(std::move(name), std::move(help), std::move(label_names)), bounds_(std::move(bounds)) {
   if constexpr (std::is_same_v<Metric, Histogram>) {
     if (std::ranges::find(label_names_, "le") != label_names_.end())
       throw std::invalid_argument("histogram " + name_ + " cannot have a label 'le'");
@@ -236,8 +241,8 @@ MetricFamily<Gauge>& MetricsRegistry::gauge(std::string name, std::string help,
 MetricFamily<Histogram>& MetricsRegistry::histogram(std::string name, std::string help,
                                                     std::vector<double> bounds,
                                                     std::vector<std::string> label_names) {
-  return add(std::make_unique<MetricFamily<Histogram>>(
-      std::move(name), std::move(help), std::move(label_names), std::move(bounds)));
+  return add(std::make_unique<MetricFamily<Histogram>>(std::move(name), std::move(help),
+                                                       std::move(label_names), std::move(bounds)));
 }
 
 std::string MetricsRegistry::prometheus_text() const {
@@ -249,7 +254,7 @@ std::string MetricsRegistry::prometheus_text() const {
 
 std::vector<double> log_bounds(double lowest, double highest) {
   std::vector<double> bounds;
-  for (int exponent = static_cast<int>(std::floor(std::log10(lowest))); ; ++exponent) {
+  for (int exponent = static_cast<int>(std::floor(std::log10(lowest)));; ++exponent) {
     // 10^-k is not a double, but dividing by 10^k (which is) rounds once.
     const double scale = std::pow(10.0, std::abs(exponent));
     for (const double mantissa : {1.0, 2.5, 5.0}) {
@@ -264,8 +269,7 @@ WindowedMean::WindowedMean(const Histogram& histogram) : histogram_(histogram) {
 
 double WindowedMean::take() {
   const auto s = histogram_.snapshot();
-  const double mean =
-      s.count > count_ ? (s.sum - sum_) / static_cast<double>(s.count - count_) : 0;
+  const double mean = s.count > count_ ? (s.sum - sum_) / static_cast<double>(s.count - count_) : 0;
   sum_ = s.sum;
   count_ = s.count;
   return mean;

@@ -151,8 +151,7 @@ class MetricsRegistry {
                                  std::vector<std::string> label_names = {});
   MetricFamily<Gauge>& gauge(std::string name, std::string help,
                              std::vector<std::string> label_names = {});
-  MetricFamily<Histogram>& histogram(std::string name, std::string help,
-                                     std::vector<double> bounds,
+  MetricFamily<Histogram>& histogram(std::string name, std::string help, std::vector<double> bounds,
                                      std::vector<std::string> label_names = {});
 
   // Every family in registration order, in the text exposition format 0.0.4

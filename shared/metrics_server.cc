@@ -54,8 +54,7 @@ MetricsServer::MetricsServer(const MetricsRegistry& registry, const std::string&
   const int bound = port == 0 ? s.bind_to_any_port(host) : (s.bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {
     const int error = errno;
-    throw MetricsServerError("cannot serve metrics on " + host + ":" + std::to_string(port) +
-                             ": " +
+    throw MetricsServerError("cannot serve metrics on " + host + ":" + std::to_string(port) + ": " +
                              (error ? std::strerror(error) : "the address cannot be resolved"));
   }
   port_ = static_cast<std::uint16_t>(bound);
@@ -124,8 +123,8 @@ ProcessMetrics::ProcessMetrics(const ClusterConfig& config, Role role, std::uint
   } catch (const MetricsServerError& e) {
     throw MetricsServerError(std::string(e.what()) + " (metrics.port_base " +
                              std::to_string(config.metrics.port_base) + " gives " +
-                             std::string(to_string(role)) + " " + std::to_string(index) +
-                             " port " + std::to_string(port) + ")");
+                             std::string(to_string(role)) + " " + std::to_string(index) + " port " +
+                             std::to_string(port) + ")");
   }
   log("metrics at http://", host, ":", port, "/metrics");
 }

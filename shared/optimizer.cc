@@ -8,17 +8,21 @@ namespace pstrain {
 
 std::string_view to_string(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::momentum: return "momentum";
-    case OptimizerKind::adam: return "adam";
-    case OptimizerKind::adagrad: return "adagrad";
+    case OptimizerKind::sgd:
+      return "sgd";
+    case OptimizerKind::momentum:
+      return "momentum";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::adagrad:
+      return "adagrad";
   }
   return "unknown";
 }
 
 OptimizerKind parse_optimizer_kind(std::string_view name) {
-  for (auto kind : {OptimizerKind::sgd, OptimizerKind::momentum,
-                    OptimizerKind::adam, OptimizerKind::adagrad}) {
+  for (auto kind :
+       {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam, OptimizerKind::adagrad}) {
     if (name == to_string(kind)) return kind;
   }
   throw std::invalid_argument("unknown optimizer '" + std::string(name) +
@@ -32,23 +36,20 @@ std::size_t Optimizer::state_slots() const {
 }
 
 void Optimizer::init_state(std::span<float> state) const {
-  const float start =
-      config_.kind == OptimizerKind::adagrad ? config_.initial_accumulator : 0.0f;
+  const float start = config_.kind == OptimizerKind::adagrad ? config_.initial_accumulator : 0.0f;
   for (float& s : state) s = start;
 }
 
-void Optimizer::apply(std::span<float> values, std::span<const float> grad,
-                      std::span<float> state, std::uint64_t step,
-                      float lr_scale) const {
+void Optimizer::apply(std::span<float> values, std::span<const float> grad, std::span<float> state,
+                      std::uint64_t step, float lr_scale) const {
   const std::size_t n = values.size();
   if (grad.size() != n || state.size() != n * state_slots()) {
-    throw std::invalid_argument(
-        "optimizer: " + std::to_string(n) + " values, " +
-        std::to_string(grad.size()) + " gradients and " +
-        std::to_string(state.size()) + " state floats do not match");
+    throw std::invalid_argument("optimizer: " + std::to_string(n) + " values, " +
+                                std::to_string(grad.size()) + " gradients and " +
+                                std::to_string(state.size()) + " state floats do not match");
   }
-  opt::best_update_loop().run(opt::OptimizerStep::make(config_, n, step, lr_scale),
-                              values.data(), grad.data(), state.data());
+  opt::best_update_loop().run(opt::OptimizerStep::make(config_, n, step, lr_scale), values.data(),
+                              grad.data(), state.data());
 }
 
 }  // namespace pstrain

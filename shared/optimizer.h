@@ -16,11 +16,11 @@ enum class OptimizerKind { sgd, momentum, adam, adagrad };
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::sgd;
   float lr = 0.1f;
-  float momentum = 0.9f;  // momentum
-  bool nesterov = false;  // momentum
-  float beta1 = 0.9f;     // adam
-  float beta2 = 0.999f;   // adam
-  float eps = 1e-8f;      // adam, adagrad
+  float momentum = 0.9f;             // momentum
+  bool nesterov = false;             // momentum
+  float beta1 = 0.9f;                // adam
+  float beta2 = 0.999f;              // adam
+  float eps = 1e-8f;                 // adam, adagrad
   float initial_accumulator = 0.1f;  // adagrad
   float weight_decay = 0.0f;
 };
@@ -46,9 +46,8 @@ class Optimizer {
   // update for these values (Adam's bias correction); `lr_scale` multiplies
   // the configured learning rate (warm-up and linear scaling in sync mode).
   // Throws std::invalid_argument when the spans' sizes disagree.
-  void apply(std::span<float> values, std::span<const float> grad,
-             std::span<float> state, std::uint64_t step,
-             float lr_scale = 1.0f) const;
+  void apply(std::span<float> values, std::span<const float> grad, std::span<float> state,
+             std::uint64_t step, float lr_scale = 1.0f) const;
 
  private:
   OptimizerConfig config_;

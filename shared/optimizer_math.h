@@ -28,8 +28,8 @@ PSTRAIN_HD void sgd_step(float& w, float g, float lr, float weight_decay) {
 
 // Heavy-ball momentum as PyTorch defines it (v = mu*v + g; w -= lr*v), or
 // Nesterov's variant (w -= lr*(g + mu*v)).
-PSTRAIN_HD void momentum_step(float& w, float& v, float g, float lr, float mu,
-                              float weight_decay, bool nesterov) {
+PSTRAIN_HD void momentum_step(float& w, float& v, float g, float lr, float mu, float weight_decay,
+                              bool nesterov) {
   g += weight_decay * w;
   v = mu * v + g;
   w -= lr * (nesterov ? g + mu * v : v);
@@ -37,9 +37,8 @@ PSTRAIN_HD void momentum_step(float& w, float& v, float g, float lr, float mu,
 
 // Adam (Kingma & Ba). bias1 = 1 - beta1^t and bias2 = 1 - beta2^t are
 // computed once per chunk and step by the caller, not per element.
-PSTRAIN_HD void adam_step(float& w, float& m, float& v, float g, float lr,
-                          float beta1, float beta2, float eps, float bias1,
-                          float bias2, float weight_decay) {
+PSTRAIN_HD void adam_step(float& w, float& m, float& v, float g, float lr, float beta1, float beta2,
+                          float eps, float bias1, float bias2, float weight_decay) {
   g += weight_decay * w;
   m = beta1 * m + (1.0f - beta1) * g;
   v = beta2 * v + (1.0f - beta2) * g * g;
@@ -61,18 +60,23 @@ PSTRAIN_HD void adagrad_step(float& w, float& acc, float g, float lr, float eps,
 template <OptimizerKind K>
 struct Kind {
   // Floats of state per element, slot-major (see OptimizerStep::n).
-  static constexpr std::size_t state_slots =
-      K == OptimizerKind::sgd ? 0 : K == OptimizerKind::adam ? 2 : 1;
+  static constexpr std::size_t state_slots = K == OptimizerKind::sgd    ? 0
+                                             : K == OptimizerKind::adam ? 2
+                                                                        : 1;
 };
 
 // The one switch over optimizer kinds: returns body(Kind<kind>{}).
 template <class Body>
 PSTRAIN_HD auto dispatch(OptimizerKind kind, Body&& body) {
   switch (kind) {
-    case OptimizerKind::sgd: return body(Kind<OptimizerKind::sgd>{});
-    case OptimizerKind::momentum: return body(Kind<OptimizerKind::momentum>{});
-    case OptimizerKind::adam: return body(Kind<OptimizerKind::adam>{});
-    case OptimizerKind::adagrad: break;
+    case OptimizerKind::sgd:
+      return body(Kind<OptimizerKind::sgd>{});
+    case OptimizerKind::momentum:
+      return body(Kind<OptimizerKind::momentum>{});
+    case OptimizerKind::adam:
+      return body(Kind<OptimizerKind::adam>{});
+    case OptimizerKind::adagrad:
+      break;
   }
   return body(Kind<OptimizerKind::adagrad>{});
 }
@@ -100,8 +104,8 @@ struct OptimizerStep {
   std::size_t n;  // state slot s of element i is state[s * n + i]
 
   // Host only. `step` is the 1-based number of this update (0 counts as 1).
-  static OptimizerStep make(const OptimizerConfig& c, std::size_t n,
-                            std::uint64_t step, float lr_scale) {
+  static OptimizerStep make(const OptimizerConfig& c, std::size_t n, std::uint64_t step,
+                            float lr_scale) {
     const std::uint64_t t = step == 0 ? 1 : step;
     return {c.kind,
             c.lr * lr_scale,
@@ -124,8 +128,7 @@ struct OptimizerStep {
     } else if constexpr (K == OptimizerKind::momentum) {
       momentum_step(w, state[i], g, lr, momentum, weight_decay, nesterov);
     } else if constexpr (K == OptimizerKind::adam) {
-      adam_step(w, state[i], state[n + i], g, lr, beta1, beta2, eps, bias1, bias2,
-                weight_decay);
+      adam_step(w, state[i], state[n + i], g, lr, beta1, beta2, eps, bias1, bias2, weight_decay);
     } else {
       adagrad_step(w, state[i], g, lr, eps, weight_decay);
     }

@@ -18,8 +18,7 @@ static_assert(std::endian::native == std::endian::little,
 class VectorOutputArchive
     : public cereal::OutputArchive<VectorOutputArchive, cereal::AllowEmptyClassElision> {
  public:
-  explicit VectorOutputArchive(std::vector<std::uint8_t>& out)
-      : OutputArchive(this), out_(out) {}
+  explicit VectorOutputArchive(std::vector<std::uint8_t>& out) : OutputArchive(this), out_(out) {}
   void saveBinary(const void* data, std::size_t size) {
     const auto* bytes = static_cast<const std::uint8_t*>(data);
     out_.insert(out_.end(), bytes, bytes + size);
@@ -55,8 +54,7 @@ std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(VectorOutput
   ar.saveBinary(&t, sizeof(t));
 }
 template <class T>
-std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& ar,
-                                                                    T& t) {
+std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& ar, T& t) {
   ar.loadBinary(&t, sizeof(t));
 }
 template <class T>
@@ -127,28 +125,44 @@ template void Header::serialize(detail::FrameInputArchive&);
 
 std::string_view to_string(Op op) {
   switch (op) {
-    case Op::hello: return "hello";
-    case Op::init: return "init";
-    case Op::pull: return "pull";
-    case Op::push: return "push";
-    case Op::push_pull: return "push_pull";
-    case Op::assign: return "assign";
-    case Op::barrier: return "barrier";
-    case Op::snapshot: return "snapshot";
-    case Op::stats: return "stats";
-    case Op::shutdown: return "shutdown";
-    case Op::kv_set: return "kv_set";
-    case Op::kv_get: return "kv_get";
-    case Op::heartbeat: return "heartbeat";
-    case Op::done: return "done";
+    case Op::hello:
+      return "hello";
+    case Op::init:
+      return "init";
+    case Op::pull:
+      return "pull";
+    case Op::push:
+      return "push";
+    case Op::push_pull:
+      return "push_pull";
+    case Op::assign:
+      return "assign";
+    case Op::barrier:
+      return "barrier";
+    case Op::snapshot:
+      return "snapshot";
+    case Op::stats:
+      return "stats";
+    case Op::shutdown:
+      return "shutdown";
+    case Op::kv_set:
+      return "kv_set";
+    case Op::kv_get:
+      return "kv_get";
+    case Op::heartbeat:
+      return "heartbeat";
+    case Op::done:
+      return "done";
   }
   return "unknown";
 }
 
 std::size_t element_bytes(DType type) {
   switch (type) {
-    case DType::f32: return sizeof(float);
-    case DType::bytes: return 1;
+    case DType::f32:
+      return sizeof(float);
+    case DType::bytes:
+      return 1;
   }
   throw ProtocolError("unknown dtype " + std::to_string(static_cast<int>(type)));
 }
@@ -187,8 +201,8 @@ Header decode_header(std::span<const std::uint8_t> frame) {
                         " but the header declares no payload frames");
   if (h.elements > kMaxPayloadBytes / element_bytes(h.dtype))
     throw ProtocolError("payload of " + std::to_string(h.elements) + " elements of " +
-                        std::to_string(element_bytes(h.dtype)) +
-                        " B exceeds the limit of " + std::to_string(kMaxPayloadBytes) + " B");
+                        std::to_string(element_bytes(h.dtype)) + " B exceeds the limit of " +
+                        std::to_string(kMaxPayloadBytes) + " B");
   return h;
 }
 
@@ -200,8 +214,8 @@ void check_payload(const Header& header, std::size_t index, std::size_t frame_by
   if (frame_bytes != expected)
     throw ProtocolError("payload frame " + std::to_string(index) + " is " +
                         std::to_string(frame_bytes) + " bytes, but the header declares " +
-                        std::to_string(header.elements) + " elements (" +
-                        std::to_string(expected) + " bytes)");
+                        std::to_string(header.elements) + " elements (" + std::to_string(expected) +
+                        " bytes)");
 }
 
 Header reply_to(const Header& request) {

@@ -43,7 +43,8 @@ inline constexpr std::uint32_t kProtocolVersion = 4;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
-inline constexpr std::size_t kMaxPayloadBytes = 16 * 1024 * 1024;  // per payload frame (kv values too)
+inline constexpr std::size_t kMaxPayloadBytes =
+    16 * 1024 * 1024;  // per payload frame (kv values too)
 inline constexpr std::size_t kMaxPayloadFrames = 2;
 // The largest frame of any legal message: sockets set ZMQ_MAXMSGSIZE to it,
 // so a peer announcing a larger one is disconnected before anything is
@@ -52,20 +53,20 @@ inline constexpr std::size_t kMaxFrameBytes = std::max(kMaxHeaderBytes, kMaxPayl
 
 // Each op's request and reply are described by its view in shared/messages.h.
 enum class Op : std::uint8_t {
-  hello = 1,     // protocol version, run id and config hash; refused on mismatch
-  init,          // create a chunk if absent (payload: initial values)
-  pull,          // reply payload: the chunk's values; reply version
-  push,          // payload: gradient, applied with the ps's optimizer
-  push_pull,     // push, then reply with the updated values
-  assign,        // payload: values that overwrite the chunk (sync mode, restore)
-  barrier,       // reply once `count` distinct senders have entered the barrier
-  snapshot,      // write every chunk to run_dir atomically; reply: the path
-  stats,         // reply: JSON counters of the ps
-  shutdown,      // stop serving after replying
-  kv_set,        // rendezvous store: set a key; the value is the payload frame
-  kv_get,        // reply when the key exists (or time out), payload: value
-  heartbeat,     // liveness, with the samples trained since the last one
-  done,          // a worker finished, with its total samples
+  hello = 1,  // protocol version, run id and config hash; refused on mismatch
+  init,       // create a chunk if absent (payload: initial values)
+  pull,       // reply payload: the chunk's values; reply version
+  push,       // payload: gradient, applied with the ps's optimizer
+  push_pull,  // push, then reply with the updated values
+  assign,     // payload: values that overwrite the chunk (sync mode, restore)
+  barrier,    // reply once `count` distinct senders have entered the barrier
+  snapshot,   // write every chunk to run_dir atomically; reply: the path
+  stats,      // reply: JSON counters of the ps
+  shutdown,   // stop serving after replying
+  kv_set,     // rendezvous store: set a key; the value is the payload frame
+  kv_get,     // reply when the key exists (or time out), payload: value
+  heartbeat,  // liveness, with the samples trained since the last one
+  done,       // a worker finished, with its total samples
 };
 inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::done);
 
@@ -82,24 +83,24 @@ struct Header {
   // incarnation; a resend carries the same id, which is how the ps tells a
   // resend from a new request (server/dedup.h).
   std::uint64_t request_id = 0;
-  std::uint32_t sender = 0;     // worker index (or a client id for tools)
+  std::uint32_t sender = 0;  // worker index (or a client id for tools)
   // Random per client process start; 0: a sender that never resends, whose
   // requests the ps does not record.
   std::uint64_t incarnation = 0;
-  std::uint64_t run_id = 0;     // ClusterConfig::run_id; 0 only in hello replies and errors
+  std::uint64_t run_id = 0;  // ClusterConfig::run_id; 0 only in hello replies and errors
   // In every reply, errors included: the answering ps's generation, nonzero
   // and new whenever its state may have been lost (a process start); 0 in
   // requests. A client that sees it change knows the ps restarted.
   std::uint64_t generation = 0;
-  std::string name;             // what the op names: a variable, a barrier or a key
+  std::string name;  // what the op names: a variable, a barrier or a key
   std::uint32_t chunk = 0;
-  std::uint64_t version = 0;    // updates applied to the chunk so far
-  std::uint64_t arg = 0;        // the op's number (a count, samples, milliseconds)
-  DType dtype = DType::f32;     // of the payload frames
-  std::uint64_t elements = 0;   // per payload frame; 0 without payload
+  std::uint64_t version = 0;   // updates applied to the chunk so far
+  std::uint64_t arg = 0;       // the op's number (a count, samples, milliseconds)
+  DType dtype = DType::f32;    // of the payload frames
+  std::uint64_t elements = 0;  // per payload frame; 0 without payload
   std::uint32_t payload_frames = 0;
   Status status = Status::ok;
-  std::string text;             // error text, or the op's text (config, path, JSON)
+  std::string text;  // error text, or the op's text (config, path, JSON)
 
   template <class Archive>
   void serialize(Archive& ar);  // defined in protocol.cc (bounded strings)

@@ -30,8 +30,8 @@ ShardMap::ShardMap(std::vector<VariableSpec> variables, std::uint32_t servers,
   const std::uint64_t chunk_elems = chunk_bytes / sizeof(float);
   std::vector<std::vector<ChunkRef>> per_variable(variables_.size());
   auto least_loaded = [&] {
-    return static_cast<std::uint32_t>(
-        std::min_element(bytes_on_.begin(), bytes_on_.end()) - bytes_on_.begin());
+    return static_cast<std::uint32_t>(std::min_element(bytes_on_.begin(), bytes_on_.end()) -
+                                      bytes_on_.begin());
   };
 
   // Large variables first, in declaration order, so their round-robin start
@@ -57,9 +57,8 @@ ShardMap::ShardMap(std::vector<VariableSpec> variables, std::uint32_t servers,
   std::vector<std::uint32_t> small;
   for (std::uint32_t vi = 0; vi < variables_.size(); ++vi)
     if (variables_[vi].size <= chunk_elems) small.push_back(vi);
-  std::stable_sort(small.begin(), small.end(), [&](auto a, auto b) {
-    return variables_[a].size > variables_[b].size;
-  });
+  std::stable_sort(small.begin(), small.end(),
+                   [&](auto a, auto b) { return variables_[a].size > variables_[b].size; });
   for (auto vi : small) {
     const auto server = least_loaded();
     per_variable[vi].push_back({vi, 0, 0, variables_[vi].size, server});

@@ -80,9 +80,8 @@ class Reader {
   std::size_t pos() const { return pos_; }
   bool at_end() const { return pos_ == data_.size(); }
   std::uint32_t crc_of(std::size_t from, std::size_t to) const {
-    return static_cast<std::uint32_t>(
-        crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(data_.data() + from),
-                to - from));
+    return static_cast<std::uint32_t>(crc32_z(
+        crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(data_.data() + from), to - from));
   }
 
  private:

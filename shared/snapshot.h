@@ -38,7 +38,7 @@ inline constexpr std::uint32_t kSnapshotFormatVersion = 2;
 enum class SnapshotKind : std::uint32_t { snapshot = 0, checkpoint = 1 };
 
 struct SnapshotRecord {
-  std::string name;   // variable name
+  std::string name;  // variable name
   std::uint32_t chunk = 0;
   std::uint64_t version = 0;
   std::vector<float> values;

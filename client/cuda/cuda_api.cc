@@ -54,8 +54,7 @@ int pstrain_cuda_device_count(char* error, std::size_t error_size) {
   return count;
 }
 
-pstrain::Backend* pstrain_cuda_create_backend(int device, char* error,
-                                              std::size_t error_size) {
+pstrain::Backend* pstrain_cuda_create_backend(int device, char* error, std::size_t error_size) {
   return guarded(error, error_size, static_cast<pstrain::Backend*>(nullptr), [&] {
     return static_cast<pstrain::Backend*>(
         std::make_unique<pstrain::cuda::CudaBackend>(device).release());
@@ -78,8 +77,7 @@ int pstrain_nccl_unique_id(std::uint8_t* id, std::size_t id_size, char* error,
 
 pstrain::Communicator* pstrain_nccl_create(pstrain::Backend* backend, const std::uint8_t* id,
                                            std::size_t id_size, int rank, int size,
-                                           double timeout_s, char* error,
-                                           std::size_t error_size) {
+                                           double timeout_s, char* error, std::size_t error_size) {
   return guarded(error, error_size, static_cast<pstrain::Communicator*>(nullptr), [&] {
     auto* cuda = dynamic_cast<pstrain::cuda::CudaBackend*>(backend);
     if (!cuda) {

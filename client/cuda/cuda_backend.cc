@@ -15,22 +15,20 @@ namespace {
 constexpr std::size_t kConvWorkspaceFloats = std::size_t{1} << 24;
 
 std::string conv_text(const ConvShape& s) {
-  return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" +
-         std::to_string(s.h) + " w=" + std::to_string(s.w) + " filters=" +
-         std::to_string(s.filters) + " kernel=" + std::to_string(s.kernel);
+  return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
+         " w=" + std::to_string(s.w) + " filters=" + std::to_string(s.filters) +
+         " kernel=" + std::to_string(s.kernel);
 }
 
 void check_conv(const ConvShape& s, const char* op) {
-  check_dims(s.n > 0 && s.c > 0 && s.filters > 0 && s.kernel > 0 && s.out_h() > 0 &&
-                 s.out_w() > 0,
+  check_dims(s.n > 0 && s.c > 0 && s.filters > 0 && s.kernel > 0 && s.out_h() > 0 && s.out_w() > 0,
              op, "invalid shape " + conv_text(s));
 }
 
 void check_pool(const PoolShape& s, const char* op) {
   check_dims(s.n > 0 && s.c > 0 && s.k > 0 && s.out_h() > 0 && s.out_w() > 0, op,
-             "invalid shape n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) +
-                 " h=" + std::to_string(s.h) + " w=" + std::to_string(s.w) +
-                 " k=" + std::to_string(s.k));
+             "invalid shape n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" +
+                 std::to_string(s.h) + " w=" + std::to_string(s.w) + " k=" + std::to_string(s.k));
 }
 
 // `device` if it is one of the visible devices.
@@ -106,9 +104,7 @@ void CudaBackend::release(void* device_ptr) noexcept {
   device_allocations_.erase(device_ptr);
 }
 
-void CudaBackend::release_host(void* host_ptr) noexcept {
-  host_allocations_.erase(host_ptr);
-}
+void CudaBackend::release_host(void* host_ptr) noexcept { host_allocations_.erase(host_ptr); }
 
 // ---- transfers -----------------------------------------------------------
 
@@ -155,8 +151,8 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
                                  trans_b ? k : n, a, trans_a ? m : k, &beta, c, n));
 }
 
-void CudaBackend::dense_forward(const float* x, const float* w, const float* b, float* y,
-                                int n, int in, int out) {
+void CudaBackend::dense_forward(const float* x, const float* w, const float* b, float* y, int n,
+                                int in, int out) {
   check_dims(n > 0 && in > 0 && out > 0, "dense_forward",
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
@@ -190,8 +186,8 @@ void CudaBackend::relu_backward(const float* y, const float* dy, float* dx, std:
 
 // Images per im2col chunk: as many as fit the workspace bound.
 int CudaBackend::conv_chunk(const ConvShape& s) const {
-  const std::size_t per_image = std::size_t(s.out_h()) * s.out_w() *
-                                (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
+  const std::size_t per_image =
+      std::size_t(s.out_h()) * s.out_w() * (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
   return int(std::clamp<std::size_t>(kConvWorkspaceFloats / per_image, 1, std::size_t(s.n)));
 }
 
@@ -265,7 +261,8 @@ void CudaBackend::maxpool_backward(const float* dy, const std::int32_t* argmax, 
   check_pool(s, "maxpool_backward");
   const std::size_t total = std::size_t(s.n) * s.c * s.out_h() * s.out_w();
   compute({dy, argmax, dx}, [&](cudaStream_t st) {
-    PSTRAIN_CUDA_CHECK(cudaMemsetAsync(dx, 0, std::size_t(s.n) * s.c * s.h * s.w * sizeof(float), st));
+    PSTRAIN_CUDA_CHECK(
+        cudaMemsetAsync(dx, 0, std::size_t(s.n) * s.c * s.h * s.w * sizeof(float), st));
     kernels::scatter_add(on(st), dy, argmax, dx, total);
   });
 }
@@ -285,14 +282,11 @@ void CudaBackend::scale(float* x, float a, std::size_t n) {
   compute({x}, [&](cudaStream_t st) { kernels::scale(on(st), x, a, n); });
 }
 
-void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const float* g,
-                                  float* state, std::size_t n, std::uint64_t step,
-                                  float lr_scale) {
+void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const float* g, float* state,
+                                  std::size_t n, std::uint64_t step, float lr_scale) {
   if (n == 0) return;
   const auto s = opt::OptimizerStep::make(c, n, step, lr_scale);
-  compute({w, g, state}, [&](cudaStream_t st) {
-    kernels::optimizer(on(st), s, w, g, state);
-  });
+  compute({w, g, state}, [&](cudaStream_t st) { kernels::optimizer(on(st), s, w, g, state); });
 }
 
 }  // namespace pstrain::cuda

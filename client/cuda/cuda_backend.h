@@ -42,30 +42,25 @@ class CudaBackend final : public Backend {
   bool fence_done(Fence fence) override;
   void wait(Fence fence) override;
 
-  void dense_forward(const float* x, const float* w, const float* b, float* y,
-                     int n, int in, int out) override;
-  void dense_backward(const float* x, const float* w, const float* dy, float* dx,
-                      float* dw, float* db, int n, int in, int out) override;
+  void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
+                     int out) override;
+  void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                      float* db, int n, int in, int out) override;
   void relu_forward(const float* x, float* y, std::size_t n) override;
-  void relu_backward(const float* y, const float* dy, float* dx,
-                     std::size_t n) override;
+  void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) override;
   std::size_t conv2d_workspace(const ConvShape& s) const override;
-  void conv2d_forward(const float* x, const float* w, const float* b, float* y,
-                      float* workspace, const ConvShape& s) override;
-  void conv2d_backward(const float* x, const float* w, const float* dy,
-                       float* dx, float* dw, float* db, float* workspace,
-                       const ConvShape& s) override;
-  void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
-                       const PoolShape& s) override;
+  void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
+                      const ConvShape& s) override;
+  void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, float* workspace, const ConvShape& s) override;
+  void maxpool_forward(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) override;
   void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                         const PoolShape& s) override;
-  void softmax_xent(const float* logits, const std::int32_t* labels,
-                    float* dlogits, float* loss, float* correct, int n,
-                    int classes) override;
+  void softmax_xent(const float* logits, const std::int32_t* labels, float* dlogits, float* loss,
+                    float* correct, int n, int classes) override;
   void scale(float* x, float a, std::size_t n) override;
-  void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
-                       float* state, std::size_t n, std::uint64_t step,
-                       float lr_scale) override;
+  void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
+                       std::size_t n, std::uint64_t step, float lr_scale) override;
 
   // For work issued from outside the backend (NCCL collectives): orders the
   // compute stream after pending copies of `buffers`, runs `enqueue` with the
@@ -91,8 +86,8 @@ class CudaBackend final : public Backend {
   // `device` is the side in device memory, checked against its allocation.
   void transfer(void* to, const void* from, const void* device, std::size_t bytes,
                 cudaMemcpyKind kind, const char* op);
-  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
-            const float* b, float beta, float* c);
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b,
+            float beta, float* c);
   int conv_chunk(const ConvShape& s) const;
 
   int device_;

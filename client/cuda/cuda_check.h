@@ -19,8 +19,8 @@ struct CudaError : std::runtime_error {
 };
 
 [[noreturn]] inline void throw_cuda(cudaError_t status, const char* call) {
-  throw CudaError(std::string(call) + " failed: " + cudaGetErrorString(status) +
-                  " (" + cudaGetErrorName(status) + ")");
+  throw CudaError(std::string(call) + " failed: " + cudaGetErrorString(status) + " (" +
+                  cudaGetErrorName(status) + ")");
 }
 
 inline void check(cudaError_t status, const char* call) {
@@ -29,8 +29,8 @@ inline void check(cudaError_t status, const char* call) {
 
 inline void check(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw CudaError(std::string(call) + " failed: " + cublasGetStatusString(status) +
-                    " (" + cublasGetStatusName(status) + ")");
+    throw CudaError(std::string(call) + " failed: " + cublasGetStatusString(status) + " (" +
+                    cublasGetStatusName(status) + ")");
   }
 }
 
@@ -51,9 +51,7 @@ inline void check_dims(bool ok, const char* op, const std::string& what) {
 }
 
 // Kernel launches report bad configurations only through the last error.
-inline void check_launch(const char* kernel) {
-  check(cudaGetLastError(), kernel);
-}
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 
 }  // namespace pstrain::cuda
 

@@ -72,9 +72,7 @@ struct DeviceFree {
   void operator()(void* p) const noexcept { report_release_error(cudaFree(p), "cudaFree"); }
 };
 struct HostFree {
-  void operator()(void* p) const noexcept {
-    report_release_error(cudaFreeHost(p), "cudaFreeHost");
-  }
+  void operator()(void* p) const noexcept { report_release_error(cudaFreeHost(p), "cudaFreeHost"); }
 };
 template <class T>
 using DeviceBuffer = std::unique_ptr<T[], DeviceFree>;
@@ -106,8 +104,10 @@ class DeviceScope {
  public:
   explicit DeviceScope(int device) {
     PSTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) PSTRAIN_CUDA_CHECK(cudaSetDevice(device));
-    else previous_ = -1;
+    if (previous_ != device)
+      PSTRAIN_CUDA_CHECK(cudaSetDevice(device));
+    else
+      previous_ = -1;
   }
   ~DeviceScope() {
     if (previous_ >= 0) report_release_error(cudaSetDevice(previous_), "cudaSetDevice");

@@ -36,8 +36,7 @@ __global__ void relu_forward_kernel(const float* x, float* y, std::size_t n) {
   }
 }
 
-__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
-                                     std::size_t n) {
+__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x) {
     dx[i] = ew::relu_grad(y[i], dy[i]);
@@ -83,8 +82,7 @@ __device__ float block_sum(float v) {
 }
 
 // db[f] = sum over images and pixels of dy[i, f, p]; one block per filter.
-__global__ void conv_bias_grad_kernel(const float* dy, float* db, int n, int filters,
-                                      int pixels) {
+__global__ void conv_bias_grad_kernel(const float* dy, float* db, int n, int filters, int pixels) {
   const int f = blockIdx.x;
   const std::size_t total = std::size_t(n) * pixels;
   float sum = 0.0f;
@@ -98,8 +96,7 @@ __global__ void conv_bias_grad_kernel(const float* dy, float* db, int n, int fil
 
 // col[(ch*k + u)*k + v, i*pixels + oy*ow + ox] = x[i, ch, oy+u, ox+v] for the
 // `count` images starting at x.
-__global__ void im2col_kernel(const float* x, float* col, int count, int c, int h,
-                              int w, int k) {
+__global__ void im2col_kernel(const float* x, float* col, int count, int c, int h, int w, int k) {
   const int oh = h - k + 1, ow = w - k + 1, pixels = oh * ow;
   const std::size_t columns = std::size_t(count) * pixels;
   const std::size_t total = columns * c * k * k;
@@ -115,8 +112,7 @@ __global__ void im2col_kernel(const float* x, float* col, int count, int c, int 
 
 // The adjoint of im2col: dx[i, ch, y, x] sums the column entries that read it.
 // One thread per dx element, so no atomics.
-__global__ void col2im_kernel(const float* col, float* dx, int count, int c, int h,
-                              int w, int k) {
+__global__ void col2im_kernel(const float* col, float* dx, int count, int c, int h, int w, int k) {
   const int oh = h - k + 1, ow = w - k + 1, pixels = oh * ow;
   const std::size_t columns = std::size_t(count) * pixels;
   const std::size_t total = std::size_t(count) * c * h * w;
@@ -145,7 +141,8 @@ __global__ void conv_output_kernel(const float* tmp, const float* b, float* y, i
   const std::size_t total = std::size_t(count) * filters * pixels;
   for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
        e += std::size_t{gridDim.x} * blockDim.x) {
-    const std::size_t p = e % pixels, f = e / pixels % filters, i = e / (std::size_t(pixels) * filters);
+    const std::size_t p = e % pixels, f = e / pixels % filters,
+                      i = e / (std::size_t(pixels) * filters);
     y[e] = tmp[(f * count + i) * pixels + p] + b[f];
   }
 }
@@ -156,13 +153,14 @@ __global__ void conv_gather_kernel(const float* dy, float* tmp, int count, int f
   const std::size_t total = std::size_t(count) * filters * pixels;
   for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
        e += std::size_t{gridDim.x} * blockDim.x) {
-    const std::size_t p = e % pixels, f = e / pixels % filters, i = e / (std::size_t(pixels) * filters);
+    const std::size_t p = e % pixels, f = e / pixels % filters,
+                      i = e / (std::size_t(pixels) * filters);
     tmp[(f * count + i) * pixels + p] = dy[e];
   }
 }
 
-__global__ void maxpool_forward_kernel(const float* x, float* y, std::int32_t* argmax,
-                                       int n, int c, int h, int w, int k) {
+__global__ void maxpool_forward_kernel(const float* x, float* y, std::int32_t* argmax, int n, int c,
+                                       int h, int w, int k) {
   const int oh = h / k, ow = w / k;
   const std::size_t total = std::size_t(n) * c * oh * ow;
   for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
@@ -194,9 +192,8 @@ __global__ void scatter_add_kernel(const float* dy, const std::int32_t* index, f
 
 // One warp per sample. A label outside [0, classes) cannot be reported from
 // here; its row's loss and gradients become NaN, which training notices.
-__global__ void softmax_xent_kernel(const float* logits, const std::int32_t* labels,
-                                    float* dlogits, float* loss, float* correct, int n,
-                                    int classes) {
+__global__ void softmax_xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
+                                    float* loss, float* correct, int n, int classes) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= n) return;
@@ -286,15 +283,13 @@ void conv_bias_grad(const Launch& l, const float* dy, float* db, int n, int filt
 
 void im2col(const Launch& l, const float* x, float* col, int count, int c, int h, int w, int k) {
   const std::size_t total = std::size_t(count) * (h - k + 1) * (w - k + 1) * c * k * k;
-  im2col_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(x, col, count, c, h, w,
-                                                                          k);
+  im2col_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(x, col, count, c, h, w, k);
   check_launch("im2col_kernel");
 }
 
 void col2im(const Launch& l, const float* col, float* dx, int count, int c, int h, int w, int k) {
   const std::size_t total = std::size_t(count) * c * h * w;
-  col2im_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(col, dx, count, c, h, w,
-                                                                          k);
+  col2im_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(col, dx, count, c, h, w, k);
   check_launch("col2im_kernel");
 }
 
@@ -302,23 +297,22 @@ void conv_output(const Launch& l, const float* tmp, const float* b, float* y, in
                  int filters, int pixels) {
   const std::size_t total = std::size_t(count) * pixels * filters;
   conv_output_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(tmp, b, y, count,
-                                                                              filters, pixels);
+                                                                             filters, pixels);
   check_launch("conv_output_kernel");
 }
 
-void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters,
-                 int pixels) {
+void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters, int pixels) {
   const std::size_t total = std::size_t(count) * pixels * filters;
   conv_gather_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(dy, tmp, count,
-                                                                              filters, pixels);
+                                                                             filters, pixels);
   check_launch("conv_gather_kernel");
 }
 
-void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* argmax, int n,
-                     int c, int h, int w, int k) {
+void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* argmax, int n, int c,
+                     int h, int w, int k) {
   const std::size_t total = std::size_t(n) * c * (h / k) * (w / k);
-  maxpool_forward_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(
-      x, y, argmax, n, c, h, w, k);
+  maxpool_forward_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(x, y, argmax, n, c,
+                                                                                 h, w, k);
   check_launch("maxpool_forward_kernel");
 }
 
@@ -328,8 +322,8 @@ void scatter_add(const Launch& l, const float* dy, const std::int32_t* index, fl
   check_launch("scatter_add_kernel");
 }
 
-void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels,
-                  float* dlogits, float* loss, float* correct, int n, int classes) {
+void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
+                  float* loss, float* correct, int n, int classes) {
   constexpr int rows_per_block = kThreads / 32;
   softmax_xent_kernel<<<(n + rows_per_block - 1) / rows_per_block, kThreads, 0, l.stream>>>(
       logits, labels, dlogits, loss, correct, n, classes);

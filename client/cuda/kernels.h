@@ -42,20 +42,19 @@ void col2im(const Launch& l, const float* col, float* dx, int count, int c, int 
 void conv_output(const Launch& l, const float* tmp, const float* b, float* y, int count,
                  int filters, int pixels);
 // tmp[f, i*pixels + p] = dy[i, f, p]: NCHW gradients to the GEMM's layout.
-void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters,
-                 int pixels);
+void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters, int pixels);
 
 // k x k max pooling; argmax holds the flat input index of each maximum.
-void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* argmax, int n,
-                     int c, int h, int w, int k);
+void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* argmax, int n, int c,
+                     int h, int w, int k);
 // dx[index[i]] += dy[i]; dx must be zeroed first.
 void scatter_add(const Launch& l, const float* dy, const std::int32_t* index, float* dx,
                  std::size_t n);
 
 // Per row: loss, 1/n-scaled gradient, and whether the first maximum is the
 // label. A label outside [0, classes) makes its row NaN.
-void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels,
-                  float* dlogits, float* loss, float* correct, int n, int classes);
+void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
+                  float* loss, float* correct, int n, int classes);
 
 // One optimizer step over step.n elements, through the dispatch the CPU's
 // Optimizer uses (shared/optimizer_math.h).

@@ -7,8 +7,8 @@
 
 namespace pstrain::cuda {
 
-NcclCommunicator::NcclCommunicator(CudaBackend& backend, const ncclUniqueId& id, int rank,
-                                   int size, double timeout_s)
+NcclCommunicator::NcclCommunicator(CudaBackend& backend, const ncclUniqueId& id, int rank, int size,
+                                   double timeout_s)
     : backend_(backend), rank_(rank), size_(size), timeout_s_(timeout_s) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw std::invalid_argument("nccl: rank " + std::to_string(rank) +
@@ -64,8 +64,8 @@ void NcclCommunicator::complete(ncclResult_t issued, const char* call) {
   if (issued != ncclSuccess && issued != ncclInProgress) {
     fail(std::string(call) + " failed: " + ncclGetErrorString(issued));
   }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(timeout_s_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
   if (!comm_) {
     if (issued == ncclSuccess) return;
     fail(std::string(call) + " returned no communicator");

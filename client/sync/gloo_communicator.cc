@@ -9,7 +9,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
-
 namespace pstrain {
 namespace {
 
@@ -48,8 +47,9 @@ GlooCommunicator::GlooCommunicator(GlooOptions options,
     attr.hostname = host;
     device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    throw CommError("gloo: worker " + std::to_string(options_.rank) + " cannot listen on its host '" +
-                    host + "' (workers." + std::to_string(options_.rank) +
+    throw CommError("gloo: worker " + std::to_string(options_.rank) +
+                    " cannot listen on its host '" + host + "' (workers." +
+                    std::to_string(options_.rank) +
                     ".host must be an address of this machine): " + e.what());
   }
   auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, size());
@@ -85,8 +85,8 @@ void GlooCommunicator::fail(const char* what, const std::string& cause) {
     try {
       store_->wait({"failed/" + std::to_string(r)}, left);
     } catch (const std::exception&) {
-      missing += (missing.empty() ? "" : ", ") + std::string("worker ") + std::to_string(r) +
-                 " (" + options_.hosts[static_cast<std::size_t>(r)] + ")";
+      missing += (missing.empty() ? "" : ", ") + std::string("worker ") + std::to_string(r) + " (" +
+                 options_.hosts[static_cast<std::size_t>(r)] + ")";
     }
   }
   if (missing.empty()) missing = "a peer";

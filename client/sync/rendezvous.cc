@@ -41,8 +41,7 @@ std::uint64_t number(const std::string& key, const std::string& value) {
   std::uint64_t n = 0;
   const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), n);
   if (error != std::errc() || end != value.data() + value.size())
-    throw CommError("sync rendezvous: '" + key + "' on ps 0 holds '" + value +
-                    "', not a number");
+    throw CommError("sync rendezvous: '" + key + "' on ps 0 holds '" + value + "', not a number");
   return n;
 }
 
@@ -51,8 +50,7 @@ std::uint64_t number(const std::string& key, const std::string& value) {
 // goes in slices of net.heartbeat with a heartbeat to every ps after each,
 // so that no ps takes this worker for dead while it waits.
 std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t writer,
-                     const std::string& key, Clock::time_point deadline,
-                     const std::string& what) {
+                     const std::string& key, Clock::time_point deadline, const std::string& what) {
   const double slice = std::max(0.05, config.net.heartbeat);
   const std::string waiting = "sync rendezvous: waiting for " + what + " (key '" + key + "')";
   while (true) {
@@ -73,8 +71,7 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t wr
     if (left <= 0) {
       char limit[32];
       std::snprintf(limit, sizeof limit, "%g s", config.net.worker_timeout);
-      throw CommError(waiting + ": not there within " + limit + " (net.worker_timeout): " +
-                      cause);
+      throw CommError(waiting + ": not there within " + limit + " (net.worker_timeout): " + cause);
     }
     try {
       ps.heartbeat(0);
@@ -88,8 +85,9 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t wr
 
 SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32_t index,
                           std::uint64_t failed) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(config.net.worker_timeout));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(config.net.worker_timeout));
   const std::string root = run_root(config);
   // peek() takes a ps that does not answer for a missing key; this tells
   // the two apart first, at the cost of one request.
@@ -111,8 +109,8 @@ SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
   } else {
     if (failed > 0)
       attempt.number = failed + 1;
-    else if (latest > 0 && !peek(ps, index, root + std::to_string(latest) + "/member/" +
-                                                std::to_string(index)))
+    else if (latest > 0 &&
+             !peek(ps, index, root + std::to_string(latest) + "/member/" + std::to_string(index)))
       attempt.number = latest;
     else
       attempt.number = latest + 1;
@@ -125,9 +123,9 @@ SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
   ps.kv_set(attempt.prefix + "member/" + std::to_string(index), bytes("1"));
   for (std::uint32_t w = 0; w < config.workers.size(); ++w)
     if (w != index)
-      wait_key(ps, config, w, attempt.prefix + "member/" + std::to_string(w), deadline,
-               "worker " + std::to_string(w) + " to join attempt " +
-                   std::to_string(attempt.number));
+      wait_key(
+          ps, config, w, attempt.prefix + "member/" + std::to_string(w), deadline,
+          "worker " + std::to_string(w) + " to join attempt " + std::to_string(attempt.number));
   return attempt;
 }
 
@@ -185,14 +183,13 @@ std::vector<char> RendezvousStore::get(const std::string& key) {
 void RendezvousStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void RendezvousStore::wait(const std::vector<std::string>& keys,
-                   const std::chrono::milliseconds& timeout) {
+                           const std::chrono::milliseconds& timeout) {
   // One deadline for all keys: each kv_get gets what is left of it.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const auto& key : keys) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    ps_.kv_get(writer(key), prefix_ + key,
-               seconds(std::max(left, std::chrono::milliseconds(0))));
+    ps_.kv_get(writer(key), prefix_ + key, seconds(std::max(left, std::chrono::milliseconds(0))));
   }
 }
 

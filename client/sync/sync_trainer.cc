@@ -30,8 +30,8 @@ float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
 }
 
 SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
-                         const OptimizerConfig& optimizer, std::size_t bucket_bytes,
-                         bool overlap, std::uint32_t local_steps)
+                         const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
+                         std::uint32_t local_steps)
     : backend_(backend),
       model_(model),
       comm_(comm),
@@ -235,9 +235,9 @@ TrainSummary train_sync(const TrainContext& context) {
                                      "Time per step in all-reduce calls.");
   auto& wait = reporter.mean_ms("wait_ms", "pstrain_worker_wait_seconds",
                                 "Time per step waiting for the last buckets' all-reduce.");
-  auto& optimizer = reporter.mean_ms(
-      "optimizer_ms", "pstrain_worker_optimizer_seconds",
-      "Time per step averaging the gradients and applying the optimizer.");
+  auto& optimizer =
+      reporter.mean_ms("optimizer_ms", "pstrain_worker_optimizer_seconds",
+                       "Time per step averaging the gradients and applying the optimizer.");
   auto& overlap = reporter.mean("overlap", "pstrain_worker_allreduce_overlap_ratio",
                                 "Fraction of the all-reduce hidden behind backward.",
                                 {0, 0.25, 0.5, 0.75, 0.9, 1});
@@ -256,13 +256,13 @@ TrainSummary train_sync(const TrainContext& context) {
     read_from_ps();
     shard.seek(attempt.step, config.train.batch_size);
     const std::uint32_t local_steps = config.mode == Mode::local ? config.train.local_steps : 0;
-    SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes,
-                        true, local_steps);
+    SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes, true,
+                        local_steps);
     BatchFeeder feeder(backend, model, shard, config.train.batch_size);
     if (local_steps > 0)
       log("local SGD: weights averaged every ", local_steps, " steps by ", comm.name(),
-          " all-reduce over ", comm.size(), " workers, ", steps, " steps; attempt ",
-          attempt.number, " starts at step ", attempt.step + 1);
+          " all-reduce over ", comm.size(), " workers, ", steps, " steps; attempt ", attempt.number,
+          " starts at step ", attempt.step + 1);
     else
       log("sync mode: ", comm.name(), " all-reduce over ", comm.size(), " workers, ",
           replica.buckets(), " buckets, ", steps, " steps; attempt ", attempt.number,
@@ -296,11 +296,12 @@ TrainSummary train_sync(const TrainContext& context) {
     if (failed > 0) {
       restarts.add();
       log("sync restart: attempt ", attempt.number, " resumes after step ", attempt.step,
-          " (the weights on the ps); this worker lost ", done > attempt.step ? done - attempt.step : 0,
-          " steps (it had completed step ", done, ")");
+          " (the weights on the ps); this worker lost ",
+          done > attempt.step ? done - attempt.step : 0, " steps (it had completed step ", done,
+          ")");
     } else if (attempt.step > 0) {
-      log("sync restart: the run is under way; joining attempt ", attempt.number,
-          " after step ", attempt.step, " (the weights on the ps)");
+      log("sync restart: the run is under way; joining attempt ", attempt.number, " after step ",
+          attempt.step, " (the weights on the ps)");
     }
     // A failure to connect ends the worker rather than the attempt: it
     // may be this worker's own (workers[i].host), which no retry mends.

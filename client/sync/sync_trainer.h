@@ -4,8 +4,8 @@
 // applies the same averaged gradient with the same optimizer to its own
 // replica of the weights, so the replicas stay bit-identical without ever
 // exchanging weights (CPU workers of one build, whatever their SIMD level;
-// not CPU against GPU: docs/sync.md, "Bit-identical replicas"). The parameter servers only hold a copy for evaluation,
-// snapshots, the saved model and restarts: worker 0 writes it every
+// not CPU against GPU: docs/sync.md, "Bit-identical replicas"). The parameter servers only hold a
+// copy for evaluation, snapshots, the saved model and restarts: worker 0 writes it every
 // train.sync_every steps and at the end.
 //
 // Local SGD (mode: local) is the same replica with local_steps H: each
@@ -61,9 +61,8 @@ class SyncReplica {
   // thread.
   // `local_steps`: 0 for sync; H > 0 for local SGD (no gradient all-reduce,
   // weights averaged every H steps).
-  SyncReplica(Backend& backend, Model& model, Communicator& comm,
-              const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
-              std::uint32_t local_steps = 0);
+  SyncReplica(Backend& backend, Model& model, Communicator& comm, const OptimizerConfig& optimizer,
+              std::size_t bucket_bytes, bool overlap, std::uint32_t local_steps = 0);
   SyncReplica(const SyncReplica&) = delete;
   SyncReplica& operator=(const SyncReplica&) = delete;
 
@@ -81,7 +80,7 @@ class SyncReplica {
   struct Bucket {
     std::size_t first_variable = 0;  // the bucket holds [first, last]
     std::size_t last_variable = 0;
-    float* data = nullptr;           // contiguous gradients
+    float* data = nullptr;  // contiguous gradients
     std::size_t count = 0;
   };
   void reduce(std::size_t bucket);
@@ -95,7 +94,7 @@ class SyncReplica {
   Communicator& comm_;
   OptimizerConfig optimizer_;
   std::size_t slots_;
-  bool packed_;   // gradients are copied into flat_ (host-accessible backends)
+  bool packed_;  // gradients are copied into flat_ (host-accessible backends)
   bool overlap_;
   std::uint32_t local_steps_;
   std::vector<std::size_t> offset_;  // of each variable in flat_ and, x slots, in state_
@@ -123,6 +122,5 @@ class SyncReplica {
 // does not complete within net.worker_timeout, or when a peer fails on a
 // backend whose communicator (NCCL) cannot be rebuilt.
 TrainSummary train_sync(const TrainContext& context);
-
 
 }  // namespace pstrain

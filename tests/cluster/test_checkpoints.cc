@@ -82,8 +82,12 @@ std::optional<int> exit_code(ChildProcess& ps) { return ps.wait_for(10s); }
 }  // namespace
 
 TEST_CASE("checkpoints: written every every_s while the ps serves, pruned to keep") {
-  PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "momentum", .lr = 0.01,
-                     .checkpoint_every_s = 0.2, .checkpoint_keep = 2});
+  PsCluster cluster({.ps = 1,
+                     .workers = 1,
+                     .optimizer = "momentum",
+                     .lr = 0.01,
+                     .checkpoint_every_s = 0.2,
+                     .checkpoint_keep = 2});
   auto& server = cluster.start_ps(0);
   const auto& config = cluster.config();
   PsClient ps(config, 0, shard_map(config));
@@ -115,10 +119,11 @@ TEST_CASE("checkpoints: written every every_s while the ps serves, pruned to kee
   CHECK(server.wait_for(0s) == std::nullopt);  // still serving
 }
 
-TEST_CASE("checkpoints: SIGTERM writes one; --restore latest gives back values, versions, "
-          "optimizer state and progress bit for bit") {
-  PsCluster cluster({.ps = 2, .workers = 2, .optimizer = "adam", .lr = 0.01,
-                     .checkpoint_every_s = 3600});
+TEST_CASE(
+    "checkpoints: SIGTERM writes one; --restore latest gives back values, versions, "
+    "optimizer state and progress bit for bit") {
+  PsCluster cluster(
+      {.ps = 2, .workers = 2, .optimizer = "adam", .lr = 0.01, .checkpoint_every_s = 3600});
   cluster.start_all();
   const auto& config = cluster.config();
   std::vector<Snapshot> before;

@@ -1,16 +1,16 @@
 // The `pstrain` command line: help, exit codes and messages for bad input,
 // and the resolved config.yaml a run records.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <algorithm>
 #include <doctest/doctest.h>
+#include <algorithm>
 
 #include <chrono>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "shared/config.h"
 #include "shared/child_process.h"
+#include "shared/config.h"
 
 namespace pstrain {
 namespace {
@@ -46,7 +46,8 @@ Result run_cli(const TempDir& dir, std::vector<std::string> args,
 std::string cluster_file(const TempDir& dir) {
   const auto path = dir.path() / "cluster.yaml";
   std::ofstream(path) << "job: cli\n"
-                         "ps: [{host: 127.0.0.1, port: " << free_port()
+                         "ps: [{host: 127.0.0.1, port: "
+                      << free_port()
                       << "}]\n"
                          "workers: {count: 2}\n"
                          "data: {name: synthetic}\n";
@@ -76,10 +77,12 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {{}, "pstrain: --role is required (ps, worker or eval; see --help) where no scheduler's "
-           "environment gives it (TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)"},
+      {{},
+       "pstrain: --role is required (ps, worker or eval; see --help) where no scheduler's "
+       "environment gives it (TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)"},
       {{"--index", "0", "--cluster", cluster}, "pstrain: --index needs --role"},
-      {{"--role", "boss", "--cluster", cluster}, "pstrain: --role: expected ps, worker or eval, got 'boss'"},
+      {{"--role", "boss", "--cluster", cluster},
+       "pstrain: --role: expected ps, worker or eval, got 'boss'"},
       {{"--role", "ps", "--cluster", cluster}, "pstrain: --index is required for --role ps"},
       {{"--role", "worker", "--index", "x", "--cluster", cluster},
        "pstrain: --index: expected a non-negative integer, got 'x'"},
@@ -119,9 +122,9 @@ TEST_CASE("cli: ps 0 records the resolved config in run_dir") {
   const auto run_dir = dir.path() / "run";
   const std::vector<std::string> overrides = {"run_dir=" + run_dir.string(), "train.seed=9",
                                               "mode=sync"};
-  ChildProcess ps({PSTRAIN_BINARY, "--role", "ps", "--index", "0", "--cluster", cluster,
-                     "--set", overrides[0], "--set", overrides[1], "--mode", "sync"},
-                    dir.path() / "ps.log");
+  ChildProcess ps({PSTRAIN_BINARY, "--role", "ps", "--index", "0", "--cluster", cluster, "--set",
+                   overrides[0], "--set", overrides[1], "--mode", "sync"},
+                  dir.path() / "ps.log");
   const auto written = run_dir / "config.yaml";
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!std::filesystem::exists(written) && std::chrono::steady_clock::now() < deadline &&
@@ -168,9 +171,11 @@ TEST_CASE("cli: without --role, Slurm's variables place the process and --check 
   CHECK(check.code == 0);
   CHECK_MESSAGE(check.output.rfind("# from slurm: worker 1\n"
                                    "# ps: node08:7100 node08:7101\n"
-                                   "# workers: node08 node09\n", 0) == 0,
+                                   "# workers: node08 node09\n",
+                                   0) == 0,
                 check.output);
-  CHECK_MESSAGE(check.output.find("  - {host: node09, device: cpu") != std::string::npos, check.output);
+  CHECK_MESSAGE(check.output.find("  - {host: node09, device: cpu") != std::string::npos,
+                check.output);
 
   // Without a scheduler the file is shown as given.
   const auto bare = run_cli(dir, {"--check", "--cluster", cluster});
@@ -186,8 +191,10 @@ TEST_CASE("cli: without --role, Slurm's variables place the process and --check 
 
   const auto unplaced = run_cli(dir, {"--role", "ps", "--index", "0", "--cluster", cluster});
   CHECK(unplaced.code == 2);
-  CHECK(unplaced.output.rfind("pstrain: " + cluster + ": ps: {count} leaves the hosts to a "
-                              "scheduler, and no scheduler's environment was found", 0) == 0);
+  CHECK(unplaced.output.rfind("pstrain: " + cluster +
+                                  ": ps: {count} leaves the hosts to a "
+                                  "scheduler, and no scheduler's environment was found",
+                              0) == 0);
 }
 
 }  // namespace pstrain

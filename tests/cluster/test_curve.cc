@@ -17,7 +17,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
 ShardMap small_map(const ClusterConfig& c) { return shard_map_for(c, {{"w", 8, {}}}); }
 
 // A client with `key_of`'s keys (its identity: a worker index, or kTool)
@@ -93,8 +92,7 @@ TEST_CASE("curve: a worker's key cannot shut a ps down, nor act as another worke
                          PsError);
   CHECK_THROWS_WITH_AS(w1.snapshot(0), doctest::Contains("snapshot needs"), PsError);
   const std::vector<float> values(8, 5.0f);
-  CHECK_THROWS_WITH_AS(w1.wait(w1.assign("w", values)), doctest::Contains("assign needs"),
-                       PsError);
+  CHECK_THROWS_WITH_AS(w1.wait(w1.assign("w", values)), doctest::Contains("assign needs"), PsError);
 
   // Worker 1's key, headers claiming worker 0.
   auto forged = client_as(config, 1, 0);
@@ -113,7 +111,7 @@ TEST_CASE("curve: a worker's key cannot shut a ps down, nor act as another worke
   const auto stats = tool.stats(0);
   CHECK(stats.find("\"refused\":9,") != std::string::npos);
   CHECK(stats.find("\"updates\":0,") != std::string::npos);  // nothing was applied
-  CHECK(!cluster.ps(0).wait_for(200ms));  // no forged done ended it
+  CHECK(!cluster.ps(0).wait_for(200ms));                     // no forged done ended it
   const auto log = cluster.ps(0).log_text();
   CHECK(count_of(log, "refused shutdown from") == 1);  // once per peer and op
 

@@ -16,9 +16,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-ShardMap small_map(const ClusterConfig& c) {
-  return shard_map_for(c, {{"w", 8, {}}});
-}
+ShardMap small_map(const ClusterConfig& c) { return shard_map_for(c, {{"w", 8, {}}}); }
 
 // Polls ps 0's stats until `key` (parked_barrier, parked_kv_get) equals
 // `value`: the requests a test started on other threads have arrived and
@@ -110,7 +108,8 @@ TEST_CASE("ps: on_worker_loss continue: a silent worker is absent, the ps exits 
   for (std::uint32_t s = 0; s < 2; ++s) {
     CHECK_FALSE(cluster.ps(s).wait_for(0s).has_value());
     CHECK(cluster.ps(s).log_text().find("no message from worker(s) 1 for 1.0 s "
-                                        "(net.worker_timeout); marked absent") != std::string::npos);
+                                        "(net.worker_timeout); marked absent") !=
+          std::string::npos);
   }
   w0.done(25);
   for (std::uint32_t s = 0; s < 2; ++s) {
@@ -156,9 +155,9 @@ TEST_CASE("ps: a ps that no worker ever contacts exits 3 after worker_timeout") 
   REQUIRE_MESSAGE(code.has_value(), ps.log_text());
   CHECK(*code == 3);
   CHECK(std::chrono::steady_clock::now() - start >= 900ms);
-  CHECK_MESSAGE(ps.log_text().find("every worker is lost: worker(s) 0, 1 absent") !=
-                    std::string::npos,
-                ps.log_text());
+  CHECK_MESSAGE(
+      ps.log_text().find("every worker is lost: worker(s) 0, 1 absent") != std::string::npos,
+      ps.log_text());
 }
 
 TEST_CASE("ps: SIGTERM and SIGINT stop the ps cleanly") {

@@ -75,7 +75,11 @@ std::vector<float> floats(const RawReply& r) {
 }  // namespace
 
 TEST_CASE("retries: integer updates stay exact with 10% of messages dropped and resent") {
-  PsCluster cluster({.ps = 2, .workers = 3, .optimizer = "sgd", .lr = 1, .retry_interval = 0.05,
+  PsCluster cluster({.ps = 2,
+                     .workers = 3,
+                     .optimizer = "sgd",
+                     .lr = 1,
+                     .retry_interval = 0.05,
                      .fault_drop = 0.1});
   cluster.start_all();
   const auto& config = cluster.config();
@@ -94,7 +98,10 @@ TEST_CASE("retries: integer updates stay exact with 10% of messages dropped and 
 
 TEST_CASE("retries: a stalled ps with a large model ends every call within request_timeout") {
   constexpr double kTimeout = 3, kMargin = 2;
-  PsCluster cluster({.ps = 2, .workers = 2, .chunk_bytes = 4 << 20, .request_timeout = kTimeout,
+  PsCluster cluster({.ps = 2,
+                     .workers = 2,
+                     .chunk_bytes = 4 << 20,
+                     .request_timeout = kTimeout,
                      .retry_interval = 0.5});
   cluster.start_all();
   const auto& config = cluster.config();

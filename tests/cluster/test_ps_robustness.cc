@@ -100,8 +100,8 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     Header h = push;
     h.op = Op::init;
     h.elements = 17;
-    cases.push_back({"init with another size", {wire::encode_header(h), floats(17, 0.0f)},
-                     "17 elements"});
+    cases.push_back(
+        {"init with another size", {wire::encode_header(h), floats(17, 0.0f)}, "17 elements"});
   }
   {
     Header h = push;
@@ -253,11 +253,11 @@ TEST_CASE("ps: a client with another config is refused, naming the keys that dif
   CHECK_NOTHROW(right.hello());
   // Errors name the ps, its address, the op and the variable.
   std::vector<float> out(4);
-  CHECK_THROWS_WITH_AS(right.wait(right.pull("w", out)),
-                       doctest::Contains(("ps 0 (" + config.ps[0].connect_address() +
-                                          "): pull of 'w' failed")
-                                             .c_str()),
-                       PsError);
+  CHECK_THROWS_WITH_AS(
+      right.wait(right.pull("w", out)),
+      doctest::Contains(
+          ("ps 0 (" + config.ps[0].connect_address() + "): pull of 'w' failed").c_str()),
+      PsError);
 }
 
 TEST_CASE("ps: a silent ps is reported by index, address, op and variable") {
@@ -268,9 +268,9 @@ TEST_CASE("ps: a silent ps is reported by index, address, op and variable") {
   options.timeout_s = 0.3;
   PsClient client({address}, map, 1, options);
   std::vector<float> grad(4, 1.0f);
-  CHECK_THROWS_WITH_AS(client.wait(client.push("w", grad)),
-                       doctest::Contains(("ps 0 (" + address + "): no reply to push of 'w'").c_str()),
-                       PsError);
+  CHECK_THROWS_WITH_AS(
+      client.wait(client.push("w", grad)),
+      doctest::Contains(("ps 0 (" + address + "): no reply to push of 'w'").c_str()), PsError);
 }
 
 namespace {
@@ -409,16 +409,17 @@ TEST_CASE("ps: one peer cannot park more than its share of barrier entries and k
   constexpr std::size_t kRequests = 20'000;
   DeafPeer flood(config);
   for (std::size_t i = 0; i < kRequests; ++i) {
-    if (i % 2) flood.kv_get("never " + std::to_string(i), 86'400'000);
-    else flood.barrier("never", 1'000'000);
+    if (i % 2)
+      flood.kv_get("never " + std::to_string(i), 86'400'000);
+    else
+      flood.barrier("never", 1'000'000);
   }
   wait_for_requests(client, "barrier", kRequests / 2);
   wait_for_requests(client, "kv_get", kRequests / 2);
   const auto stats = client.stats(0);
   const auto parked = stat(stats, "parked_kv_get") + stat(stats, "parked_barrier");
-  MESSAGE("parked after ", kRequests, " requests of one peer: ", parked,
-          "; ps peak resident set ", peak_before / 1024, " MB before, ",
-          status_kb(server.pid(), "VmHWM") / 1024, " MB after");
+  MESSAGE("parked after ", kRequests, " requests of one peer: ", parked, "; ps peak resident set ",
+          peak_before / 1024, " MB before, ", status_kb(server.pid(), "VmHWM") / 1024, " MB after");
   CHECK(parked == ps::Coordinator::kMaxParkedPerPeer);
   // The rest were refused, naming the limit.
   std::size_t refused = 0;
@@ -448,7 +449,8 @@ TEST_CASE("ps: one peer cannot park more than its share of barrier entries and k
   CHECK_FALSE(server.wait_for(std::chrono::seconds(0)).has_value());
 }
 
-TEST_CASE("ps: a process of another launch of the same config is refused as stale, changing nothing") {
+TEST_CASE(
+    "ps: a process of another launch of the same config is refused as stale, changing nothing") {
   PsCluster cluster({.ps = 1, .workers = 1});
   ClusterConfig launch = cluster.config();
   launch.launch_nonce = 0x5eed;

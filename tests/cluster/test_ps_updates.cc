@@ -26,9 +26,7 @@ std::vector<VariableSpec> variables() {
   return {{"w", 40000, {InitKind::uniform, 1.0f}}, {"b", 10, {InitKind::zeros, 0}}};
 }
 
-ShardMap shard_map(const ClusterConfig& c) {
-  return shard_map_for(c, variables());
-}
+ShardMap shard_map(const ClusterConfig& c) { return shard_map_for(c, variables()); }
 
 std::vector<float> pull_all(PsClient& ps, const std::string& name, std::size_t n) {
   std::vector<float> v(n);

@@ -53,8 +53,8 @@ class SyncCluster {
  private:
   std::unique_ptr<ChildProcess> start_role(const std::string& role, int index) {
     return std::make_unique<ChildProcess>(
-        std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index",
-                                 std::to_string(index), "--cluster", cluster_.string()},
+        std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index),
+                                 "--cluster", cluster_.string()},
         dir_.path() / (role + std::to_string(index) + ".out"));
   }
 
@@ -84,8 +84,9 @@ void check_peer_failure(int signal, std::chrono::seconds limit, const char* rend
   // Nothing restarts worker 1: worker 0's rendezvous for the next attempt
   // ends when ps 0 gives up on it (net.worker_timeout), with `rendezvous_error`.
   CHECK_MESSAGE(log.find(rendezvous_error) != std::string::npos, log);
-  MESSAGE("worker 0 exited ", std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                             failed).count(), " s after the signal");
+  MESSAGE("worker 0 exited ",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - failed).count(),
+          " s after the signal");
   for (int s = 0; s < 2; ++s) {
     const auto ps_code = cluster.ps(s).wait_for(15s);
     REQUIRE(ps_code.has_value());

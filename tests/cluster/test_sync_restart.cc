@@ -69,7 +69,8 @@ class RestartCluster {
       std::smatch m;
       if (std::regex_search(text_, m, re)) return m;
       REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline,
-                      "no '" << pattern << "' in worker " << i << "'s log:\n" << text_);
+                      "no '" << pattern << "' in worker " << i << "'s log:\n"
+                             << text_);
       REQUIRE_MESSAGE(!worker(i).wait_for(20ms).has_value(), text_);
     }
   }
@@ -78,8 +79,8 @@ class RestartCluster {
   std::unique_ptr<ChildProcess> start_role(const std::string& role, int index,
                                            const std::string& log) {
     return std::make_unique<ChildProcess>(
-        std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index",
-                                 std::to_string(index), "--cluster", cluster_.string()},
+        std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index),
+                                 "--cluster", cluster_.string()},
         dir_.path() / log);
   }
 

@@ -37,8 +37,8 @@ struct Run {
   }
 
   std::vector<std::string> argv(const std::string& role, int index) const {
-    return {PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index), "--cluster",
-            cluster.string()};
+    return {PSTRAIN_BINARY, "--role",        role, "--index", std::to_string(index),
+            "--cluster",    cluster.string()};
   }
   void start_ps(const std::vector<std::string>& ps_extra = {}) {
     for (int i = 0; i < n_ps; ++i) {
@@ -139,8 +139,8 @@ TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alo
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{PSTRAIN_BINARY, "--cluster", cluster.string()},
         dir.path() / (type + std::to_string(index) + ".out"),
-        std::vector<std::string>{"TF_CONFIG=" + spec + R"({"type": ")" + type +
-                                 R"(", "index": )" + std::to_string(index) + "}}"});
+        std::vector<std::string>{"TF_CONFIG=" + spec + R"({"type": ")" + type + R"(", "index": )" +
+                                 std::to_string(index) + "}}"});
   };
   std::vector<std::unique_ptr<ChildProcess>> processes;
   processes.push_back(start("ps", 0));
@@ -155,8 +155,8 @@ TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alo
   MESSAGE("final test accuracy ", accuracy);
   CHECK_MESSAGE(accuracy > 0.3, logs);  // trained: chance is 0.1 on 10 classes
   // ps 0 wrote the filled hosts: the port TF_CONFIG gave, not port_base.
-  CHECK(read_file(dir.path() / "run" / "config.yaml").find("ps:\n  - {host: 127.0.0.1, port: " +
-                                                           ps.substr(10) + ",") != std::string::npos);
+  CHECK(read_file(dir.path() / "run" / "config.yaml")
+            .find("ps:\n  - {host: 127.0.0.1, port: " + ps.substr(10) + ",") != std::string::npos);
 }
 
 TEST_CASE("async: a single worker with a fixed seed trains bit-identically twice") {
@@ -180,7 +180,8 @@ TEST_CASE("async: a missing data directory is named, with the package that provi
   REQUIRE(code.has_value());
   CHECK(*code == 1);
   const std::string out = run.workers[0]->log_text();
-  CHECK_MESSAGE(out.find("/nonexistent/fashion/train-images-idx3-ubyte.gz") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("/nonexistent/fashion/train-images-idx3-ubyte.gz") != std::string::npos,
+                out);
   CHECK_MESSAGE(out.find("dataset-fashion-mnist") != std::string::npos, out);
 }
 
@@ -226,9 +227,9 @@ TEST_CASE("async: a worker killed mid-run is absent; the others finish and the p
     CHECK_MESSAGE(ps_log.find("no message from worker(s) 1 for 2.0 s (net.worker_timeout); "
                               "marked absent") != std::string::npos,
                   ps_log);
-    CHECK_MESSAGE(ps_log.find("every live worker done (0, 2), worker(s) 1 absent") !=
-                      std::string::npos,
-                  ps_log);
+    CHECK_MESSAGE(
+        ps_log.find("every live worker done (0, 2), worker(s) 1 absent") != std::string::npos,
+        ps_log);
   }
 }
 
@@ -320,7 +321,8 @@ TEST_CASE("async: a run continues from the snapshot the previous run left") {
   Run second(2, 1, setup);
   second.start_ps({"--restore", snapshot.string()});
   // Before any worker comes: the restored ps's hold the snapshot's weights.
-  const auto mismatches = testing::restored_mismatches(pstrain::load_config(second.cluster), snapshot);
+  const auto mismatches =
+      testing::restored_mismatches(pstrain::load_config(second.cluster), snapshot);
   CHECK_MESSAGE(mismatches.empty(), mismatches);
   second.start_workers();
   second.require_success(60s);
@@ -405,8 +407,8 @@ TEST_CASE("async: a ps restarted without its checkpoint is refused, not mixed in
   Run run(2, 2, kRestartRun);
   run.start();
   kill_ps_after_checkpoint(run, 1);
-  run.ps[1] = std::make_unique<ChildProcess>(run.argv("ps", 1),
-                                             run.dir.path() / "ps1.restarted.out");
+  run.ps[1] =
+      std::make_unique<ChildProcess>(run.argv("ps", 1), run.dir.path() / "ps1.restarted.out");
   for (auto& w : run.workers) {
     const auto code = w->wait_for(60s);
     REQUIRE_MESSAGE(code.has_value(), w->log_text());
@@ -432,9 +434,9 @@ TEST_CASE("async: a restarted worker resumes its shard where ps 0 counted it") {
   CHECK(std::stoull(m[1]) > 0);
   // It rejoined at once as the new holder of index 1 (the old process was
   // killed, so silent), not refused as a second live worker.
-  CHECK_MESSAGE(run.ps[0]->log_text().find("worker index 1 taken over by a new process") !=
-                    std::string::npos,
-                run.ps[0]->log_text());
+  CHECK_MESSAGE(
+      run.ps[0]->log_text().find("worker index 1 taken over by a new process") != std::string::npos,
+      run.ps[0]->log_text());
   // Each worker's share of 2 epochs over 30,000 samples, trained once: only
   // the samples since the killed worker's last report are trained twice.
   const auto global = final_global_samples(run.workers[0]->log_text());
@@ -452,9 +454,9 @@ TEST_CASE("async: a second live worker with a taken index is refused; the run go
   const auto code = second.wait_for(60s);
   REQUIRE_MESSAGE(code.has_value(), second.log_text());
   CHECK_MESSAGE(*code == 1, second.log_text());
-  CHECK_MESSAGE(second.log_text().find("worker index 1 is taken by a live process") !=
-                    std::string::npos,
-                second.log_text());
+  CHECK_MESSAGE(
+      second.log_text().find("worker index 1 is taken by a live process") != std::string::npos,
+      second.log_text());
   // The run goes on with the first worker 1, which trains its share once.
   const std::string logs = run.require_success(120s);
   CHECK_MESSAGE(run.workers[1]->wait_for(0s) == 0, logs);

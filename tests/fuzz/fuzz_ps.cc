@@ -33,8 +33,8 @@ struct EncodingSink final : ps::ReplySink {
 
 // Where snapshots go: a folder of this process's, removed at exit.
 struct RunDir {
-  std::filesystem::path path = std::filesystem::temp_directory_path() /
-                               ("pstrain-fuzz-" + std::to_string(::getpid()));
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("pstrain-fuzz-" + std::to_string(::getpid()));
   ~RunDir() {
     std::error_code ignored;
     std::filesystem::remove_all(path, ignored);
@@ -51,13 +51,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   MetricsRegistry metrics;
   ps::PsStats stats(metrics, 0);
   EncodingSink wire_sink;
-  ps::Dispatcher dispatcher({.ps_index = 0, .run_id = fuzz::kPsRunId, .config_yaml = config_yaml,
-                             .rights = std::nullopt},
-                            stats, wire_sink);
+  ps::Dispatcher dispatcher(
+      {.ps_index = 0, .run_id = fuzz::kPsRunId, .config_yaml = config_yaml, .rights = std::nullopt},
+      stats, wire_sink);
   ps::Coordinator coordinator(
       {"ps 0", fuzz::kPsWorkers, std::chrono::seconds(1), WorkerLoss::continue_}, dispatcher);
-  ps::DataHandlers handlers(store, coordinator, dispatcher, stats, run_dir.path, 0,
-                            fuzz::kPsRunId);
+  ps::DataHandlers handlers(store, coordinator, dispatcher, stats, run_dir.path, 0, fuzz::kPsRunId);
   coordinator.add_handlers(dispatcher.handlers());
   handlers.add_handlers(dispatcher.handlers());
   stats.add_handler(dispatcher.handlers(), dispatcher, store, coordinator);

@@ -104,7 +104,8 @@ Message done(std::uint32_t sender) {
 
 void write(const std::filesystem::path& file, const std::vector<std::uint8_t>& bytes) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) {
     std::fprintf(stderr, "cannot write %s\n", file.c_str());
     std::exit(2);
@@ -178,11 +179,13 @@ int main(int argc, char** argv) {
 
   // Exchanges.
   const std::vector<std::pair<std::string, std::vector<Message>>> exchanges{
-      {"chunk_ops", {hello(0), init(), chunk_op(Op::pull, 2), chunk_op(Op::push, 3, gradient),
-                     chunk_op(Op::push_pull, 4, gradient), chunk_op(Op::assign, 5, gradient),
-                     request(Op::stats, 100)}},
-      {"resent_push", {init(), chunk_op(Op::push, 2, gradient), chunk_op(Op::push, 2, gradient),
-                       chunk_op(Op::push_pull, 3, gradient), chunk_op(Op::push_pull, 3, gradient)}},
+      {"chunk_ops",
+       {hello(0), init(), chunk_op(Op::pull, 2), chunk_op(Op::push, 3, gradient),
+        chunk_op(Op::push_pull, 4, gradient), chunk_op(Op::assign, 5, gradient),
+        request(Op::stats, 100)}},
+      {"resent_push",
+       {init(), chunk_op(Op::push, 2, gradient), chunk_op(Op::push, 2, gradient),
+        chunk_op(Op::push_pull, 3, gradient), chunk_op(Op::push_pull, 3, gradient)}},
       {"barrier_released", {barrier(0), barrier(1)}},
       {"kv_parked", {kv_get(5000), kv_set(), kv_get(0)}},
       {"kv_expired", {kv_get(20), late}},

@@ -7,8 +7,8 @@
 // more devices than the host has was left out (it is named on stdout), so a
 // case that did not run is never counted as passed.
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
 #include <cuda_runtime.h>
+#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
@@ -38,8 +38,7 @@ namespace ref = pstrain::reference;
 
 std::unique_ptr<Backend> make_backend(int device = 0) {
   std::array<char, 512> error{};
-  std::unique_ptr<Backend> backend(
-      pstrain_cuda_create_backend(device, error.data(), error.size()));
+  std::unique_ptr<Backend> backend(pstrain_cuda_create_backend(device, error.data(), error.size()));
   if (!backend) throw std::runtime_error(error.data());
   return backend;
 }
@@ -76,8 +75,8 @@ struct Buffer {
 
 // Float results against the double reference: relative to the magnitude of
 // the terms summed, which bounds float rounding (`scale`).
-void check_close(const std::vector<float>& got, const std::vector<double>& want,
-                 const char* what, double tolerance = 1e-4) {
+void check_close(const std::vector<float>& got, const std::vector<double>& want, const char* what,
+                 double tolerance = 1e-4) {
   REQUIRE(got.size() == want.size());
   double scale = 1e-30;
   for (double w : want) scale = std::max(scale, std::abs(w));
@@ -87,8 +86,8 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
       if (bad++ == 0) first_bad = i;
     }
   }
-  INFO(what << ": " << bad << " of " << got.size() << " differ; first at " << first_bad
-            << ": got " << (bad ? got[first_bad] : 0) << ", want " << (bad ? want[first_bad] : 0));
+  INFO(what << ": " << bad << " of " << got.size() << " differ; first at " << first_bad << ": got "
+            << (bad ? got[first_bad] : 0) << ", want " << (bad ? want[first_bad] : 0));
   CHECK(bad == 0);
 }
 
@@ -127,14 +126,16 @@ TEST_CASE("dense forward and backward match the reference") {
     check_close(y.read(), ry, "dense y");
 
     std::vector<double> rdx(x.size()), rdw(w.size()), rdb(out);
-    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
-                        rdw.data(), rdb.data(), n, in, out);
+    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(), rdw.data(),
+                        rdb.data(), n, in, out);
     b->fill(dw.data(), 123.0f, dw.size);  // overwritten, not accumulated
-    b->dense_backward(dx_.data(), dw_.data(), ddy.data(), dx.data(), dw.data(), db.data(), n, in, out);
+    b->dense_backward(dx_.data(), dw_.data(), ddy.data(), dx.data(), dw.data(), db.data(), n, in,
+                      out);
     check_close(dx.read(), rdx, "dense dx");
     check_close(dw.read(), rdw, "dense dw");
     check_close(db.read(), rdb, "dense db");
-    b->dense_backward(dx_.data(), dw_.data(), ddy.data(), nullptr, dw.data(), db.data(), n, in, out);
+    b->dense_backward(dx_.data(), dw_.data(), ddy.data(), nullptr, dw.data(), db.data(), n, in,
+                      out);
     check_close(dw.read(), rdw, "dense dw without dx");
   }
 }
@@ -160,12 +161,12 @@ TEST_CASE("conv2d forward and backward match the reference") {
   auto b = make_backend();
   std::mt19937 rng(3);
   // The last two shapes exceed one im2col chunk, so several chunks run.
-  for (ConvShape s : {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3},
-                      ConvShape{2, 2, 6, 6, 2, 1}, ConvShape{5, 3, 10, 10, 8, 5},
-                      ConvShape{16, 1, 28, 28, 32, 3}, ConvShape{8, 1, 512, 512, 8, 1},
-                      ConvShape{7, 2, 300, 300, 16, 3}}) {
+  for (ConvShape s :
+       {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{2, 2, 6, 6, 2, 1},
+        ConvShape{5, 3, 10, 10, 8, 5}, ConvShape{16, 1, 28, 28, 32, 3},
+        ConvShape{8, 1, 512, 512, 8, 1}, ConvShape{7, 2, 300, 300, 16, 3}}) {
     INFO("n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " filters=" << s.filters
-                << " kernel=" << s.kernel);
+              << " kernel=" << s.kernel);
     const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
     const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
     const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
@@ -178,8 +179,8 @@ TEST_CASE("conv2d forward and backward match the reference") {
     std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
     ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
     check_close(y.read(), ry, "conv y");
-    ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
-                         rdw.data(), rdb.data(), s);
+    ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(), rdw.data(),
+                         rdb.data(), s);
     b->fill(dw.data(), 7.0f, wn);
     b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
                        workspace.data(), s);
@@ -196,7 +197,8 @@ TEST_CASE("conv2d forward and backward match the reference") {
 TEST_CASE("maxpool forward and backward match the reference, ties included") {
   auto b = make_backend();
   std::mt19937 rng(4);
-  for (PoolShape s : {PoolShape{2, 3, 8, 8, 2}, PoolShape{3, 2, 7, 9, 2}, PoolShape{1, 4, 10, 11, 3}}) {
+  for (PoolShape s :
+       {PoolShape{2, 3, 8, 8, 2}, PoolShape{3, 2, 7, 9, 2}, PoolShape{1, 4, 10, 11, 3}}) {
     const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
     const std::size_t yn = std::size_t(s.n) * s.c * s.out_h() * s.out_w();
     // Few distinct values, so windows hold ties the first-element rule decides.
@@ -215,8 +217,8 @@ TEST_CASE("maxpool forward and backward match the reference, ties included") {
     const auto mismatch = std::mismatch(got_arg.begin(), got_arg.end(), rarg.begin());
     if (mismatch.first != got_arg.end()) {
       FAIL_CHECK("argmax " << (mismatch.first - got_arg.begin()) << " is " << *mismatch.first
-                 << " (x " << x.at(*mismatch.first) << "), want " << *mismatch.second
-                 << " (x " << x.at(*mismatch.second) << ")");
+                           << " (x " << x.at(*mismatch.first) << "), want " << *mismatch.second
+                           << " (x " << x.at(*mismatch.second) << ")");
     }
     b->fill(dx.data(), 5.0f, xn);  // overwritten, remainder rows and columns too
     b->maxpool_backward(bdy.data(), argmax.data(), dx.data(), s);
@@ -285,11 +287,12 @@ TEST_CASE("apply_optimizer matches the shared per-element math") {
       c.lr = 0.05f;
       c.nesterov = nesterov;
       c.weight_decay = 0.01f;
-      const std::size_t slots = kind == pstrain::OptimizerKind::adam ? 2
-                                : kind == pstrain::OptimizerKind::sgd ? 0 : 1;
+      const std::size_t slots = kind == pstrain::OptimizerKind::adam  ? 2
+                                : kind == pstrain::OptimizerKind::sgd ? 0
+                                                                      : 1;
       auto w = random_vector(n, rng);
-      std::vector<float> state(n * slots,
-                               kind == pstrain::OptimizerKind::adagrad ? c.initial_accumulator : 0.0f);
+      std::vector<float> state(
+          n * slots, kind == pstrain::OptimizerKind::adagrad ? c.initial_accumulator : 0.0f);
       Buffer<> bw(*b, w), bstate(*b, state.empty() ? std::vector<float>(1) : state), bg(*b, n);
       for (std::uint64_t step = 1; step <= 3; ++step) {
         const auto g = random_vector(n, rng);
@@ -376,8 +379,9 @@ TEST_CASE("fences complete in order") {
   CHECK(std::all_of(many.begin(), many.end(), [&](auto f) { return b->fence_done(f); }));
 }
 
-std::unique_ptr<pstrain::Communicator> make_comm(Backend& backend, const std::array<std::uint8_t, 128>& id,
-                                                 int rank, int size) {
+std::unique_ptr<pstrain::Communicator> make_comm(Backend& backend,
+                                                 const std::array<std::uint8_t, 128>& id, int rank,
+                                                 int size) {
   std::array<char, 512> error{};
   std::unique_ptr<pstrain::Communicator> comm(pstrain_nccl_create(
       &backend, id.data(), id.size(), rank, size, 60.0, error.data(), error.size()));
@@ -410,7 +414,8 @@ TEST_CASE("nccl with one rank: all-reduce, broadcast and barrier") {
   CHECK_THROWS_AS(comm->broadcast(x.data(), 1, 1), std::invalid_argument);
   std::array<char, 512> error{};
   const auto id = unique_id();
-  CHECK(pstrain_nccl_create(b.get(), id.data(), id.size(), 2, 2, 5.0, error.data(), error.size()) == nullptr);
+  CHECK(pstrain_nccl_create(b.get(), id.data(), id.size(), 2, 2, 5.0, error.data(), error.size()) ==
+        nullptr);
   CHECK(std::string(error.data()).find("rank 2 is not in a group of size 2") != std::string::npos);
 }
 
@@ -485,13 +490,17 @@ TEST_CASE("an MLP trained on the GPU from backend calls alone learns") {
     b->dense_forward(bx.data(), w1.data(), b1.data(), h.data(), n, in, hidden);
     b->relu_forward(h.data(), a.data(), n * hidden);
     b->dense_forward(a.data(), w2.data(), b2.data(), logits.data(), n, hidden, classes);
-    b->softmax_xent(logits.data(), bl.data(), dlogits.data(), loss.data(), correct.data(), n, classes);
+    b->softmax_xent(logits.data(), bl.data(), dlogits.data(), loss.data(), correct.data(), n,
+                    classes);
     if (step == 1) first = mean_loss();
-    b->dense_backward(a.data(), w2.data(), dlogits.data(), da.data(), dw2.data(), db2.data(), n, hidden, classes);
+    b->dense_backward(a.data(), w2.data(), dlogits.data(), da.data(), dw2.data(), db2.data(), n,
+                      hidden, classes);
     b->relu_backward(a.data(), da.data(), dh.data(), n * hidden);
-    b->dense_backward(bx.data(), w1.data(), dh.data(), nullptr, dw1.data(), db1.data(), n, in, hidden);
-    for (auto [w, g, size] : {std::tuple{w1.data(), dw1.data(), w1.size}, std::tuple{b1.data(), db1.data(), b1.size},
-                              std::tuple{w2.data(), dw2.data(), w2.size}, std::tuple{b2.data(), db2.data(), b2.size}}) {
+    b->dense_backward(bx.data(), w1.data(), dh.data(), nullptr, dw1.data(), db1.data(), n, in,
+                      hidden);
+    for (auto [w, g, size] :
+         {std::tuple{w1.data(), dw1.data(), w1.size}, std::tuple{b1.data(), db1.data(), b1.size},
+          std::tuple{w2.data(), dw2.data(), w2.size}, std::tuple{b2.data(), db2.data(), b2.size}}) {
       b->apply_optimizer(sgd, w, g, nullptr, size, step, 1.0f);
     }
   }
@@ -517,8 +526,8 @@ int main(int argc, char** argv) {
   int left_out = 0;
   for (const auto& need : kNeedsDevices) {
     if (count >= need.devices) continue;
-    std::printf("gpu_tests: skipped \"%s\": needs %d devices, this host has %d\n",
-                need.test_case, need.devices, count);
+    std::printf("gpu_tests: skipped \"%s\": needs %d devices, this host has %d\n", need.test_case,
+                need.devices, count);
     context.addFilter("test-case-exclude", need.test_case);
     ++left_out;
   }

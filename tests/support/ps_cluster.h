@@ -55,8 +55,9 @@ class PsCluster {
       y << "train: {on_worker_loss: " << spec.on_worker_loss << "}\n";
     y << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
       << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
-      << ", request_timeout: " << spec.request_timeout << ", retry_interval: " << spec.retry_interval
-      << ", fault: {drop: " << spec.fault_drop << "}}\n"
+      << ", request_timeout: " << spec.request_timeout
+      << ", retry_interval: " << spec.retry_interval << ", fault: {drop: " << spec.fault_drop
+      << "}}\n"
       << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
       << "}\n";
     if (spec.curve) {
@@ -74,8 +75,9 @@ class PsCluster {
 
   // Starts ps `index` (again, after the previous process of that index ended).
   ChildProcess& start_ps(std::uint32_t index, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{PSTRAIN_BINARY, "--role", "ps", "--index",
-                                  std::to_string(index), "--cluster", cluster_file_.string()};
+    std::vector<std::string> argv{
+        PSTRAIN_BINARY,        "--role", "ps", "--index", std::to_string(index), "--cluster",
+        cluster_file_.string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (ps_.size() <= index) ps_.resize(index + 1);
     ps_[index].reset();

@@ -17,8 +17,8 @@
 namespace pstrain::reference {
 
 // y[n x out] = x[n x in] * w[in x out] + b[out]
-inline void dense_forward(const double* x, const double* w, const double* b,
-                          double* y, int n, int in, int out) {
+inline void dense_forward(const double* x, const double* w, const double* b, double* y, int n,
+                          int in, int out) {
   for (int i = 0; i < n; ++i) {
     for (int o = 0; o < out; ++o) {
       double sum = b[o];
@@ -28,9 +28,8 @@ inline void dense_forward(const double* x, const double* w, const double* b,
   }
 }
 
-inline void dense_backward(const double* x, const double* w, const double* dy,
-                           double* dx, double* dw, double* db, int n, int in,
-                           int out) {
+inline void dense_backward(const double* x, const double* w, const double* dy, double* dx,
+                           double* dw, double* db, int n, int in, int out) {
   for (int k = 0; k < in; ++k) {
     for (int o = 0; o < out; ++o) {
       double sum = 0;
@@ -57,15 +56,14 @@ inline void relu_forward(const double* x, double* y, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0;
 }
 
-inline void relu_backward(const double* y, const double* dy, double* dx,
-                          std::size_t n) {
+inline void relu_backward(const double* y, const double* dy, double* dx, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : 0.0;
 }
 
 // Valid cross-correlation, stride 1: y[i,f,r,c] = b[f] +
 // sum_{ch,u,v} x[i,ch,r+u,c+v] * w[f,ch,u,v].
-inline void conv2d_forward(const double* x, const double* w, const double* b,
-                           double* y, const ConvShape& s) {
+inline void conv2d_forward(const double* x, const double* w, const double* b, double* y,
+                           const ConvShape& s) {
   const int oh = s.out_h(), ow = s.out_w(), k = s.kernel;
   for (int i = 0; i < s.n; ++i)
     for (int f = 0; f < s.filters; ++f)
@@ -82,9 +80,8 @@ inline void conv2d_forward(const double* x, const double* w, const double* b,
 }
 
 // dx (skipped when null), dw and db are overwritten.
-inline void conv2d_backward(const double* x, const double* w, const double* dy,
-                            double* dx, double* dw, double* db,
-                            const ConvShape& s) {
+inline void conv2d_backward(const double* x, const double* w, const double* dy, double* dx,
+                            double* dw, double* db, const ConvShape& s) {
   const int oh = s.out_h(), ow = s.out_w(), k = s.kernel;
   const std::size_t wsize = static_cast<std::size_t>(s.filters) * s.c * k * k;
   for (std::size_t j = 0; j < wsize; ++j) dw[j] = 0;
@@ -110,8 +107,7 @@ inline void conv2d_backward(const double* x, const double* w, const double* dy,
         }
 }
 
-inline void maxpool_forward(const double* x, double* y, std::int32_t* argmax,
-                            const PoolShape& s) {
+inline void maxpool_forward(const double* x, double* y, std::int32_t* argmax, const PoolShape& s) {
   const int oh = s.out_h(), ow = s.out_w();
   for (int i = 0; i < s.n; ++i)
     for (int ch = 0; ch < s.c; ++ch)
@@ -120,8 +116,7 @@ inline void maxpool_forward(const double* x, double* y, std::int32_t* argmax,
           int best = -1;
           for (int u = 0; u < s.k; ++u)
             for (int v = 0; v < s.k; ++v) {
-              const int xi = ((i * s.c + ch) * s.h + r * s.k + u) * s.w +
-                             c * s.k + v;
+              const int xi = ((i * s.c + ch) * s.h + r * s.k + u) * s.w + c * s.k + v;
               if (best < 0 || x[xi] > x[best]) best = xi;
             }
           const int yi = ((i * s.c + ch) * oh + r) * ow + c;
@@ -131,20 +126,18 @@ inline void maxpool_forward(const double* x, double* y, std::int32_t* argmax,
 }
 
 // dx is overwritten: zero except at the chosen maxima.
-inline void maxpool_backward(const double* dy, const std::int32_t* argmax,
-                             double* dx, const PoolShape& s) {
+inline void maxpool_backward(const double* dy, const std::int32_t* argmax, double* dx,
+                             const PoolShape& s) {
   const std::size_t xsize = static_cast<std::size_t>(s.n) * s.c * s.h * s.w;
-  const std::size_t ysize =
-      static_cast<std::size_t>(s.n) * s.c * s.out_h() * s.out_w();
+  const std::size_t ysize = static_cast<std::size_t>(s.n) * s.c * s.out_h() * s.out_w();
   for (std::size_t j = 0; j < xsize; ++j) dx[j] = 0;
   for (std::size_t j = 0; j < ysize; ++j) dx[argmax[j]] += dy[j];
 }
 
 // Mean softmax cross-entropy: dlogits already divided by n, per-sample loss
 // and correct (1 where the first maximal logit is the label).
-inline void softmax_xent(const double* logits, const std::int32_t* labels,
-                         double* dlogits, double* loss, double* correct, int n,
-                         int classes) {
+inline void softmax_xent(const double* logits, const std::int32_t* labels, double* dlogits,
+                         double* loss, double* correct, int n, int classes) {
   for (int i = 0; i < n; ++i) {
     const double* row = logits + static_cast<std::size_t>(i) * classes;
     int best = 0;
@@ -154,8 +147,7 @@ inline void softmax_xent(const double* logits, const std::int32_t* labels,
     for (int j = 0; j < classes; ++j) sum += std::exp(row[j] - row[best]);
     const double lse = row[best] + std::log(sum);
     for (int j = 0; j < classes; ++j)
-      dlogits[i * classes + j] =
-          (std::exp(row[j] - lse) - (j == labels[i] ? 1.0 : 0.0)) / n;
+      dlogits[i * classes + j] = (std::exp(row[j] - lse) - (j == labels[i] ? 1.0 : 0.0)) / n;
     loss[i] = lse - row[labels[i]];
     correct[i] = best == labels[i] ? 1.0 : 0.0;
   }

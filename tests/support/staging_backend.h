@@ -67,11 +67,15 @@ class StagingBackend final : public Backend {
                       float* db, int n, int in, int out) override {
     cpu_->dense_backward(x, w, dy, dx, dw, db, n, in, out);
   }
-  void relu_forward(const float* x, float* y, std::size_t n) override { cpu_->relu_forward(x, y, n); }
+  void relu_forward(const float* x, float* y, std::size_t n) override {
+    cpu_->relu_forward(x, y, n);
+  }
   void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) override {
     cpu_->relu_backward(y, dy, dx, n);
   }
-  std::size_t conv2d_workspace(const ConvShape& s) const override { return cpu_->conv2d_workspace(s); }
+  std::size_t conv2d_workspace(const ConvShape& s) const override {
+    return cpu_->conv2d_workspace(s);
+  }
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* ws,
                       const ConvShape& s) override {
     cpu_->conv2d_forward(x, w, b, y, ws, s);
@@ -80,7 +84,8 @@ class StagingBackend final : public Backend {
                        float* db, float* ws, const ConvShape& s) override {
     cpu_->conv2d_backward(x, w, dy, dx, dw, db, ws, s);
   }
-  void maxpool_forward(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) override {
+  void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
+                       const PoolShape& s) override {
     cpu_->maxpool_forward(x, y, argmax, s);
   }
   void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,

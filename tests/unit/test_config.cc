@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "shared/child_process.h"
 #include "shared/config.h"
 #include "shared/init.h"
-#include "shared/child_process.h"
 
 namespace pstrain {
 namespace {
@@ -172,8 +172,7 @@ TEST_CASE("config: --set overrides") {
     CHECK(c.net.chunk_bytes == 1024);
   }
   SUBCASE("list indices") {
-    const auto c = parse(kMinimal + "optimizer: {}\n",
-                         {"ps.1.port=9000", "workers={count: 1}"});
+    const auto c = parse(kMinimal + "optimizer: {}\n", {"ps.1.port=9000", "workers={count: 1}"});
     CHECK(c.ps[1].port == 9000);
     const auto d = parse("ps: [{host: a, port: 1}]\nworkers: [{}, {}]\n",
                          {"workers.1.device=cuda", "workers.1.gpu=3"});
@@ -204,8 +203,8 @@ TEST_CASE("config: --set overrides") {
     CHECK(parse(kMinimal, {"ps.0.bind=*"}).ps[0].bind_address() == "tcp://*:7000");
   }
   SUBCASE("switching optimizer keeps its other keys valid") {
-    const auto c = parse(kMinimal + "optimizer: {name: momentum, momentum: 0.5}\n",
-                         {"optimizer.name=adam"});
+    const auto c =
+        parse(kMinimal + "optimizer: {name: momentum, momentum: 0.5}\n", {"optimizer.name=adam"});
     CHECK(c.optimizer.kind == OptimizerKind::adam);
   }
 }
@@ -223,22 +222,49 @@ TEST_CASE("config: the hash is stable and covers every value") {
   CHECK(same.hash() == base.hash());
 
   const std::vector<std::string> changes = {
-      "job=other",          "run_dir=elsewhere",       "mode=sync",
-      "ps.0.port=7005",     "ps.0.bind=0.0.0.0",       "workers.count=3",
-      "workers.device=cuda", "workers.host=10.0.0.9",  "workers=auto",
-      "optimizer.name=adam", "optimizer.lr=0.2",       "optimizer.momentum=0.5",
-      "optimizer.nesterov=true", "optimizer.beta1=0.5", "optimizer.beta2=0.5",
-      "optimizer.eps=1e-7", "optimizer.initial_accumulator=0.5",
-      "optimizer.weight_decay=0.1", "model=cnn",        "model=[{type: flatten}]",
-      "data.name=synthetic", "data.dir=/x",            "data.synthetic_train=5",
-      "data.synthetic_test=5", "train.batch_size=65",  "train.epochs=1.5",
-      "train.seed=1",       "train.eval_every=1",      "train.threads=2",
-      "train.sync_every=2", "train.lr_scaling=true",   "train.warmup_steps=1",
-      "train.straggler_worker=1", "train.straggler_worker=all", "train.straggler_delay_ms=1",
-      "train.straggler_jitter_ms=1", "train.straggler_pause_probability=0.5",
+      "job=other",
+      "run_dir=elsewhere",
+      "mode=sync",
+      "ps.0.port=7005",
+      "ps.0.bind=0.0.0.0",
+      "workers.count=3",
+      "workers.device=cuda",
+      "workers.host=10.0.0.9",
+      "workers=auto",
+      "optimizer.name=adam",
+      "optimizer.lr=0.2",
+      "optimizer.momentum=0.5",
+      "optimizer.nesterov=true",
+      "optimizer.beta1=0.5",
+      "optimizer.beta2=0.5",
+      "optimizer.eps=1e-7",
+      "optimizer.initial_accumulator=0.5",
+      "optimizer.weight_decay=0.1",
+      "model=cnn",
+      "model=[{type: flatten}]",
+      "data.name=synthetic",
+      "data.dir=/x",
+      "data.synthetic_train=5",
+      "data.synthetic_test=5",
+      "train.batch_size=65",
+      "train.epochs=1.5",
+      "train.seed=1",
+      "train.eval_every=1",
+      "train.threads=2",
+      "train.sync_every=2",
+      "train.lr_scaling=true",
+      "train.warmup_steps=1",
+      "train.straggler_worker=1",
+      "train.straggler_worker=all",
+      "train.straggler_delay_ms=1",
+      "train.straggler_jitter_ms=1",
+      "train.straggler_pause_probability=0.5",
       "train.straggler_pause_ms=1",
-      "train.bucket_bytes=1024", "net.chunk_bytes=1024", "net.request_timeout=1",
-      "net.worker_timeout=2", "net.heartbeat=0.5",
+      "train.bucket_bytes=1024",
+      "net.chunk_bytes=1024",
+      "net.request_timeout=1",
+      "net.worker_timeout=2",
+      "net.heartbeat=0.5",
   };
   for (const auto& change : changes) {
     INFO(change);
@@ -249,11 +275,12 @@ TEST_CASE("config: the hash is stable and covers every value") {
 TEST_CASE("config: to_yaml round-trips") {
   const std::vector<std::vector<std::string>> variants = {
       {},
-      {"workers=auto", "model=[{type: conv2d, filters: 4, kernel: 5}, {type: maxpool2d, kernel: 2},"
-                       " {type: flatten}, {type: relu}, {type: dense, units: 10}]"},
+      {"workers=auto",
+       "model=[{type: conv2d, filters: 4, kernel: 5}, {type: maxpool2d, kernel: 2},"
+       " {type: flatten}, {type: relu}, {type: dense, units: 10}]"},
       {"workers=[{host: a, device: cuda, gpu: 2}, {device: auto}]", "ps.0.bind='*'",
-       "optimizer={name: adagrad, lr: 0.3, eps: 3e-9}", "train.epochs=0.1",
-       "job=\"true\"", "data.dir='/path with: colon'", "train.straggler_delay_ms=0.1"},
+       "optimizer={name: adagrad, lr: 0.3, eps: 3e-9}", "train.epochs=0.1", "job=\"true\"",
+       "data.dir='/path with: colon'", "train.straggler_delay_ms=0.1"},
       {"train.straggler_worker=all", "train.straggler_pause_probability=0.05"},
   };
   for (const auto& overrides : variants) {
@@ -285,91 +312,137 @@ TEST_CASE("config: bad files name the key and the problem") {
   const std::vector<Case> cases = {
       // unknown keys at each level
       {m + "batchsize: 3\n", {}, "t.yaml: batchsize: unknown key (expected one of: job, run_dir, "},
-      {m + "train: {batchsize: 3}\n", {},
+      {m + "train: {batchsize: 3}\n",
+       {},
        "t.yaml: train.batchsize: unknown key (expected one of: batch_size, epochs, "},
       {m + "optimizer: {rate: 3}\n", {}, "t.yaml: optimizer.rate: unknown key"},
       {m + "data: {path: /x}\n", {}, "t.yaml: data.path: unknown key"},
       {m + "net: {timeout: 3}\n", {}, "t.yaml: net.timeout: unknown key"},
-      {"ps: [{host: a, port: 1, prot: 2}]\nworkers: {count: 1}\n", {},
+      {"ps: [{host: a, port: 1, prot: 2}]\nworkers: {count: 1}\n",
+       {},
        "t.yaml: ps.0.prot: unknown key"},
-      {"ps: [{host: a, port: 1}]\nworkers: [{gpus: 1}]\n", {}, "t.yaml: workers.0.gpus: unknown key"},
-      {"ps: [{host: a, port: 1}]\nworkers: {count: 1, cnt: 2}\n", {},
+      {"ps: [{host: a, port: 1}]\nworkers: [{gpus: 1}]\n",
+       {},
+       "t.yaml: workers.0.gpus: unknown key"},
+      {"ps: [{host: a, port: 1}]\nworkers: {count: 1, cnt: 2}\n",
+       {},
        "t.yaml: workers.cnt: unknown key"},
-      {m + "model: [{type: relu, units: 3}]\n", {},
+      {m + "model: [{type: relu, units: 3}]\n",
+       {},
        "t.yaml: model.0.units: unknown key (expected one of: type)"},
       {m, {"train.batchsize=3"}, "t.yaml: train.batchsize: unknown key"},
       {m + "train: {epochs: 1, epochs: 2}\n", {}, "t.yaml: train.epochs: given more than once"},
       // wrong types
-      {m + "optimizer: {lr: fast}\n", {}, "t.yaml: optimizer.lr: expected a number > 0, got 'fast'"},
-      {m + "train: {batch_size: [1]}\n", {},
+      {m + "optimizer: {lr: fast}\n",
+       {},
+       "t.yaml: optimizer.lr: expected a number > 0, got 'fast'"},
+      {m + "train: {batch_size: [1]}\n",
+       {},
        "t.yaml: train.batch_size: expected an integer >= 1, got a list"},
       {m + "train: {batch_size: 1.5}\n", {}, "t.yaml: train.batch_size: expected an integer >= 1"},
       {m + "optimizer: 3\n", {}, "t.yaml: optimizer: expected a map {name, lr, ...}, got '3'"},
-      {m + "optimizer: {nesterov: maybe}\n", {},
+      {m + "optimizer: {nesterov: maybe}\n",
+       {},
        "t.yaml: optimizer.nesterov: expected true or false, got 'maybe'"},
       {m + "job: {a: 1}\n", {}, "t.yaml: job: expected a non-empty string, got a map"},
       {m + "job: a/b\n", {}, "t.yaml: job: expected a name of letters"},
       {"- 1\n- 2\n", {}, "t.yaml: expected a map of settings"},
-      {"ps: [{host: a, port: 1}]\nworkers: many\n", {}, "t.yaml: workers: expected a non-empty list"},
+      {"ps: [{host: a, port: 1}]\nworkers: many\n",
+       {},
+       "t.yaml: workers: expected a non-empty list"},
       // out of range
       {m + "optimizer: {lr: 0}\n", {}, "t.yaml: optimizer.lr: expected a number > 0, got '0'"},
       {m + "optimizer: {lr: .nan}\n", {}, "t.yaml: optimizer.lr: expected a number > 0"},
-      {m + "optimizer: {momentum: 1}\n", {},
+      {m + "optimizer: {momentum: 1}\n",
+       {},
        "t.yaml: optimizer.momentum: expected a number in [0, 1), got '1'"},
-      {m + "optimizer: {beta2: -0.1}\n", {}, "t.yaml: optimizer.beta2: expected a number in [0, 1)"},
-      {m + "train: {batch_size: 0}\n", {}, "t.yaml: train.batch_size: expected an integer >= 1, got '0'"},
-      {m + "train: {threads: -1}\n", {}, "t.yaml: train.threads: expected an integer >= 1, got '-1'"},
+      {m + "optimizer: {beta2: -0.1}\n",
+       {},
+       "t.yaml: optimizer.beta2: expected a number in [0, 1)"},
+      {m + "train: {batch_size: 0}\n",
+       {},
+       "t.yaml: train.batch_size: expected an integer >= 1, got '0'"},
+      {m + "train: {threads: -1}\n",
+       {},
+       "t.yaml: train.threads: expected an integer >= 1, got '-1'"},
       {m + "train: {epochs: 0}\n", {}, "t.yaml: train.epochs: expected a number > 0"},
-      {m + "train: {straggler_worker: 2}\n", {},
+      {m + "train: {straggler_worker: 2}\n",
+       {},
        "t.yaml: train.straggler_worker: 2 is not a worker index (there are 2 workers"},
-      {m + "train: {straggler_worker: -2}\n", {},
+      {m + "train: {straggler_worker: -2}\n",
+       {},
        "t.yaml: train.straggler_worker: expected an integer >= -1, got '-2'"},
-      {m + "train: {straggler_pause_probability: 1.5}\n", {},
+      {m + "train: {straggler_pause_probability: 1.5}\n",
+       {},
        "t.yaml: train.straggler_pause_probability: expected a number in 0..1, got '1.5'"},
-      {m + "train: {straggler_jitter_ms: -1}\n", {},
+      {m + "train: {straggler_jitter_ms: -1}\n",
+       {},
        "t.yaml: train.straggler_jitter_ms: expected a number >= 0, got '-1'"},
-      {m + "net: {chunk_bytes: 2}\n", {}, "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
-      {m + "net: {chunk_bytes: 16777217}\n", {}, "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
-      {m + "net: {heartbeat: 5, worker_timeout: 5}\n", {},
+      {m + "net: {chunk_bytes: 2}\n",
+       {},
+       "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
+      {m + "net: {chunk_bytes: 16777217}\n",
+       {},
+       "t.yaml: net.chunk_bytes: expected an integer in 4..16777216"},
+      {m + "net: {heartbeat: 5, worker_timeout: 5}\n",
+       {},
        "t.yaml: net.heartbeat: must be shorter than net.worker_timeout (5 s)"},
       {m + "net: {gloo_base_port: 9000}\n", {}, "t.yaml: net.gloo_base_port: unknown key"},
       {m + "net: {request_timeout: 0}\n", {}, "t.yaml: net.request_timeout: expected a number > 0"},
       {m, {"workers.count=0"}, "t.yaml: workers.count: expected an integer in 1..65535, got '0'"},
-      {"ps: [{host: a, port: 1}]\nworkers: [{gpu: -1}]\n", {},
+      {"ps: [{host: a, port: 1}]\nworkers: [{gpu: -1}]\n",
+       {},
        "t.yaml: workers.0.gpu: expected an integer >= 0, got '-1'"},
       // ps
       {"workers: {count: 1}\n", {}, "t.yaml: ps: missing"},
-      {"ps: []\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list of {host, port} or {count: N}, got a list"},
+      {"ps: []\nworkers: {count: 1}\n",
+       {},
+       "t.yaml: ps: expected a non-empty list of {host, port} or {count: N}, got a list"},
       {"ps: 127.0.0.1:7000\nworkers: {count: 1}\n", {}, "t.yaml: ps: expected a non-empty list"},
       {"ps: [{host: a}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.port: missing"},
       {"ps: [{port: 1}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.host: missing"},
-      {"ps: [{host: a, port: 0}]\nworkers: {count: 1}\n", {},
+      {"ps: [{host: a, port: 0}]\nworkers: {count: 1}\n",
+       {},
        "t.yaml: ps.0.port: expected an integer in 1..65535, got '0'"},
-      {"ps: [{host: a, port: 65536}]\nworkers: {count: 1}\n", {},
+      {"ps: [{host: a, port: 65536}]\nworkers: {count: 1}\n",
+       {},
        "t.yaml: ps.0.port: expected an integer in 1..65535, got '65536'"},
-      {"ps: [{host: a, port: http}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.port: expected an integer"},
-      {"ps: [{host: a, port: 5}, {host: b, port: 5}, {host: a, port: 5}]\nworkers: {count: 1}\n", {},
+      {"ps: [{host: a, port: http}]\nworkers: {count: 1}\n",
+       {},
+       "t.yaml: ps.0.port: expected an integer"},
+      {"ps: [{host: a, port: 5}, {host: b, port: 5}, {host: a, port: 5}]\nworkers: {count: 1}\n",
+       {},
        "t.yaml: ps.2: duplicate endpoint a:5 (also ps.0)"},
-      {"ps: [{host: '', port: 5}]\nworkers: {count: 1}\n", {}, "t.yaml: ps.0.host: expected a non-empty string"},
+      {"ps: [{host: '', port: 5}]\nworkers: {count: 1}\n",
+       {},
+       "t.yaml: ps.0.host: expected a non-empty string"},
       // workers
       {"ps: [{host: a, port: 1}]\n", {}, "t.yaml: workers: missing"},
       {"ps: [{host: a, port: 1}]\nworkers: []\n", {}, "t.yaml: workers: expected a non-empty list"},
-      {"ps: [{host: a, port: 1}]\nworkers: [{device: gpu}]\n", {},
+      {"ps: [{host: a, port: 1}]\nworkers: [{device: gpu}]\n",
+       {},
        "t.yaml: workers.0.device: expected cpu, cuda or auto, got 'gpu'"},
       {m, {"workers.device=tpu"}, "t.yaml: workers.device: expected cpu, cuda or auto, got 'tpu'"},
       // enumerations
-      {m + "mode: lazy\n", {}, "t.yaml: mode: expected async, sync, ssp, backup or local, got 'lazy'"},
-      {m + "optimizer: {name: rmsprop}\n", {},
+      {m + "mode: lazy\n",
+       {},
+       "t.yaml: mode: expected async, sync, ssp, backup or local, got 'lazy'"},
+      {m + "optimizer: {name: rmsprop}\n",
+       {},
        "t.yaml: optimizer.name: expected sgd, momentum, adam or adagrad, got 'rmsprop'"},
       {m + "data: {name: cifar}\n", {}, "t.yaml: data.name: expected fashion-mnist or synthetic"},
       {m + "model: resnet\n", {}, "t.yaml: model: expected mlp or cnn, got 'resnet'"},
       {m + "model: custom\n", {}, "t.yaml: model: expected mlp or cnn, got 'custom'"},
       {m + "model: []\n", {}, "t.yaml: model: expected mlp, cnn or a non-empty list of layers"},
-      {m + "model: [{type: dense, units: 3}, {type: softmax}]\n", {},
+      {m + "model: [{type: dense, units: 3}, {type: softmax}]\n",
+       {},
        "t.yaml: model.1.type: expected dense, relu, conv2d, maxpool2d or flatten, got 'softmax'"},
       {m + "model: [{units: 3}]\n", {}, "t.yaml: model.0: expected a layer {type: "},
-      {m + "model: [{type: dense}]\n", {}, "t.yaml: model.0.units: missing (required for a dense layer)"},
-      {m + "model: [{type: conv2d, filters: 0, kernel: 3}]\n", {},
+      {m + "model: [{type: dense}]\n",
+       {},
+       "t.yaml: model.0.units: missing (required for a dense layer)"},
+      {m + "model: [{type: conv2d, filters: 0, kernel: 3}]\n",
+       {},
        "t.yaml: model.0.filters: expected an integer >= 1, got '0'"},
       // YAML syntax, in the file and in overrides
       {"ps: [{host: a, port: 1}]\nworkers: {count: 1\njob: x\n", {}, "t.yaml:3:"},
@@ -377,7 +450,9 @@ TEST_CASE("config: bad files name the key and the problem") {
       {m, {"=3"}, "--set '=3': expected key=value"},
       {m, {"train..seed=3"}, "--set 'train..seed=3': empty part in the key"},
       {m, {"job=[x"}, "--set 'job=[x': the value is not valid YAML"},
-      {m, {"ps.5.port=1"}, "--set 'ps.5.port=1': ps is a list of 2 entries; '5' is not an index of it"},
+      {m,
+       {"ps.5.port=1"},
+       "--set 'ps.5.port=1': ps is a list of 2 entries; '5' is not an index of it"},
       {m, {"ps.host=x"}, "--set 'ps.host=x': ps is a list of 2 entries; 'host' is not an index"},
       {m + "job: x\n", {"job.name=y"}, "--set 'job.name=y': job is a single value"},
   };
@@ -398,9 +473,10 @@ TEST_CASE("config: the YAML syntax error names the file and line") {
 TEST_CASE("config: load_config names the file it cannot read") {
   TempDir dir;
   const auto missing = dir.path() / "nope.yaml";
-  CHECK_THROWS_WITH_AS(load_config(missing),
-                       (missing.string() + ": no such file (give the cluster file with --cluster)").c_str(),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      load_config(missing),
+      (missing.string() + ": no such file (give the cluster file with --cluster)").c_str(),
+      ConfigError);
   CHECK_THROWS_WITH_AS(load_config(dir.path()),
                        (dir.path().string() + ": is a directory, expected a YAML file").c_str(),
                        ConfigError);
@@ -417,11 +493,27 @@ TEST_CASE("config: load_config names the file it cannot read") {
 TEST_CASE("config: config_keys lists every key of the tables once") {
   const auto keys = config_keys();
   CHECK(std::set<std::string>(keys.begin(), keys.end()).size() == keys.size());
-  for (const char* key : {"job", "run_dir", "mode", "ps", "ps.N.host", "ps.N.port", "ps.N.bind",
-                          "workers", "workers.N.gpu", "workers.count", "workers.device",
-                          "optimizer.name", "optimizer.weight_decay", "model", "model.N.type",
-                          "model.N.kernel", "data.dir", "train.seed", "train.bucket_bytes",
-                          "net.chunk_bytes", "net.heartbeat"}) {
+  for (const char* key : {"job",
+                          "run_dir",
+                          "mode",
+                          "ps",
+                          "ps.N.host",
+                          "ps.N.port",
+                          "ps.N.bind",
+                          "workers",
+                          "workers.N.gpu",
+                          "workers.count",
+                          "workers.device",
+                          "optimizer.name",
+                          "optimizer.weight_decay",
+                          "model",
+                          "model.N.type",
+                          "model.N.kernel",
+                          "data.dir",
+                          "train.seed",
+                          "train.bucket_bytes",
+                          "net.chunk_bytes",
+                          "net.heartbeat"}) {
     INFO(key);
     CHECK(std::find(keys.begin(), keys.end(), key) != keys.end());
   }
@@ -455,8 +547,7 @@ TEST_CASE("config: metrics ports follow the ps list, and must fit and miss the s
         "t.yaml: metrics.port_base: the metrics ports 6998..7001 include ps 0's port 7000");
   // Off, the ports are not used and not checked.
   CHECK(error_of(kMinimal, {"metrics.port_base=6998"}).empty());
-  CHECK(error_of(kMinimal, {"metrics.linger_s=-1"}).find("metrics.linger_s") !=
-        std::string::npos);
+  CHECK(error_of(kMinimal, {"metrics.linger_s=-1"}).find("metrics.linger_s") != std::string::npos);
 }
 
 }  // namespace pstrain

@@ -155,8 +155,7 @@ TEST_CASE("coordinator: a silent worker ends the ps with 3, answering parked req
   f.coordinator.tick(t0 + 10s);
   CHECK(f.coordinator.exit_code() == 3);
   REQUIRE(f.sink.sent.size() == 2);
-  const std::string reason =
-      "ps 0: no message from worker(s) 1, 2 for 10.0 s (net.worker_timeout)";
+  const std::string reason = "ps 0: no message from worker(s) 1, 2 for 10.0 s (net.worker_timeout)";
   CHECK(f.sink.sent[0].to == "w0");
   CHECK(f.sink.sent[0].header.op == Op::barrier);
   CHECK(error_text(f.sink.sent[0]) == reason);
@@ -170,7 +169,7 @@ TEST_CASE("coordinator: a silent worker ends the ps with 3, answering parked req
 TEST_CASE("coordinator: no worker timeout before start(), nor for done workers") {
   RecordingSink sink;
   Coordinator coordinator({"ps 0", 2, 1s, WorkerLoss::fail}, sink);
-  coordinator.heard(7, t0);  // a tool, not a worker
+  coordinator.heard(7, t0);   // a tool, not a worker
   coordinator.tick(t0 + 1h);  // not serving yet (a long restore, say)
   CHECK_FALSE(coordinator.exit_code().has_value());
   coordinator.start(t0 + 1h);
@@ -384,8 +383,8 @@ TEST_CASE("coordinator: the key-value store refuses keys and bytes beyond its li
   Fixture g(1);
   const std::vector<std::uint8_t> big(16 << 20, 7);
   for (int k = 0; k < 4; ++k) g.coordinator.kv_set(kv_set(0, t0, "big" + std::to_string(k), big));
-  CHECK_THROWS_WITH_AS(g.coordinator.kv_set(kv_set(0, t0, "big4", {1})),
-                       doctest::Contains("bytes"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(g.coordinator.kv_set(kv_set(0, t0, "big4", {1})), doctest::Contains("bytes"),
+                       std::invalid_argument);
   g.coordinator.kv_set(kv_set(0, t0, "big0", big));  // replaces as many bytes
   g.coordinator.kv_set(kv_set(0, t0, "big1", {}));   // frees 16 MiB ...
   g.coordinator.kv_set(kv_set(0, t0, "big4", big));  // ... which fit again
@@ -480,7 +479,8 @@ TEST_CASE("coordinator: parked requests are capped per peer and in all, barriers
   CHECK(g.coordinator.figures().parked_barrier == Coordinator::kMaxBarriers + 1);
 }
 
-TEST_CASE("coordinator: one process per worker index; a restart takes over once the old one is silent") {
+TEST_CASE(
+    "coordinator: one process per worker index; a restart takes over once the old one is silent") {
   Fixture f(2);  // takeover_silence: 3 s
   auto from = [](std::uint32_t sender, std::uint64_t incarnation, Clock::time_point at) {
     Request r = request(Op::heartbeat, sender, at);

@@ -42,7 +42,8 @@ struct Section {
 Section find_section(const std::vector<char>& elf, const std::string& name) {
   const auto header = read_at<Elf64_Ehdr>(elf, 0);
   REQUIRE(std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0);
-  const auto names = read_at<Elf64_Shdr>(elf, header.e_shoff + header.e_shstrndx * sizeof(Elf64_Shdr));
+  const auto names =
+      read_at<Elf64_Shdr>(elf, header.e_shoff + header.e_shstrndx * sizeof(Elf64_Shdr));
   for (int i = 0; i < header.e_shnum; ++i) {
     const auto s = read_at<Elf64_Shdr>(elf, header.e_shoff + i * sizeof(Elf64_Shdr));
     if (name == elf.data() + names.sh_offset + s.sh_name) return {s.sh_offset, s.sh_size};
@@ -89,7 +90,8 @@ std::vector<std::string> needed_libraries(const std::vector<char>& elf) {
   const Section strings = find_section(elf, ".dynstr");
   REQUIRE(dynamic.size > 0);
   std::vector<std::string> needed;
-  for (std::size_t at = dynamic.offset; at < dynamic.offset + dynamic.size; at += sizeof(Elf64_Dyn)) {
+  for (std::size_t at = dynamic.offset; at < dynamic.offset + dynamic.size;
+       at += sizeof(Elf64_Dyn)) {
     const auto d = read_at<Elf64_Dyn>(elf, at);
     if (d.d_tag == DT_NULL) break;
     if (d.d_tag == DT_NEEDED) needed.emplace_back(elf.data() + strings.offset + d.d_un.d_val);
@@ -140,7 +142,8 @@ TEST_CASE("cuda library: links CUDA libraries only") {
   const auto needed = needed_libraries(read_file(PSTRAIN_CUDA_LIBRARY));
   CHECK(!needed.empty());
   for (const auto& lib : needed) {
-    for (const char* banned : {"libopenblas", "libblas", "libzmq", "libgloo", "libyaml", "libboost"}) {
+    for (const char* banned :
+         {"libopenblas", "libblas", "libzmq", "libgloo", "libyaml", "libboost"}) {
       CHECK_MESSAGE(lib.find(banned) == std::string::npos, "libpstrain_cuda.so needs " << lib);
     }
   }
@@ -153,7 +156,9 @@ TEST_CASE("cuda loader: loads the library and reports its architectures") {
   std::string want;
   for (const auto& [number, suffix] : configured_architectures()) {
     want += (want.empty() ? "" : ";") + number +
-            (suffix == "real" ? "" : suffix == "virtual" ? "(PTX only)" : "+PTX");
+            (suffix == "real"      ? ""
+             : suffix == "virtual" ? "(PTX only)"
+                                   : "+PTX");
   }
   CHECK(pstrain::cuda::architectures() == want);
 }
@@ -192,8 +197,7 @@ TEST_CASE("cuda loader: the device count is the driver's, or names why there is 
                          "insufficient for CUDA runtime version (cudaErrorInsufficientDriver)",
                          pstrain::cuda::CudaUnavailable);
   } else if (*driver == 0) {
-    CHECK_THROWS_WITH_AS(pstrain::cuda::device_count(),
-                         doctest::Contains("(cudaErrorNoDevice)"),
+    CHECK_THROWS_WITH_AS(pstrain::cuda::device_count(), doctest::Contains("(cudaErrorNoDevice)"),
                          pstrain::cuda::CudaUnavailable);
   } else {
     CHECK(pstrain::cuda::device_count() == *driver);

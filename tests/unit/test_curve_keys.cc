@@ -2,8 +2,8 @@
 // (server/rights.h).
 #include <doctest/doctest.h>
 
-#include <fstream>
 #include <sys/stat.h>
+#include <fstream>
 
 #include "server/rights.h"
 #include "shared/child_process.h"
@@ -38,8 +38,8 @@ TEST_CASE("keygen: a secret file of mode 0600 per identity and the public list")
   const auto list = read_public_keys(dir);
   std::vector<std::string> names;
   for (const auto& p : list) names.push_back(p.who.name());
-  CHECK(names == std::vector<std::string>{"ps:0", "ps:1", "worker:0", "worker:1", "worker:2",
-                                          "tool"});
+  CHECK(names ==
+        std::vector<std::string>{"ps:0", "ps:1", "worker:0", "worker:1", "worker:2", "tool"});
   for (const auto& p : list) {
     const auto file = dir / (p.who.file_stem() + ".key");
     CHECK(mode_of(file) == 0600);
@@ -49,8 +49,7 @@ TEST_CASE("keygen: a secret file of mode 0600 per identity and the public list")
   }
   CHECK(list[0].key != list[1].key);
   // Never over an existing set.
-  CHECK_THROWS_WITH_AS(write_cluster_keys(dir, 2, 3), doctest::Contains("ps-0.key"),
-                       CurveKeyError);
+  CHECK_THROWS_WITH_AS(write_cluster_keys(dir, 2, 3), doctest::Contains("ps-0.key"), CurveKeyError);
 }
 
 TEST_CASE("keygen: missing, malformed and readable keys are named") {

@@ -32,8 +32,7 @@ void write_gz(const fs::path& path, const std::vector<unsigned char>& bytes) {
 }
 
 // An IDX header (unsigned bytes) followed by `values` bytes 0, 1, 2, ...
-std::vector<unsigned char> idx_bytes(std::vector<std::uint32_t> dims,
-                                     std::size_t values) {
+std::vector<unsigned char> idx_bytes(std::vector<std::uint32_t> dims, std::size_t values) {
   std::vector<unsigned char> bytes = {0, 0, 0x08, static_cast<unsigned char>(dims.size())};
   for (std::uint32_t d : dims) {
     for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back((d >> shift) & 0xff);
@@ -174,7 +173,8 @@ TEST_CASE("fashion-mnist: inconsistent files are rejected") {
     auto bytes = idx_bytes({1}, 1);
     bytes.back() = 10;
     write_gz(labels, bytes);
-    CHECK(fashion_error(dir.path()).find("label 10 of sample 0 is not a class") != std::string::npos);
+    CHECK(fashion_error(dir.path()).find("label 10 of sample 0 is not a class") !=
+          std::string::npos);
   }
   SUBCASE("valid tiny split loads") {
     write_gz(images, idx_bytes({2, 28, 28}, 2 * 784));
@@ -287,8 +287,7 @@ TEST_CASE("shards: seek lands where reading that many batches one by one does") 
       REQUIRE(got.size == expected.size);
       CHECK(std::equal(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(got.size),
                        seek_labels.begin()));
-      CHECK(std::equal(images.begin(),
-                       images.begin() + static_cast<std::ptrdiff_t>(got.size * 784),
+      CHECK(std::equal(images.begin(), images.begin() + static_cast<std::ptrdiff_t>(got.size * 784),
                        seek_images.begin()));
     }
   }

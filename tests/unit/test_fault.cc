@@ -67,6 +67,5 @@ TEST_CASE("fault: net.fault keys are read, default to off, and are bounded") {
   CHECK_THROWS_WITH_AS(parse_config(base + "net: {fault: {delay_ms: -1}}\n", {}, "t.yaml"),
                        doctest::Contains("net.fault.delay_ms"), ConfigError);
   CHECK_THROWS_WITH_AS(parse_config(base + "net: {retry_interval: 0}\n", {}, "t.yaml"),
-                       doctest::Contains("net.retry_interval: expected a number > 0"),
-                       ConfigError);
+                       doctest::Contains("net.retry_interval: expected a number > 0"), ConfigError);
 }

@@ -19,22 +19,19 @@ using namespace pstrain;
 
 namespace {
 
-std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float lo = -1,
-                                 float hi = 1) {
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
   return v;
 }
 
-std::vector<double> to_double(const std::vector<float>& v) {
-  return {v.begin(), v.end()};
-}
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // |got - want| <= tol * (1 + |want|) for every element, reporting the first
 // offender.
-void check_close(const std::vector<float>& got, const std::vector<double>& want,
-                 double tol, const std::string& what) {
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double tol,
+                 const std::string& what) {
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (std::abs(got[i] - want[i]) > tol * (1.0 + std::abs(want[i]))) {
@@ -50,8 +47,8 @@ struct ReferenceOps {
   void dense_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int out) {
     reference::dense_forward(x, w, b, y, n, in, out);
   }
-  void dense_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
-                      int n, int in, int out) {
+  void dense_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int n, int in,
+                      int out) {
     reference::dense_backward(x, w, dy, dx, dw, db, n, in, out);
   }
   void conv2d_forward(const T* x, const T* w, const T* b, T* y, const ConvShape& s) {
@@ -71,8 +68,8 @@ struct ReferenceOps {
   void maxpool_backward(const T* dy, const std::int32_t* argmax, T* dx, const PoolShape& s) {
     reference::maxpool_backward(dy, argmax, dx, s);
   }
-  void softmax_xent(const T* logits, const std::int32_t* labels, T* dlogits, T* loss,
-                    T* correct, int n, int classes) {
+  void softmax_xent(const T* logits, const std::int32_t* labels, T* dlogits, T* loss, T* correct,
+                    int n, int classes) {
     reference::softmax_xent(logits, labels, dlogits, loss, correct, n, classes);
   }
 };
@@ -85,8 +82,8 @@ struct CpuOps {
   void dense_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int out) {
     backend->dense_forward(x, w, b, y, n, in, out);
   }
-  void dense_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
-                      int n, int in, int out) {
+  void dense_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int n, int in,
+                      int out) {
     backend->dense_backward(x, w, dy, dx, dw, db, n, in, out);
   }
   void conv2d_forward(const T* x, const T* w, const T* b, T* y, const ConvShape& s) {
@@ -108,8 +105,8 @@ struct CpuOps {
   void maxpool_backward(const T* dy, const std::int32_t* argmax, T* dx, const PoolShape& s) {
     backend->maxpool_backward(dy, argmax, dx, s);
   }
-  void softmax_xent(const T* logits, const std::int32_t* labels, T* dlogits, T* loss,
-                    T* correct, int n, int classes) {
+  void softmax_xent(const T* logits, const std::int32_t* labels, T* dlogits, T* loss, T* correct,
+                    int n, int classes) {
     backend->softmax_xent(logits, labels, dlogits, loss, correct, n, classes);
   }
 };
@@ -225,8 +222,8 @@ void gradcheck_layers(Ops& ops, typename Ops::T eps, double tol) {
     const std::vector<std::int32_t> labels = {0, 4, 2, 2};
     std::vector<T> dlogits(logits.size()), losses(n), correct(n);
     auto loss = [&] {
-      ops.softmax_xent(logits.data(), labels.data(), dlogits.data(), losses.data(),
-                       correct.data(), n, classes);
+      ops.softmax_xent(logits.data(), labels.data(), dlogits.data(), losses.data(), correct.data(),
+                       n, classes);
       double sum = 0;
       for (T l : losses) sum += l;
       return sum / n;
@@ -252,7 +249,9 @@ TEST_CASE("gradients: the CPU backend's backward matches finite differences in f
 TEST_CASE("cpu dense matches the reference") {
   CpuOps ops;
   std::mt19937 rng(1);
-  struct Case { int n, in, out; };
+  struct Case {
+    int n, in, out;
+  };
   for (const Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 784, 33}, Case{3, 2, 129}}) {
     CAPTURE(c.n);
     CAPTURE(c.in);
@@ -266,8 +265,8 @@ TEST_CASE("cpu dense matches the reference") {
     reference::dense_forward(dx_.data(), dw_.data(), db_.data(), ry.data(), c.n, c.in, c.out);
     check_close(y, ry, 1e-4, "y");
     std::fill(dw.begin(), dw.end(), 99.0f);  // overwritten, not accumulated
-    ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n,
-                       c.in, c.out);
+    ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n, c.in,
+                       c.out);
     reference::dense_backward(dx_.data(), dw_.data(), ddy.data(), rdx.data(), rdw.data(),
                               rdb.data(), c.n, c.in, c.out);
     check_close(dx, rdx, 1e-4, "dx");
@@ -275,8 +274,8 @@ TEST_CASE("cpu dense matches the reference") {
     check_close(db, rdb, 1e-4, "db");
     // Without dx, the parameter gradients are unchanged.
     std::vector<float> dw2(dw.size()), db2(db.size());
-    ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n,
-                       c.in, c.out);
+    ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n, c.in,
+                       c.out);
     CHECK(dw2 == dw);
     CHECK(db2 == db);
   }
@@ -287,9 +286,9 @@ TEST_CASE("cpu conv2d matches the reference, including batches split into chunks
   std::mt19937 rng(2);
   // The last shape needs more than one chunk of the CPU backend's im2col
   // buffer; the others are small and odd.
-  for (const ConvShape s : {ConvShape{1, 1, 3, 3, 1, 3}, ConvShape{3, 2, 9, 7, 5, 3},
-                            ConvShape{2, 3, 6, 11, 4, 1}, ConvShape{5, 1, 28, 28, 8, 5},
-                            ConvShape{50, 16, 20, 20, 8, 3}}) {
+  for (const ConvShape s :
+       {ConvShape{1, 1, 3, 3, 1, 3}, ConvShape{3, 2, 9, 7, 5, 3}, ConvShape{2, 3, 6, 11, 4, 1},
+        ConvShape{5, 1, 28, 28, 8, 5}, ConvShape{50, 16, 20, 20, 8, 3}}) {
     CAPTURE(s.n);
     CAPTURE(s.c);
     CAPTURE(s.kernel);
@@ -305,8 +304,8 @@ TEST_CASE("cpu conv2d matches the reference, including batches split into chunks
     reference::conv2d_forward(x_.data(), w_.data(), b_.data(), ry.data(), s);
     check_close(y, ry, 1e-4, "y");
     ops.conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), s);
-    reference::conv2d_backward(x_.data(), w_.data(), dy_.data(), rdx.data(), rdw.data(),
-                               rdb.data(), s);
+    reference::conv2d_backward(x_.data(), w_.data(), dy_.data(), rdx.data(), rdw.data(), rdb.data(),
+                               s);
     check_close(dx, rdx, 1e-4, "dx");
     check_close(dw, rdw, 1e-4, "dw");
     check_close(db, rdb, 1e-4, "db");
@@ -373,11 +372,11 @@ TEST_CASE("cpu softmax cross-entropy matches the reference and stays finite") {
   labels[1] = 0;
   std::vector<float> dlogits(logits.size()), loss(n), correct(n);
   std::vector<double> rd(logits.size()), rloss(n), rcorrect(n);
-  ops.softmax_xent(logits.data(), labels.data(), dlogits.data(), loss.data(), correct.data(),
-                   n, classes);
+  ops.softmax_xent(logits.data(), labels.data(), dlogits.data(), loss.data(), correct.data(), n,
+                   classes);
   const auto l_ = to_double(logits);
-  reference::softmax_xent(l_.data(), labels.data(), rd.data(), rloss.data(), rcorrect.data(),
-                          n, classes);
+  reference::softmax_xent(l_.data(), labels.data(), rd.data(), rloss.data(), rcorrect.data(), n,
+                          classes);
   check_close(dlogits, rd, 1e-5, "dlogits");
   check_close(loss, rloss, 1e-5, "loss");
   check_close(correct, rcorrect, 0, "correct");
@@ -385,10 +384,9 @@ TEST_CASE("cpu softmax cross-entropy matches the reference and stays finite") {
   CHECK(std::isfinite(loss[0]));
 
   labels[3] = classes;
-  CHECK_THROWS_WITH_AS(ops.softmax_xent(logits.data(), labels.data(), dlogits.data(),
-                                        loss.data(), correct.data(), n, classes),
-                       "softmax_xent: label 7 of sample 3 is not in [0, 7)",
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(ops.softmax_xent(logits.data(), labels.data(), dlogits.data(), loss.data(),
+                                        correct.data(), n, classes),
+                       "softmax_xent: label 7 of sample 3 is not in [0, 7)", std::invalid_argument);
 }
 
 TEST_CASE("elementwise: argmax takes the first maximum") {

@@ -3,8 +3,8 @@
 // lines are made of.
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <barrier>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -18,8 +18,8 @@ TEST_CASE("metrics registry: Prometheus text of a counter, a gauge and a histogr
   MetricsRegistry registry;
   auto& requests = registry.counter("pstrain_requests_total", "Requests handled, by op.", {"op"});
   auto& samples = registry.gauge("pstrain_global_samples", "Samples all workers trained on.");
-  auto& wait = registry.histogram("pstrain_wait_seconds", "Wait per request.", {0.25, 0.5, 1},
-                                  {"op"});
+  auto& wait =
+      registry.histogram("pstrain_wait_seconds", "Wait per request.", {0.25, 0.5, 1}, {"op"});
   registry.gauge("pstrain_unused", "A family without series is left out.", {"x"});
   requests.with({"push"}).add(2);
   requests.with({"pull"}).add();
@@ -157,9 +157,8 @@ TEST_CASE("metrics registry: constant labels come first on every series, buckets
 }
 
 TEST_CASE("metrics registry: log bounds are 1, 2.5 and 5 per decade, rendered as written") {
-  CHECK(log_bounds(1e-4, 10) == std::vector<double>{1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-                                                    0.01, 0.025, 0.05, 0.1,  0.25,   0.5,
-                                                    1,    2.5,   5,    10});
+  CHECK(log_bounds(1e-4, 10) == std::vector<double>{1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
+                                                    0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
   CHECK(log_bounds(2.5, 50) == std::vector<double>{2.5, 5, 10, 25, 50});
   MetricsRegistry registry;
   registry.histogram("pstrain_t_seconds", "T.", log_bounds(2.5e-5, 2.5e-5)).with();

@@ -61,8 +61,7 @@ std::vector<double> train(Model& model, Backend& backend, const Dataset& data, i
     const int n = static_cast<int>(b.size);
     model.forward_backward(n, [&](std::size_t i) {
       backend.apply_optimizer(sgd, model.param(i).data(), model.grad(i).data(), nullptr,
-                              model.variables()[i].size, static_cast<std::uint64_t>(step),
-                              1.0f);
+                              model.variables()[i].size, static_cast<std::uint64_t>(step), 1.0f);
     });
     losses.push_back(mean_loss(model, n));
   }
@@ -191,8 +190,8 @@ TEST_CASE("model: the MLP learns the synthetic set, identically on every run") {
   const EvalResult before = (model.initialize(42), model.evaluate(test_set));
   const std::vector<double> losses = train(model, *backend, train_set, 200);
   const EvalResult after = model.evaluate(test_set);
-  MESSAGE("mlp synthetic: accuracy " << before.accuracy << " -> " << after.accuracy
-                                     << ", loss " << before.loss << " -> " << after.loss);
+  MESSAGE("mlp synthetic: accuracy " << before.accuracy << " -> " << after.accuracy << ", loss "
+                                     << before.loss << " -> " << after.loss);
   CHECK(before.accuracy < 0.5);
   CHECK(after.accuracy >= 0.9);
   CHECK(after.loss < before.loss / 2);

@@ -109,7 +109,7 @@ Consistency backup(std::uint32_t workers, std::uint32_t b) {
 TEST_CASE("ssp gate: a read at clock c waits for the slowest to complete c - s steps") {
   SspGate gate(3, 2);
   CHECK(gate.slowest(all) == 0);
-  CHECK(gate.may_read(2, 0));   // c - s = 0
+  CHECK(gate.may_read(2, 0));  // c - s = 0
   CHECK_FALSE(gate.may_read(3, 0));
   gate.completed(0, 5);
   gate.completed(1, 3);

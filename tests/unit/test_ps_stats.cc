@@ -56,37 +56,45 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   CHECK(json.starts_with("{\"ps\":3,\"requests\":{\"hello\":0,"));
   for (const auto* part :
        {"\"pull\":3", "\"push\":1", "\"errors\":1", "\"malformed\":1", "\"bytes_in\":100",
-        "\"resends_answered\":2", "\"requests_too_old\":1", "\"fault_drops\":1",
-        "\"bytes_out\":42", "\"updates\":3", "\"chunks\":2", "\"elements\":20",
-        "\"version_sum\":3", "\"version_max\":2", "\"global_samples\":640",
-        "\"parked_barrier\":2", "\"parked_kv_get\":1", "\"updates_lost\":[0,7]"})
+        "\"resends_answered\":2", "\"requests_too_old\":1", "\"fault_drops\":1", "\"bytes_out\":42",
+        "\"updates\":3", "\"chunks\":2", "\"elements\":20", "\"version_sum\":3",
+        "\"version_max\":2", "\"global_samples\":640", "\"parked_barrier\":2",
+        "\"parked_kv_get\":1", "\"updates_lost\":[0,7]"})
     CHECK_MESSAGE(contains(json, part), part, " in ", json);
 
   const auto text = registry.prometheus_text();
-  for (const auto* line :
-       {"pstrain_ps_requests_total{op=\"pull\"} 3\n", "pstrain_ps_requests_total{op=\"hello\"} 0\n",
-        "pstrain_ps_errors_total 1\n", "pstrain_ps_resends_answered_total 2\n",
-        "pstrain_ps_requests_too_old_total 1\n", "pstrain_ps_fault_drops_total 1\n",
-        "pstrain_ps_received_bytes_total{op=\"push\"} 90\n",
-        "pstrain_ps_received_bytes_total{op=\"none\"} 10\n",
-        "pstrain_ps_received_bytes_total{op=\"pull\"} 0\n",
-        "pstrain_ps_sent_bytes_total{op=\"push\"} 40\n",
-        "pstrain_ps_sent_bytes_total{op=\"pull\"} 2\n", "pstrain_ps_updates_total 3\n",
-        "pstrain_ps_workers{state=\"live\"} 1\n", "pstrain_ps_workers{state=\"pending\"} 1\n",
-        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"0\"} 1.5\n",
-        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"1\"} NaN\n",
-        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"2\"} 30\n",
-        "pstrain_ps_worker_heartbeat_age_seconds{worker=\"3\"} NaN\n",
-        "pstrain_ps_elements 20\n", "pstrain_ps_global_samples 640\n",
-        "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n",
-        "pstrain_ps_updates_lost_total{worker=\"1\"} 7\n"})
+  for (const auto* line : {"pstrain_ps_requests_total{op=\"pull\"} 3\n",
+                           "pstrain_ps_requests_total{op=\"hello\"} 0\n",
+                           "pstrain_ps_errors_total 1\n",
+                           "pstrain_ps_resends_answered_total 2\n",
+                           "pstrain_ps_requests_too_old_total 1\n",
+                           "pstrain_ps_fault_drops_total 1\n",
+                           "pstrain_ps_received_bytes_total{op=\"push\"} 90\n",
+                           "pstrain_ps_received_bytes_total{op=\"none\"} 10\n",
+                           "pstrain_ps_received_bytes_total{op=\"pull\"} 0\n",
+                           "pstrain_ps_sent_bytes_total{op=\"push\"} 40\n",
+                           "pstrain_ps_sent_bytes_total{op=\"pull\"} 2\n",
+                           "pstrain_ps_updates_total 3\n",
+                           "pstrain_ps_workers{state=\"live\"} 1\n",
+                           "pstrain_ps_workers{state=\"pending\"} 1\n",
+                           "pstrain_ps_worker_heartbeat_age_seconds{worker=\"0\"} 1.5\n",
+                           "pstrain_ps_worker_heartbeat_age_seconds{worker=\"1\"} NaN\n",
+                           "pstrain_ps_worker_heartbeat_age_seconds{worker=\"2\"} 30\n",
+                           "pstrain_ps_worker_heartbeat_age_seconds{worker=\"3\"} NaN\n",
+                           "pstrain_ps_elements 20\n",
+                           "pstrain_ps_global_samples 640\n",
+                           "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n",
+                           "pstrain_ps_updates_lost_total{worker=\"1\"} 7\n"})
     CHECK_MESSAGE(contains(text, line), line, " in\n", text);
 
   // A second refresh adds only what accrued since the first.
   store.push("w", 1, grad);
   stats.refresh(store,
-                {.global_samples = 700, .parked_barrier = 0, .parked_kv_get = 0,
-                 .updates_lost = {0, 9}, .workers = {}},
+                {.global_samples = 700,
+                 .parked_barrier = 0,
+                 .parked_kv_get = 0,
+                 .updates_lost = {0, 9},
+                 .workers = {}},
                 Clock::now());
   CHECK(contains(registry.prometheus_text(), "pstrain_ps_updates_total 4\n"));
   CHECK(contains(stats.json(unix_time()), "\"updates\":4,"));

@@ -35,7 +35,8 @@ Snapshot sample_snapshot() {
   s.worker_samples = {5, 70000000000ull};
   s.worker_incarnations = {0xfeedull, 0xbeefull};
   s.worker_updates = {3, 90000000000ull};
-  s.records.push_back({"dense0/w", 3, 17, {1.5f, -2.25f, 3.0f}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}});
+  s.records.push_back(
+      {"dense0/w", 3, 17, {1.5f, -2.25f, 3.0f}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}});
   s.records.push_back({"b", 0, 0, {42.0f}, {}});
   return s;
 }
@@ -192,7 +193,8 @@ TEST_CASE("snapshot: damaged files give errors naming the file and the problem")
   SUBCASE("every truncation") {
     for (std::size_t n = 0; n < good.size(); ++n) {
       write_bytes(path, {good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)});
-      CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains(path.string().c_str()), SnapshotError);
+      CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains(path.string().c_str()),
+                           SnapshotError);
     }
   }
   SUBCASE("bad magic") {

@@ -38,7 +38,8 @@ TEST_CASE("send budget: a peer gets its share and no more; all peers the total")
 
 TEST_CASE("send budget: a reply costs its bytes, but a chunk buffer shared with the store none") {
   const auto header = 100;
-  const std::size_t frames2 = 2 * SendBudget::kFrameOverhead, frames3 = 3 * SendBudget::kFrameOverhead;
+  const std::size_t frames2 = 2 * SendBudget::kFrameOverhead,
+                    frames3 = 3 * SendBudget::kFrameOverhead;
   CHECK(SendBudget::cost(header, {}) == header + frames2);
   const auto bytes = std::make_shared<const std::vector<std::uint8_t>>(5000);
   CHECK(SendBudget::cost(header, bytes) == header + frames3 + 5000);

@@ -19,9 +19,15 @@ std::vector<VariableSpec> random_variables(std::mt19937_64& rng, std::uint64_t c
     vars[i].name = "v" + std::to_string(i);
     // Mix tiny, around-the-chunk and many-chunk sizes.
     switch (rng() % 3) {
-      case 0: vars[i].size = 1 + rng() % 64; break;
-      case 1: vars[i].size = 1 + rng() % (2 * chunk_elems); break;
-      default: vars[i].size = 1 + rng() % (20 * chunk_elems); break;
+      case 0:
+        vars[i].size = 1 + rng() % 64;
+        break;
+      case 1:
+        vars[i].size = 1 + rng() % (2 * chunk_elems);
+        break;
+      default:
+        vars[i].size = 1 + rng() % (20 * chunk_elems);
+        break;
     }
   }
   return vars;
@@ -106,5 +112,6 @@ TEST_CASE("shard map: a run's map has the config's servers and chunk size") {
   const ShardMap map = shard_map_for(config, {{"w", 1000, {}}});
   CHECK(map.servers() == 3);
   CHECK(map.chunk_bytes() == 1024);
-  CHECK(map.chunks(0).size() == 6);  // 4000 bytes: 4 chunks of 1 KiB, rounded up to a multiple of 3 servers
+  CHECK(map.chunks(0).size() ==
+        6);  // 4000 bytes: 4 chunks of 1 KiB, rounded up to a multiple of 3 servers
 }

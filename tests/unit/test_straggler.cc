@@ -54,8 +54,8 @@ TEST_CASE("straggler: a step's delay from its draw, by hand") {
   CHECK(straggler_delay_ms(t, {.jitter = 0.875, .pause = 0.04}) == 245);
   // A jitter larger than the delay is clamped at 0, the pause still added.
   const TrainConfig wide = straggler(1, 5, 20, 0.5, 100);
-  CHECK(straggler_delay_ms(wide, {.jitter = 0.0, .pause = 0.9}) == 0);     // 5 - 20
-  CHECK(straggler_delay_ms(wide, {.jitter = 0.125, .pause = 0.9}) == 0);   // 5 - 15
+  CHECK(straggler_delay_ms(wide, {.jitter = 0.0, .pause = 0.9}) == 0);    // 5 - 20
+  CHECK(straggler_delay_ms(wide, {.jitter = 0.125, .pause = 0.9}) == 0);  // 5 - 15
   CHECK(straggler_delay_ms(wide, {.jitter = 0.5, .pause = 0.9}) == 5);
   CHECK(straggler_delay_ms(wide, {.jitter = 0.0, .pause = 0.25}) == 100);  // 0 + 100
   CHECK(straggler_delay_ms(wide, {.jitter = 1.0, .pause = 0.25}) == 125);  // 25 + 100
@@ -63,7 +63,8 @@ TEST_CASE("straggler: a step's delay from its draw, by hand") {
   const TrainConfig fixed = straggler(0, 30);
   CHECK(straggler_delay_ms(fixed, {.jitter = 0.0, .pause = 0.0}) == 30);
   CHECK(straggler_delay_ms(fixed, {.jitter = 0.99, .pause = 0.99}) == 30);
-  for (std::uint64_t step = 1; step <= 1000; ++step) CHECK(straggler_delay_ms(fixed, 0, step) == 30);
+  for (std::uint64_t step = 1; step <= 1000; ++step)
+    CHECK(straggler_delay_ms(fixed, 0, step) == 30);
   // Probability 1 pauses every step, 0 none.
   const TrainConfig always = straggler(kEveryWorker, 0, 0, 1, 50);
   const TrainConfig never = straggler(kEveryWorker, 10, 0, 0, 50);

@@ -143,8 +143,8 @@ TEST_CASE("sync: one step equals one worker's step on both batches with the aver
   // The same first batches, side by side in one batch of 2 x kBatch: the
   // mean loss over both has the average of the two gradients.
   auto backend = make_cpu_backend(1);
-  Model single(mlp(), *backend, InputShape{data.channels, data.height, data.width},
-               data.classes, 2 * kBatch);
+  Model single(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
+               2 * kBatch);
   single.initialize(42);
   const std::vector<float> before = weights(single);
   for (std::uint32_t r = 0; r < 2; ++r) {
@@ -177,10 +177,13 @@ TEST_CASE("local SGD: H = 1 equals sync's step; H = 3 replicas part, then agree 
   momentum.lr = 0.1f;
   auto trained = [&](std::uint32_t local_steps) {
     std::vector<float> out;
-    run_pair(data, momentum, 64 * 1024, true, [&](Worker& w) {
-      for (int s = 0; s < 4; ++s) w.step();
-      if (w.comm->rank() == 0) out = weights(w.model);
-    }, local_steps);
+    run_pair(
+        data, momentum, 64 * 1024, true,
+        [&](Worker& w) {
+          for (int s = 0; s < 4; ++s) w.step();
+          if (w.comm->rank() == 0) out = weights(w.model);
+        },
+        local_steps);
     return out;
   };
   const auto sync = trained(0), local = trained(1);
@@ -191,12 +194,15 @@ TEST_CASE("local SGD: H = 1 equals sync's step; H = 3 replicas part, then agree 
   CHECK(mismatched == 0);
 
   std::array<std::vector<std::uint64_t>, 2> hashes;
-  run_pair(data, momentum, 64 * 1024, true, [&](Worker& w) {
-    for (int s = 0; s < 6; ++s) {
-      w.step();
-      hashes[static_cast<std::size_t>(w.comm->rank())].push_back(weights_hash(w.model));
-    }
-  }, 3);
+  run_pair(
+      data, momentum, 64 * 1024, true,
+      [&](Worker& w) {
+        for (int s = 0; s < 6; ++s) {
+          w.step();
+          hashes[static_cast<std::size_t>(w.comm->rank())].push_back(weights_hash(w.model));
+        }
+      },
+      3);
   for (std::size_t s = 0; s < 6; ++s) {
     CAPTURE(s);
     // Steps 3 and 6 end on an average: every replica the same bits.

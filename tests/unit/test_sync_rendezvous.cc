@@ -20,11 +20,12 @@ namespace {
 // ps 0 on a free loopback port, served until the fixture is destroyed.
 struct LocalPs {
   explicit LocalPs(const std::string& net = "{request_timeout: 5}") {
-    config = parse_config("job: rendezvous\nrun_dir: " + dir.path().string() +
-                          "\nmode: sync\nps: [{host: 127.0.0.1, port: " +
-                          std::to_string(free_port()) +
-                          "}]\nworkers: {count: 2}\ndata: {name: synthetic}\n"
-                          "net: " + net + "\n");
+    config =
+        parse_config("job: rendezvous\nrun_dir: " + dir.path().string() +
+                     "\nmode: sync\nps: [{host: 127.0.0.1, port: " + std::to_string(free_port()) +
+                     "}]\nworkers: {count: 2}\ndata: {name: synthetic}\n"
+                     "net: " +
+                     net + "\n");
     served = std::async(std::launch::async, [this] { return run_ps_role(config, 0, {}); });
   }
   ~LocalPs() {
@@ -72,8 +73,9 @@ TEST_CASE("sync rendezvous: workers agree on an attempt, and a new join gets a n
   CHECK(second[0].number == first[0].number + 1);
 }
 
-TEST_CASE("sync rendezvous: a survivor and a restarted worker meet in the next attempt at the "
-          "recorded step") {
+TEST_CASE(
+    "sync rendezvous: a survivor and a restarted worker meet in the next attempt at the "
+    "recorded step") {
   LocalPs ps;
   const auto first = both(ps, [&](std::uint32_t rank, PsClient& client) {
     return join_sync_run(client, ps.config, rank);
