@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "app/build_info.h"
 #include "client/model_io.h"
 #include "client/worker_role.h"
 #include "server/ps_role.h"
@@ -29,8 +30,6 @@
 namespace po = boost::program_options;
 
 namespace {
-
-constexpr const char* kVersion = "0.1.0";
 
 constexpr const char* kUsage =
     "pstrain: data-parallel training with parameter servers.\n"
@@ -149,8 +148,7 @@ std::optional<Args> parse_args(int argc, char** argv) {
     return std::nullopt;
   }
   if (vm.count("version")) {
-    std::cout << "pstrain " << kVersion << " (wire protocol " << pstrain::wire::kProtocolVersion
-              << ")\n";
+    std::cout << "pstrain " << pstrain::build_version() << "\n" << pstrain::build_description();
     return std::nullopt;
   }
 
@@ -310,12 +308,15 @@ int keygen(const std::filesystem::path& dir, const std::filesystem::path& cluste
 
 int run(const Args& args, const pstrain::ClusterConfig& config,
         const std::optional<pstrain::Placement>& placement) {
+  // Every log starts with the version: a run's logs say which build made them.
   if (args.role == "eval") {
     pstrain::log_open("eval", {});
+    pstrain::log("pstrain ", pstrain::build_version());
     return pstrain::run_eval_role(config, *args.model);
   }
   const std::string name = args.role + std::to_string(args.index);
   pstrain::log_open(name, config.run_dir / (name + ".log"));
+  pstrain::log("pstrain ", pstrain::build_version());
   if (placement)
     for (const auto& line : describe(*placement, config)) pstrain::log("placed " + line);
   if (args.index == 0) write_resolved_config(config);

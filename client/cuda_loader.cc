@@ -40,10 +40,12 @@ std::filesystem::path find_library() {
     }
     return env;
   }
-  throw CudaUnavailable(std::string(kLibraryName) + " not found beside " +
-                        (exe.empty() ? std::string("the executable") : exe.parent_path().string()) +
-                        " and PSTRAIN_CUDA_LIB is not set: this pstrain was built without CUDA "
-                        "(configure with nvcc available), or the library was not copied with it");
+  throw CudaUnavailable(
+      std::string(kLibraryName) + " not found beside " +
+      (exe.empty() ? std::string("the executable") : exe.parent_path().string()) +
+      " and PSTRAIN_CUDA_LIB is not set: this pstrain was built without CUDA "
+      "(configure with nvcc available), or the library was not installed (package "
+      "pstrain-cuda) or copied with it");
 }
 
 template <class F>

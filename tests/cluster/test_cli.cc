@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,16 @@ TEST_CASE("cli: --help lists the roles, --version answers") {
     INFO(text);
     CHECK(help.output.find(text) != std::string::npos);
   }
+  // The version (x.y.z, the commit after it in a checkout), then what the
+  // build holds.
   const auto version = run_cli(dir, {"--version"});
   CHECK(version.code == 0);
-  CHECK(version.output.rfind("pstrain ", 0) == 0);
+  CHECK_MESSAGE(std::regex_search(version.output, std::regex("^pstrain [0-9]+\\.[0-9]+\\.[0-9]+")),
+                version.output);
+  for (const char* line : {"\nwire protocol ", "\nbuild: ", "\nCUDA: ", "\ncuDNN: ", "\nCURVE: "}) {
+    INFO(std::string(line) << " in " << version.output);
+    CHECK(version.output.find(line) != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: bad command lines exit 2 naming the problem") {
