@@ -16,7 +16,19 @@ import sys
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(TOOLS)
+
+# What the tools run when not told: in a source checkout, its build/pstrain
+# and cluster.yaml; in an installed copy (cmake --install, the Debian
+# package), what install_layout.py, written by the install, names.
+try:
+    import install_layout
+    DEFAULT_BINARY = os.path.normpath(os.path.join(TOOLS, install_layout.BINARY))
+    DEFAULT_CLUSTER = os.path.normpath(os.path.join(TOOLS, install_layout.CLUSTER_EXAMPLE))
+except ImportError:
+    DEFAULT_BINARY = os.path.join(ROOT, "build", "pstrain")
+    DEFAULT_CLUSTER = os.path.join(ROOT, "cluster.yaml")
 
 
 class ConfigError(Exception):
@@ -28,11 +40,17 @@ class ConfigError(Exception):
 
 
 def pstrain_binary(tool):
-    """$PSTRAIN, else build/pstrain; `tool` exits naming itself if there is none."""
-    path = os.environ.get("PSTRAIN") or os.path.join(ROOT, "build", "pstrain")
+    """$PSTRAIN, else DEFAULT_BINARY; `tool` exits naming itself if there is none."""
+    path = os.environ.get("PSTRAIN") or DEFAULT_BINARY
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         sys.exit(f"{tool}: no pstrain binary at {path}; build it (tools/build) or set $PSTRAIN")
     return os.path.abspath(path)
+
+
+def version(binary):
+    """The first line of `binary --version`: "pstrain 0.1.0-g24ea120"."""
+    r = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    return (r.stdout.splitlines() or [f"pstrain --version exited with code {r.returncode}"])[0]
 
 
 def check(binary, cluster, overrides=()):

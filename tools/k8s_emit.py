@@ -34,6 +34,7 @@ import yaml
 
 from cluster_config import scheduled_device
 
+IMAGE_BINARY = "/usr/bin/pstrain"      # where the package (and Containerfile) puts it
 CONFIG_DIR = "/etc/pstrain"            # the ConfigMap: cluster.yaml
 RUN_DIR = "/var/lib/pstrain/run"       # run_dir inside every pod
 KEYS_DIR = "/etc/pstrain-keys"         # the role's Secret, as $PSTRAIN_KEYS

@@ -1,0 +1,60 @@
+# Where `cmake --install` (and the Debian package, cmake/package.cmake) puts
+# pstrain, relative to the prefix:
+#
+#   lib/pstrain/pstrain              the binary; its CUDA library beside it, as
+#   lib/pstrain/libpstrain_cuda.so   in the build tree (client/cuda_loader.h)
+#   lib/pstrain/bench/bench_*        what pstrain-bench runs
+#   lib/pstrain/tools/               launch, compare, bench and their modules
+#   bin/pstrain, bin/pstrain-launch, bin/pstrain-compare, bin/pstrain-bench
+#                                    links to the above
+#   share/doc/pstrain/               README, CHANGELOG, LICENSE, docs/, and
+#                                    examples/cluster.yaml (the default job)
+#
+# Component `runtime` is everything but the CUDA library, component `cuda`.
+
+include(GNUInstallDirs)
+set(PSTRAIN_INSTALL_LIBDIR "lib/pstrain" CACHE STRING
+    "pstrain's private folder under the install prefix (the binary, its CUDA library, the tools)")
+set(CMAKE_INSTALL_DEFAULT_COMPONENT_NAME runtime)
+set(PSTRAIN_INSTALL_TOOLS "${PSTRAIN_INSTALL_LIBDIR}/tools")
+
+set(PSTRAIN_TOOL_PROGRAMS launch compare bench)
+foreach(tool IN LISTS PSTRAIN_TOOL_PROGRAMS)
+  install(PROGRAMS tools/${tool} DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+endforeach()
+install(FILES tools/cluster_config.py tools/k8s_emit.py tools/slurm_emit.py
+              tools/prometheus_server.py tools/report.py tools/bench_torch.py
+        DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+
+# The installed tools find the installed binary and example through this
+# module (tools/cluster_config.py); paths relative to the tools' folder, so
+# the tree works under any prefix (cmake --install --prefix, DESTDIR).
+set(tools_dir "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_TOOLS}")
+file(RELATIVE_PATH binary_from_tools "${tools_dir}"
+     "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_LIBDIR}/pstrain")
+file(RELATIVE_PATH example_from_tools "${tools_dir}"
+     "${CMAKE_INSTALL_FULL_DOCDIR}/examples/cluster.yaml")
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/install_layout.py CONTENT
+"\"\"\"Where cmake --install put what the tools use, relative to their folder.\"\"\"
+
+BINARY = \"${binary_from_tools}\"
+CLUSTER_EXAMPLE = \"${example_from_tools}\"
+")
+install(FILES ${PROJECT_BINARY_DIR}/install/install_layout.py DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+
+# bin/: relative links, made here and installed as links.
+function(pstrain_install_link name target)
+  file(RELATIVE_PATH relative "${CMAKE_INSTALL_FULL_BINDIR}"
+       "${CMAKE_INSTALL_PREFIX}/${target}")
+  file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/install/bin)
+  file(CREATE_LINK "${relative}" ${PROJECT_BINARY_DIR}/install/bin/${name} SYMBOLIC)
+  install(FILES ${PROJECT_BINARY_DIR}/install/bin/${name} DESTINATION ${CMAKE_INSTALL_BINDIR})
+endfunction()
+pstrain_install_link(pstrain "${PSTRAIN_INSTALL_LIBDIR}/pstrain")
+foreach(tool IN LISTS PSTRAIN_TOOL_PROGRAMS)
+  pstrain_install_link(pstrain-${tool} "${PSTRAIN_INSTALL_TOOLS}/${tool}")
+endforeach()
+
+install(FILES README.md CHANGELOG.md LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
+install(FILES cluster.yaml DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
