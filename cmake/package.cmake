@@ -54,6 +54,16 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_RECOMMENDS "dataset-fashion-mnist")
 # python3-torch: pstrain-bench's peer.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "openssh-client, prometheus, python3-torch, pstrain-cuda")
 
+# Python writes the tools' byte code beside them when they run (__pycache__,
+# owned by no package): removed with the package, as py3clean does it for
+# Debian's Python packages, so a purge leaves nothing behind.
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/debian/prerm CONTENT "#!/bin/sh
+set -e
+rm -rf ${CPACK_PACKAGING_INSTALL_PREFIX}/${PSTRAIN_INSTALL_TOOLS}/__pycache__
+")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA ${PROJECT_BINARY_DIR}/debian/prerm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+
 set(CPACK_DEBIAN_CUDA_PACKAGE_NAME pstrain-cuda)
 set(CPACK_DEBIAN_CUDA_DESCRIPTION "CUDA workers for pstrain
 libpstrain_cuda.so: the CUDA backend and NCCL all-reduce of pstrain's
