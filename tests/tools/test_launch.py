@@ -146,6 +146,13 @@ class LaunchTest(unittest.TestCase):
         self.assertTrue(written.startswith("# Resolved by pstrain --check"), written)
         self.assertEqual(written.split("\n", 1)[1], canonical)
         self.assertIn(f"run_dir: {run_dir}\n", canonical)
+        # Which build ran: launch.json and the first line of every log say.
+        version = subprocess.run([support.PSTRAIN, "--version"], capture_output=True, text=True,
+                                 check=True).stdout.splitlines()[0]
+        self.assertEqual(record["pstrain"], {"binary": support.PSTRAIN, "version": version})
+        for p in record["processes"]:
+            first = support.read_text(os.path.join(run_dir, f"{p['name']}.log")).split("\n")[0]
+            self.assertTrue(first.endswith(f"[{p['name']}] {version}"), first)
 
     def test_a_failing_ps_stops_the_run_and_is_named_with_its_output(self):
         # The workers wait for ps 1 up to request_timeout, then fail on their
