@@ -34,13 +34,13 @@ file(RELATIVE_PATH binary_from_tools "${tools_dir}"
      "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_LIBDIR}/pstrain")
 file(RELATIVE_PATH example_from_tools "${tools_dir}"
      "${CMAKE_INSTALL_FULL_DOCDIR}/examples/cluster.yaml")
-file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/install_layout.py CONTENT
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py CONTENT
 "\"\"\"Where cmake --install put what the tools use, relative to their folder.\"\"\"
 
 BINARY = \"${binary_from_tools}\"
 CLUSTER_EXAMPLE = \"${example_from_tools}\"
 ")
-install(FILES ${PROJECT_BINARY_DIR}/install/install_layout.py DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+install(FILES ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py DESTINATION ${PSTRAIN_INSTALL_TOOLS})
 
 # bin/: relative links, made here and installed as links.
 function(pstrain_install_link name target)

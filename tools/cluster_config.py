@@ -21,11 +21,11 @@ ROOT = os.path.dirname(TOOLS)
 
 # What the tools run when not told: in a source checkout, its build/pstrain
 # and cluster.yaml; in an installed copy (cmake --install, the Debian
-# package), what install_layout.py, written by the install, names.
+# package), what pstrain_install_layout.py, written by the install, names.
 try:
-    import install_layout
-    DEFAULT_BINARY = os.path.normpath(os.path.join(TOOLS, install_layout.BINARY))
-    DEFAULT_CLUSTER = os.path.normpath(os.path.join(TOOLS, install_layout.CLUSTER_EXAMPLE))
+    import pstrain_install_layout as layout
+    DEFAULT_BINARY = os.path.normpath(os.path.join(TOOLS, layout.BINARY))
+    DEFAULT_CLUSTER = os.path.normpath(os.path.join(TOOLS, layout.CLUSTER_EXAMPLE))
 except ImportError:
     DEFAULT_BINARY = os.path.join(ROOT, "build", "pstrain")
     DEFAULT_CLUSTER = os.path.join(ROOT, "cluster.yaml")
