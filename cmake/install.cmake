@@ -40,7 +40,8 @@ file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py CO
 BINARY = \"${binary_from_tools}\"
 CLUSTER_EXAMPLE = \"${example_from_tools}\"
 ")
-install(FILES ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+install(FILES ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py
+        DESTINATION ${PSTRAIN_INSTALL_TOOLS})
 
 # bin/: relative links, made here and installed as links.
 function(pstrain_install_link name target)
