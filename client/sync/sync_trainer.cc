@@ -204,6 +204,7 @@ TrainSummary train_sync(const TrainContext& context) {
   const std::size_t nv = vars.size();
   // Host views of the weights, for pulling and assigning.
   const HostViews host(backend, model, false);
+  const PsRequestsGuard requests(ps);
   const bool direct = host.direct();
   auto weights = [&](std::size_t i) { return host.weights(i); };
   // Every replica of an attempt starts from the ps's weights, so they agree
