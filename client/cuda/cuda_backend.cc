@@ -14,6 +14,11 @@ namespace {
 // batches (the GEMMs are already large enough to fill the GPU well before).
 constexpr std::size_t kConvWorkspaceFloats = std::size_t{1} << 24;
 
+// How long releases wait for queued work: far longer than any op of a
+// training step runs, and as long as a collective may hang before the NCCL
+// watchdog (default timeout 60 s) aborts it.
+constexpr double kReleaseTimeoutS = 90;
+
 std::string conv_text(const ConvShape& s) {
   return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
          " w=" + std::to_string(s.w) + " filters=" + std::to_string(s.filters) +
@@ -68,14 +73,26 @@ CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(
 
 CudaBackend::~CudaBackend() {
   // Pinned host buffers and device memory may still be in use by queued
-  // copies and kernels; drain both streams before the members free them.
+  // copies and kernels, and cuBLAS's destroy synchronizes the device: drain
+  // both streams first. When they do not drain in time, the memory and the
+  // handle are leaked rather than freed under running work or waited for
+  // forever.
   try {
     const DeviceScope scope(device_);
-    report_release_error(cudaStreamSynchronize(order_.copy_stream()), "cudaStreamSynchronize");
-    report_release_error(cudaStreamSynchronize(order_.compute_stream()), "cudaStreamSynchronize");
+    if (order_.drain(kReleaseTimeoutS)) {
+      device_allocations_.clear();
+      host_allocations_.clear();
+      cublas_.reset();
+      return;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pstrain cuda: %s\n", e.what());
   }
+  std::fprintf(stderr, "pstrain cuda: %s: leaking %zu device and %zu pinned buffers in use\n",
+               name_.c_str(), device_allocations_.size(), host_allocations_.size());
+  for (auto& [p, memory] : device_allocations_) (void)memory.release();
+  for (auto& [p, memory] : host_allocations_) (void)memory.release();
+  (void)cublas_.release();
 }
 
 // ---- memory --------------------------------------------------------------
@@ -101,10 +118,32 @@ HostMemory CudaBackend::alloc_host(std::size_t bytes) {
 
 void CudaBackend::release(void* device_ptr) noexcept {
   order_.untrack(device_ptr);
-  device_allocations_.erase(device_ptr);
+  auto node = device_allocations_.extract(device_ptr);
+  if (!node.empty()) free_when_idle(node.mapped());
 }
 
-void CudaBackend::release_host(void* host_ptr) noexcept { host_allocations_.erase(host_ptr); }
+void CudaBackend::release_host(void* host_ptr) noexcept {
+  auto node = host_allocations_.extract(host_ptr);
+  if (!node.empty()) free_when_idle(node.mapped());
+}
+
+// cudaFree and cudaFreeHost wait for the whole device, so a kernel that never
+// ends (a collective whose peer died, until its watchdog aborts it) would
+// block them forever: the streams are drained under a deadline first, with
+// this backend's device current (a process may drive several), and memory
+// still in use when it passes is leaked rather than freed.
+template <class Buffer>
+void CudaBackend::free_when_idle(Buffer& buffer) noexcept {
+  try {
+    const DeviceScope scope(device_);
+    if (order_.drain(kReleaseTimeoutS)) return buffer.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstrain cuda: %s\n", e.what());
+  }
+  std::fprintf(stderr, "pstrain cuda: %s: leaking a buffer its queued work may still use\n",
+               name_.c_str());
+  (void)buffer.release();
+}
 
 // ---- transfers -----------------------------------------------------------
 
@@ -132,6 +171,15 @@ void CudaBackend::transfer(void* to, const void* from, const void* device, std::
 Backend::Fence CudaBackend::fence() { return order_.fence(); }
 bool CudaBackend::fence_done(Fence fence) { return order_.fence_done(fence); }
 void CudaBackend::wait(Fence fence) { order_.wait(fence); }
+
+void CudaBackend::hold_compute(const std::int32_t* host_flag) {
+  const DeviceScope scope(device_);
+  void* flag = nullptr;
+  PSTRAIN_CUDA_CHECK(cudaHostGetDevicePointer(&flag, const_cast<std::int32_t*>(host_flag), 0));
+  compute({}, [&](cudaStream_t s) {
+    kernels::hold(on(s), static_cast<const std::int32_t*>(flag), 60'000'000'000ull);
+  });
+}
 
 void CudaBackend::fill(float* device, float value, std::size_t n) {
   if (n == 0) return;
@@ -192,9 +240,15 @@ int CudaBackend::conv_chunk(const ConvShape& s) const {
 }
 
 // Per chunk: the im2col matrix [c*k*k x chunk*pixels] and the GEMM's
-// filter-major output [filters x chunk*pixels].
+// filter-major output [filters x chunk*pixels]; after them, the bias
+// gradient's partial sums.
 std::size_t CudaBackend::conv2d_workspace(const ConvShape& s) const {
   check_conv(s, "conv2d_workspace");
+  return conv_chunk_floats(s) +
+         std::size_t(kernels::conv_bias_slices(s.n, s.filters, sm_count_)) * s.filters;
+}
+
+std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
   return std::size_t(conv_chunk(s)) * s.out_h() * s.out_w() *
          (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
 }
@@ -225,7 +279,8 @@ void CudaBackend::conv2d_backward(const float* x, const float* w, const float* d
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
   compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t st) {
-    kernels::conv_bias_grad(on(st), dy, db, s.n, s.filters, pixels);
+    kernels::conv_bias_grad(on(st), dy, db, workspace + conv_chunk_floats(s), s.n, s.filters,
+                            pixels);
     for (int first = 0; first < s.n; first += chunk) {
       const int count = std::min(chunk, s.n - first);
       const std::size_t columns = std::size_t(count) * pixels;
@@ -259,11 +314,8 @@ void CudaBackend::maxpool_forward(const float* x, float* y, std::int32_t* argmax
 void CudaBackend::maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                                    const PoolShape& s) {
   check_pool(s, "maxpool_backward");
-  const std::size_t total = std::size_t(s.n) * s.c * s.out_h() * s.out_w();
   compute({dy, argmax, dx}, [&](cudaStream_t st) {
-    PSTRAIN_CUDA_CHECK(
-        cudaMemsetAsync(dx, 0, std::size_t(s.n) * s.c * s.h * s.w * sizeof(float), st));
-    kernels::scatter_add(on(st), dy, argmax, dx, total);
+    kernels::maxpool_backward(on(st), dy, argmax, dx, s.n, s.c, s.h, s.w, s.k);
   });
 }
 

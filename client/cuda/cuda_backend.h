@@ -5,8 +5,9 @@
 // (client/cuda/stream_order.h), which keeps the promise of issue order
 // across the backend's compute and copy streams, and owns its fences.
 //
-// One thread drives a backend. Every call makes the backend's device current
-// for its duration, so one process may drive several GPUs.
+// One thread drives a backend. Every call, releases and the destructor
+// included, makes the backend's device current for its duration, so one
+// process may drive several GPUs.
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -62,15 +63,22 @@ class CudaBackend final : public Backend {
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override;
 
+  // Tests: the compute stream waits until *host_flag (pinned memory from
+  // alloc_host) is non-zero, for 60 s at most (pstrain_cuda_hold_compute).
+  void hold_compute(const std::int32_t* host_flag);
+
   // For work issued from outside the backend (NCCL collectives): orders the
   // compute stream after pending copies of `buffers`, runs `enqueue` with the
-  // compute stream, and records the buffers as touched by it.
+  // compute stream, and records the buffers as touched by it. The buffers are
+  // recorded even when `enqueue` throws: part of its work (a conv's first
+  // chunks, say) may already be queued, and a later copy of those buffers
+  // must still wait for it.
   template <class F>
   void compute(std::initializer_list<const void*> buffers, F&& enqueue) {
     const DeviceScope scope(device_);
     order_.before_compute(buffers);
+    const ComputeIssued issued(order_, buffers);
     enqueue(order_.compute_stream());
-    order_.after_compute(buffers);
   }
 
   // Checks wait() runs while it polls a fence (StreamOrder::Watchdog).
@@ -89,6 +97,25 @@ class CudaBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b,
             float beta, float* c);
   int conv_chunk(const ConvShape& s) const;
+  // The im2col buffers of one chunk, at the start of the workspace.
+  std::size_t conv_chunk_floats(const ConvShape& s) const;
+  // Frees `buffer` (a DeviceBuffer or PinnedBuffer) once the streams drained.
+  template <class Buffer>
+  void free_when_idle(Buffer& buffer) noexcept;
+
+  // Calls after_compute when it leaves scope, by return or by exception.
+  class ComputeIssued {
+   public:
+    ComputeIssued(StreamOrder& order, std::initializer_list<const void*> buffers)
+        : order_(order), buffers_(buffers) {}
+    ~ComputeIssued() { order_.after_compute(buffers_); }
+    ComputeIssued(const ComputeIssued&) = delete;
+    ComputeIssued& operator=(const ComputeIssued&) = delete;
+
+   private:
+    StreamOrder& order_;
+    std::initializer_list<const void*> buffers_;
+  };
 
   int device_;
   std::string name_;

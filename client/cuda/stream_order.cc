@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -9,6 +10,26 @@ namespace pstrain::cuda {
 namespace {
 
 constexpr std::size_t kMaxMarks = 32;
+
+// How long wait() spins on a fence before it sleeps or blocks: a step's last
+// kernels usually end within tens of microseconds, and waking from a sleep
+// costs about as much again.
+constexpr std::chrono::microseconds kSpin{50};
+constexpr std::chrono::microseconds kSleep{20};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Polls `done` for up to kSpin; true once it answers true.
+template <class Done>
+bool spin(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  do {
+    if (done()) return true;
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
 
 }  // namespace
 
@@ -87,7 +108,7 @@ void StreamOrder::before_compute(std::initializer_list<const void*> buffers) {
   order_after(compute_, copy_, needed);
 }
 
-void StreamOrder::after_compute(std::initializer_list<const void*> buffers) {
+void StreamOrder::after_compute(std::initializer_list<const void*> buffers) noexcept {
   const std::uint64_t seq = ++compute_.issued;
   for (const void* p : buffers) {
     if (Allocation* a = p ? find(p) : nullptr) a->compute_seq = seq;
@@ -102,6 +123,10 @@ void StreamOrder::before_copy(const void* device_ptr) {
 void StreamOrder::after_copy(const void* device_ptr) {
   const std::uint64_t seq = ++copy_.issued;
   if (Allocation* a = find(device_ptr)) a->copy_seq = seq;
+  // A mark after every copy: compute that needs this upload then waits for
+  // it alone, not for the downloads issued after it (a mark recorded later,
+  // at the stream's tail, would cover those too).
+  copy_.mark_covering(seq);
 }
 
 void StreamOrder::add_watchdog(const void* owner, Watchdog check) {
@@ -169,7 +194,8 @@ void StreamOrder::wait(Fence fence) {
   check_dims(fence < next_fence_, "wait", "fence " + std::to_string(fence) + " was never issued");
   const DeviceScope scope(device_);
   const PendingFence& f = pending_fences_[fence - pending_fences_.front().id];
-  if (watchdogs_.empty()) {
+  if (spin([&] { return fence_complete(f); })) {
+  } else if (watchdogs_.empty()) {
     PSTRAIN_CUDA_CHECK(cudaEventSynchronize(f.compute.get()));
     PSTRAIN_CUDA_CHECK(cudaEventSynchronize(f.copy.get()));
   } else {
@@ -177,12 +203,45 @@ void StreamOrder::wait(Fence fence) {
     // communicator's watchdog abort it and throw instead.
     const auto start = std::chrono::steady_clock::now();
     while (!fence_complete(f)) {
-      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
-      for (const auto& [owner, check] : watchdogs_) check(waited.count());
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      for (const auto& [owner, check] : watchdogs_) check(seconds_since(start));
+      std::this_thread::sleep_for(kSleep);
     }
   }
   retire_fences_through(fence);
+}
+
+bool StreamOrder::drain(double limit_s) noexcept {
+  const auto start = std::chrono::steady_clock::now();
+  const auto idle = [&] {
+    for (cudaStream_t s : {compute_stream(), copy_stream()}) {
+      const cudaError_t status = cudaStreamQuery(s);
+      if (status == cudaErrorNotReady) return false;
+      if (status != cudaSuccess) throw_cuda(status, "cudaStreamQuery");
+    }
+    return true;
+  };
+  try {
+    if (spin(idle)) return true;
+    while (!idle()) {
+      const double waited = seconds_since(start);
+      if (waited > limit_s) {
+        std::fprintf(stderr, "pstrain cuda: device %d still busy after %.1f s\n", device_, waited);
+        return false;
+      }
+      for (const auto& [owner, check] : watchdogs_) {
+        try {
+          check(waited);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "pstrain cuda: while draining: %s\n", e.what());
+        }
+      }
+      std::this_thread::sleep_for(kSleep);
+    }
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstrain cuda: %s\n", e.what());
+    return false;
+  }
 }
 
 }  // namespace pstrain::cuda

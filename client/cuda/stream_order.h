@@ -21,8 +21,11 @@
 // issued after the transfer completes (backend.h).
 //
 // Fences record an event on both streams; fence_done queries them and wait
-// blocks on them, polling the registered watchdogs (the NCCL communicator's
-// dead-peer check) instead of blocking forever when any are registered.
+// spins on them briefly, then blocks, polling the registered watchdogs (the
+// NCCL communicator's dead-peer check) instead of blocking forever when any
+// are registered. drain() waits for both streams with a deadline, for the
+// release paths (cudaFree and cudaFreeHost wait for the whole device, and
+// must never wait for a kernel that does not end).
 //
 // Every op is bracketed: before_compute / before_copy, enqueue the work on
 // the stream, after_compute / after_copy. One thread drives it.
@@ -67,7 +70,7 @@ class StreamOrder {
 
   // Around compute that reads or writes `buffers` (null entries ignored).
   void before_compute(std::initializer_list<const void*> buffers);
-  void after_compute(std::initializer_list<const void*> buffers);
+  void after_compute(std::initializer_list<const void*> buffers) noexcept;
   // Around a transfer to or from `device_ptr`.
   void before_copy(const void* device_ptr);
   void after_copy(const void* device_ptr);
@@ -75,6 +78,11 @@ class StreamOrder {
   Fence fence();
   bool fence_done(Fence fence);
   void wait(Fence fence);
+  // Waits until both streams are idle, polling the watchdogs (a watchdog's
+  // error is reported and the wait goes on: its abort ends the stuck
+  // collective). False when work is still running after `limit_s` seconds or
+  // a query failed (reported on stderr). The device must be current.
+  bool drain(double limit_s) noexcept;
 
   void add_watchdog(const void* owner, Watchdog check);
   void remove_watchdog(const void* owner) noexcept;
@@ -87,9 +95,9 @@ class StreamOrder {
   };
 
   // The ops issued on one stream, numbered from 1, with events recorded after
-  // some of them so the other stream can wait for "op s and everything
-  // before". Old marks are recycled; waiting on a later mark than needed is
-  // still correct, only less concurrent.
+  // some of them (every copy; compute ops when a copy needs them) so the
+  // other stream can wait for "op s and everything before". Old marks are recycled; waiting on a
+  // later mark than needed is still correct, only less concurrent.
   struct Timeline {
     Stream stream;
     std::uint64_t issued = 0;

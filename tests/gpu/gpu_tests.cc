@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +74,38 @@ struct Buffer {
   std::size_t size;
   pstrain::DeviceMemory memory;
 };
+
+// Holds the backend's compute stream (a kernel spinning on a flag in pinned
+// memory) until release() or the end of the scope, so that the ops issued
+// meanwhile are really pending when a test looks at fences and transfers.
+class ComputeHold {
+ public:
+  explicit ComputeHold(Backend& b) : flag_(b.alloc_host(sizeof(std::int32_t))) {
+    std::atomic_ref(*flag_.data<std::int32_t>()).store(0);
+    std::array<char, 512> error{};
+    if (pstrain_cuda_hold_compute(&b, flag_.data<std::int32_t>(), error.data(), error.size()) != 0)
+      throw std::runtime_error(error.data());
+  }
+  ~ComputeHold() { release(); }
+  ComputeHold(const ComputeHold&) = delete;
+  ComputeHold& operator=(const ComputeHold&) = delete;
+  void release() { std::atomic_ref(*flag_.data<std::int32_t>()).store(1); }
+
+ private:
+  pstrain::HostMemory flag_;
+};
+
+// Pinned host memory of n floats, all `value`.
+pstrain::HostMemory host_filled(Backend& b, std::size_t n, float value) {
+  auto memory = b.alloc_host(n * sizeof(float));
+  std::fill_n(memory.data(), n, value);
+  return memory;
+}
+
+bool all_equal(const pstrain::HostMemory& memory, std::size_t n, float value) {
+  const float* p = memory.data();
+  return std::all_of(p, p + n, [&](float v) { return v == value; });
+}
 
 // Float results against the double reference: relative to the magnitude of
 // the terms summed, which bounds float rounding (`scale`).
@@ -325,15 +359,16 @@ TEST_CASE("transfers round-trip and keep issue order across the two streams") {
 
   // Each round uploads into buffers that the previous round's compute still
   // reads and writes, and downloads what this round's compute produced: any
-  // missing wait between the streams shows up as a wrong value.
+  // missing wait between the streams shows up as a wrong value. Round r
+  // expects 6 (r + 1), which neither a stale round (6 r), the fills (-1,
+  // or 0 after the relu), nor untouched host memory (NaN) can give.
   const int rounds = 20;
   const std::size_t m = 1 << 18;
   Buffer<> a(*b, m), c(*b, m);
   std::vector<pstrain::HostMemory> in, out;
   for (int r = 0; r < rounds; ++r) {
-    in.push_back(b->alloc_host(m * sizeof(float)));
-    out.push_back(b->alloc_host(m * sizeof(float)));
-    std::fill_n(in.back().data(), m, float(r));
+    in.push_back(host_filled(*b, m, float(r + 1)));
+    out.push_back(host_filled(*b, m, NAN));
   }
   for (int r = 0; r < rounds; ++r) {
     b->upload(in[r].data(), a.data(), m * sizeof(float));
@@ -346,9 +381,7 @@ TEST_CASE("transfers round-trip and keep issue order across the two streams") {
   }
   b->synchronize();
   for (int r = 0; r < rounds; ++r) {
-    const float want = 6.0f * float(r);
-    const float* o = out[r].data<float>();
-    CHECK_MESSAGE(std::all_of(o, o + m, [&](float v) { return v == want; }), "round " << r);
+    CHECK_MESSAGE(all_equal(out[r], m, 6.0f * float(r + 1)), "round " << r);
   }
 
   // Memory the backend did not allocate orders against everything.
@@ -358,23 +391,79 @@ TEST_CASE("transfers round-trip and keep issue order across the two streams") {
   b->scale(raw, 2.0f, m);
   b->download(raw, out[0].data(), m * sizeof(float));
   b->synchronize();
-  CHECK(out[0].data<float>()[m - 1] == 6.0f);
+  CHECK(all_equal(out[0], m, 8.0f));
   REQUIRE(cudaFree(raw) == cudaSuccess);
 }
 
-TEST_CASE("fences complete in order") {
+TEST_CASE("transfers wait for the compute they depend on, and only for it") {
   auto b = make_backend();
-  Buffer<> x(*b, 1 << 22);
-  for (int i = 0; i < 50; ++i) b->scale(x.data(), 1.0001f, x.size);
+  const std::size_t m = 1 << 16;
+  Buffer<> a(*b, std::vector<float>(m, 5.0f)), unrelated(*b, std::vector<float>(m, 4.0f));
+  Buffer<> c(*b, m);
+  b->fill(c.data(), -2.0f, m);  // what a download that does not wait would see
+  auto in = host_filled(*b, m, 7.0f);
+  auto out_a = host_filled(*b, m, NAN), out_c = host_filled(*b, m, NAN);
+  auto out_unrelated = host_filled(*b, m, NAN);
+  b->synchronize();
+
+  ComputeHold hold(*b);
+  b->scale(a.data(), 2.0f, m);  // a = 10
+  b->download(unrelated.data(), out_unrelated.data(), m * sizeof(float));
+  b->relu_forward(a.data(), c.data(), m);  // c = 10
+  b->download(c.data(), out_c.data(), m * sizeof(float));
+  b->upload(in.data(), a.data(), m * sizeof(float));  // after the relu read a = 10
+  b->scale(a.data(), 3.0f, m);                        // a = 21
+  b->download(a.data(), out_a.data(), m * sizeof(float));
+
+  // The download that needs no compute lands while the compute stream is
+  // held; the ones that need the held work do not.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!all_equal(out_unrelated, m, 4.0f) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(all_equal(out_unrelated, m, 4.0f));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(std::isnan(out_c.data()[0]));
+  CHECK(std::isnan(out_a.data()[0]));
+
+  hold.release();
+  b->synchronize();
+  // An upload that overtook the first scale gives c = 14, a = 42; one that
+  // overtook the relu gives c = 14; downloads that did not wait give -2 or 5.
+  CHECK(all_equal(out_c, m, 10.0f));
+  CHECK(all_equal(out_a, m, 21.0f));
+}
+
+TEST_CASE("fences complete when, and only when, the work before them has") {
+  auto b = make_backend();
+  Buffer<> x(*b, std::vector<float>(1 << 20, 1.0f));
+  const auto before = b->fence();
+  ComputeHold hold(*b);
+  b->scale(x.data(), 3.0f, x.size);
   const auto f1 = b->fence();
   const auto f2 = b->fence();
   CHECK(f2 > f1);
+  // The fence issued before the hold completes while the stream is held.
+  b->wait(before);
+  CHECK(b->fence_done(before));
+  // A fence that recorded nothing, or only on one stream, would be done by now.
+  for (int i = 0; i < 50; ++i) {
+    REQUIRE_FALSE(b->fence_done(f1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK_FALSE(b->fence_done(f2));
+  hold.release();
   b->wait(f2);
   CHECK(b->fence_done(f1));  // an earlier fence is done once a later one is
   CHECK(b->fence_done(f2));
-  b->wait(f1);
+  const auto got = x.read();
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 3.0f; }));
+
+  // Fences retire in any order of asking.
   std::vector<Backend::Fence> many;
+  ComputeHold second(*b);
   for (int i = 0; i < 1000; ++i) many.push_back(b->fence());
+  CHECK_FALSE(b->fence_done(many.front()));
+  second.release();
   b->wait(many.back());
   CHECK(std::all_of(many.begin(), many.end(), [&](auto f) { return b->fence_done(f); }));
 }
@@ -397,20 +486,35 @@ std::array<std::uint8_t, 128> unique_id() {
   return id;
 }
 
-TEST_CASE("nccl with one rank: all-reduce, broadcast and barrier") {
+// With one rank a sum is the identity, so this case checks what one rank can
+// show: the collectives are queued in order with the backend's ops (behind
+// held work, which they must not overtake: a collective that read or wrote
+// early would lose a scale) and the errors. Sums across ranks are the
+// all-devices case's, skipped on a one-GPU host.
+TEST_CASE("nccl with one rank: collectives keep their place among the backend's ops") {
   auto b = make_backend();
   auto comm = make_comm(*b, unique_id(), 0, 1);
   CHECK(comm->name() == "nccl");
   CHECK(comm->size() == 1);
-  std::vector<float> v(1000);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  std::vector<float> v(1 << 20);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i % 1000 + 1);
   Buffer<> x(*b, v);
+  ComputeHold hold(*b);
+  b->scale(x.data(), 2.0f, v.size());
   comm->allreduce_sum(x.data(), v.size());
-  b->scale(x.data(), 2.0f, v.size());  // ordered after the all-reduce
+  b->scale(x.data(), 3.0f, v.size());
   comm->broadcast(x.data(), v.size(), 0);
+  b->scale(x.data(), 0.5f, v.size());
+  const auto queued = b->fence();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(b->fence_done(queued));
+  hold.release();
   comm->barrier();
+  CHECK(b->fence_done(queued));
   const auto got = x.read();
-  CHECK(got[999] == 1998.0f);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) wrong += got[i] != 3.0f * v[i];
+  CHECK_MESSAGE(wrong == 0, wrong << " elements are not 3x their input; element 7 is " << got[7]);
   CHECK_THROWS_AS(comm->broadcast(x.data(), 1, 1), std::invalid_argument);
   std::array<char, 512> error{};
   const auto id = unique_id();
