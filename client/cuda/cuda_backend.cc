@@ -162,7 +162,14 @@ void CudaBackend::transfer(void* to, const void* from, const void* device, std::
   if (const auto a = order_.allocation_of(device))
     check_range(a->base, a->bytes, device, bytes, op);
   order_.before_copy(device);
-  PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, order_.copy_stream()));
+  try {
+    PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, order_.copy_stream()));
+  } catch (...) {
+    // The copy stream already waits for the buffer's side work, which later
+    // compute must learn through the copy's record.
+    order_.after_copy(device);
+    throw;
+  }
   order_.after_copy(device);
 }
 

@@ -81,6 +81,22 @@ class CudaBackend final : public Backend {
     enqueue(order_.compute_stream());
   }
 
+  // The same for work on another stream, `side` (NCCL's): it waits for the
+  // compute and copies issued on `buffers`, and later ops on them wait for
+  // it; everything else overlaps it (StreamOrder::before_side).
+  template <class F>
+  void side(cudaStream_t side, std::initializer_list<const void*> buffers, F&& enqueue) {
+    const DeviceScope scope(device_);
+    order_.before_side(side, buffers);
+    try {
+      enqueue();
+    } catch (...) {
+      order_.after_side(side, buffers);  // part of it may be queued
+      throw;
+    }
+    order_.after_side(side, buffers);
+  }
+
   // Checks wait() runs while it polls a fence (StreamOrder::Watchdog).
   void add_watchdog(const void* owner, StreamOrder::Watchdog check) {
     order_.add_watchdog(owner, std::move(check));

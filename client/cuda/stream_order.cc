@@ -42,7 +42,9 @@ StreamOrder::StreamOrder(int device) : device_(device) {
 // ---- allocations ---------------------------------------------------------
 
 void StreamOrder::track(const void* base, std::size_t bytes) {
-  allocations_.emplace(reinterpret_cast<std::uintptr_t>(base), Allocation{bytes, 0, 0});
+  Allocation a;
+  a.bytes = bytes;
+  allocations_.emplace(reinterpret_cast<std::uintptr_t>(base), std::move(a));
 }
 
 void StreamOrder::untrack(const void* base) noexcept {
@@ -98,12 +100,26 @@ void StreamOrder::order_after(Timeline& waiter, Timeline& other, std::uint64_t s
   waiter.waited_on_other = covered;
 }
 
+void StreamOrder::order_after_side(cudaStream_t stream, const void* p) {
+  if (Allocation* a = find(p)) {
+    if (!a->side) return;
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, a->side.get(), 0));
+    // Later ops on the allocation order after this one, so after the side
+    // work too.
+    a->side.reset();
+    return;
+  }
+  for (const SideEvent& tail : side_tails_)
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, tail.get(), 0));
+}
+
 void StreamOrder::before_compute(std::initializer_list<const void*> buffers) {
   std::uint64_t needed = 0;
   for (const void* p : buffers) {
     if (!p) continue;
     const Allocation* a = find(p);
     needed = std::max(needed, a ? a->copy_seq : copy_.issued);
+    order_after_side(compute_stream(), p);
   }
   order_after(compute_, copy_, needed);
 }
@@ -118,6 +134,7 @@ void StreamOrder::after_compute(std::initializer_list<const void*> buffers) noex
 void StreamOrder::before_copy(const void* device_ptr) {
   const Allocation* a = find(device_ptr);
   order_after(copy_, compute_, a ? a->compute_seq : compute_.issued);
+  order_after_side(copy_stream(), device_ptr);
 }
 
 void StreamOrder::after_copy(const void* device_ptr) {
@@ -127,6 +144,31 @@ void StreamOrder::after_copy(const void* device_ptr) {
   // it alone, not for the downloads issued after it (a mark recorded later,
   // at the stream's tail, would cover those too).
   copy_.mark_covering(seq);
+}
+
+void StreamOrder::before_side(cudaStream_t side, std::initializer_list<const void*> buffers) {
+  std::uint64_t compute_needed = 0, copy_needed = 0;
+  for (const void* p : buffers) {
+    if (!p) continue;
+    const Allocation* a = find(p);
+    compute_needed = std::max(compute_needed, a ? a->compute_seq : compute_.issued);
+    copy_needed = std::max(copy_needed, a ? a->copy_seq : copy_.issued);
+    order_after_side(side, p);  // another side stream's work on it
+  }
+  // Not order_after: the side stream keeps no record of what it waited for.
+  if (compute_needed > 0)
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(side, compute_.mark_covering(compute_needed).second, 0));
+  if (copy_needed > 0)
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(side, copy_.mark_covering(copy_needed).second, 0));
+}
+
+void StreamOrder::after_side(cudaStream_t side, std::initializer_list<const void*> buffers) {
+  SideEvent done(make_event().release(), EventDeleter{});
+  PSTRAIN_CUDA_CHECK(cudaEventRecord(done.get(), side));
+  for (const void* p : buffers) {
+    if (Allocation* a = p ? find(p) : nullptr) a->side = done;
+  }
+  side_tails_.push_back(std::move(done));
 }
 
 void StreamOrder::add_watchdog(const void* owner, Watchdog check) {
@@ -171,6 +213,10 @@ StreamOrder::Fence StreamOrder::fence() {
   while (!pending_fences_.empty() && fence_complete(pending_fences_.front())) {
     retire_fences_through(pending_fences_.front().id);
   }
+  // Side work joins the compute stream here, so the fence covers it.
+  for (const SideEvent& tail : side_tails_)
+    PSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), tail.get(), 0));
+  side_tails_.clear();
   PendingFence f{next_fence_, take_event(), take_event()};
   PSTRAIN_CUDA_CHECK(cudaEventRecord(f.compute.get(), compute_.stream.get()));
   PSTRAIN_CUDA_CHECK(cudaEventRecord(f.copy.get(), copy_.stream.get()));
@@ -213,11 +259,15 @@ void StreamOrder::wait(Fence fence) {
 bool StreamOrder::drain(double limit_s) noexcept {
   const auto start = std::chrono::steady_clock::now();
   const auto idle = [&] {
-    for (cudaStream_t s : {compute_stream(), copy_stream()}) {
-      const cudaError_t status = cudaStreamQuery(s);
+    const auto done = [](cudaError_t status, const char* call) {
       if (status == cudaErrorNotReady) return false;
-      if (status != cudaSuccess) throw_cuda(status, "cudaStreamQuery");
-    }
+      if (status != cudaSuccess) throw_cuda(status, call);
+      return true;
+    };
+    for (cudaStream_t s : {compute_stream(), copy_stream()})
+      if (!done(cudaStreamQuery(s), "cudaStreamQuery")) return false;
+    for (const SideEvent& tail : side_tails_)
+      if (!done(cudaEventQuery(tail.get()), "cudaEventQuery")) return false;
     return true;
   };
   try {

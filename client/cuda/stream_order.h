@@ -20,6 +20,13 @@
 // other stream. Host memory is not tracked: it must stay valid until a fence
 // issued after the transfer completes (backend.h).
 //
+// Work on a side stream (the NCCL communicator's collectives) is ordered the
+// same way: before_side makes the side stream wait for the compute and copies
+// already issued on its buffers, after_side records the work's end on each
+// of them, and later compute or copies that touch one of those buffers wait
+// for it; other work overlaps it. A fence joins all side work issued before
+// it into the compute stream, so fences cover it.
+//
 // Fences record an event on both streams; fence_done queries them and wait
 // spins on them briefly, then blocks, polling the registered watchdogs (the
 // NCCL communicator's dead-peer check) instead of blocking forever when any
@@ -35,6 +42,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -74,6 +82,9 @@ class StreamOrder {
   // Around a transfer to or from `device_ptr`.
   void before_copy(const void* device_ptr);
   void after_copy(const void* device_ptr);
+  // Around work on stream `side` that reads or writes `buffers`.
+  void before_side(cudaStream_t side, std::initializer_list<const void*> buffers);
+  void after_side(cudaStream_t side, std::initializer_list<const void*> buffers);
 
   Fence fence();
   bool fence_done(Fence fence);
@@ -88,10 +99,14 @@ class StreamOrder {
   void remove_watchdog(const void* owner) noexcept;
 
  private:
+  // The end of one side op, shared by the allocations it touched.
+  using SideEvent = std::shared_ptr<CUevent_st>;
+
   struct Allocation {
     std::size_t bytes = 0;
     std::uint64_t compute_seq = 0;  // last compute op that touched it
     std::uint64_t copy_seq = 0;     // last copy that touched it
+    SideEvent side;                 // side work on it no stream has waited for yet
   };
 
   // The ops issued on one stream, numbered from 1, with events recorded after
@@ -120,6 +135,9 @@ class StreamOrder {
   Allocation* find(const void* p);
   // Makes `waiter` wait for the ops of `other` up to `seq`.
   static void order_after(Timeline& waiter, Timeline& other, std::uint64_t seq);
+  // Makes `stream` wait for the side work on `p`'s allocation (on all side
+  // work not yet joined, when `p` is untracked).
+  void order_after_side(cudaStream_t stream, const void* p);
   Event take_event();
   void retire_fences_through(Fence id);
   bool fence_complete(const PendingFence& f) const;
@@ -131,6 +149,7 @@ class StreamOrder {
   Fence next_fence_ = 1;
   Fence retired_through_ = 0;
   std::deque<PendingFence> pending_fences_;
+  std::vector<SideEvent> side_tails_;  // side work issued since the last fence
   std::vector<Event> spare_events_;
   std::vector<std::pair<const void*, Watchdog>> watchdogs_;
 };

@@ -523,6 +523,39 @@ TEST_CASE("nccl with one rank: collectives keep their place among the backend's 
   CHECK(std::string(error.data()).find("rank 2 is not in a group of size 2") != std::string::npos);
 }
 
+TEST_CASE("nccl: a collective runs alongside compute it does not depend on") {
+  auto b = make_backend();
+  auto comm = make_comm(*b, unique_id(), 0, 1);
+  const std::size_t m = 1 << 16;
+  Buffer<> x(*b, std::vector<float>(m, 1.0f)), y(*b, std::vector<float>(m, 9.0f));
+  auto out = host_filled(*b, m, NAN);
+  ComputeHold hold(*b);
+  b->scale(x.data(), 2.0f, m);  // held
+  comm->allreduce_sum(y.data(), m);
+  b->download(y.data(), out.data(), m * sizeof(float));  // waits for the collective alone
+  // On the compute stream, the collective and so the download would wait
+  // for the held scale.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!all_equal(out, m, 9.0f) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(all_equal(out, m, 9.0f));
+  const auto f = b->fence();
+  CHECK_FALSE(b->fence_done(f));
+  hold.release();
+  b->wait(f);
+  const auto got = x.read();
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 2.0f; }));
+  // Both collectives' device time is reported once they are done.
+  comm->mark();
+  comm->allreduce_sum(y.data(), m);
+  b->synchronize();
+  const auto times = comm->device_times();
+  REQUIRE(times.has_value());
+  CHECK(times->busy_ms > 0);
+  CHECK(times->after_mark_ms > 0);  // the second ran after the mark
+  CHECK(comm->device_times()->busy_ms == 0);  // reported once
+}
+
 // Cases that need more than one device, and how many: main() leaves them out
 // on a host with fewer.
 constexpr const char* kAllDevicesCase = "nccl across all devices of this host";
