@@ -69,6 +69,15 @@ CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(
   name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   cublas_ = make_cublas(order_.compute_stream());
+  std::string why_not;
+  cudnn_ = CudnnConvolutions::make(order_.compute_stream(), why_not);
+  if (cudnn_) {
+    name_.insert(name_.size() - 1, ", cuDNN " + cudnn_->version());
+  } else {
+    name_.insert(name_.size() - 1, ", im2col convolutions");
+    std::fprintf(stderr, "pstrain cuda: cuDNN not used (%s): convolutions take the im2col path\n",
+                 why_not.c_str());
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -82,6 +91,7 @@ CudaBackend::~CudaBackend() {
     if (order_.drain(kReleaseTimeoutS)) {
       device_allocations_.clear();
       host_allocations_.clear();
+      cudnn_.reset();
       cublas_.reset();
       return;
     }
@@ -93,6 +103,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [p, memory] : device_allocations_) (void)memory.release();
   for (auto& [p, memory] : host_allocations_) (void)memory.release();
   (void)cublas_.release();
+  (void)cudnn_.release();
 }
 
 // ---- memory --------------------------------------------------------------
@@ -249,10 +260,16 @@ int CudaBackend::conv_chunk(const ConvShape& s) const {
 // Per chunk: the im2col matrix [c*k*k x chunk*pixels] and the GEMM's
 // filter-major output [filters x chunk*pixels]; after them, the bias
 // gradient's partial sums.
+// With cuDNN, its workspace if larger: callers size the workspace at their
+// largest batch and call with smaller ones too, and the im2col size, which
+// grows with the batch, bounds cuDNN's needs at the smaller batches as well.
 std::size_t CudaBackend::conv2d_workspace(const ConvShape& s) const {
   check_conv(s, "conv2d_workspace");
-  return conv_chunk_floats(s) +
-         std::size_t(kernels::conv_bias_slices(s.n, s.filters, sm_count_)) * s.filters;
+  const std::size_t im2col =
+      conv_chunk_floats(s) +
+      std::size_t(kernels::conv_bias_slices(s.n, s.filters, sm_count_)) * s.filters;
+  if (!cudnn_) return im2col;
+  return std::max(im2col, (cudnn_->workspace_bytes(s) + sizeof(float) - 1) / sizeof(float));
 }
 
 std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
@@ -263,6 +280,11 @@ std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
                                  float* workspace, const ConvShape& s) {
   check_conv(s, "conv2d_forward");
+  if (cudnn_) {
+    const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
+    return compute({x, w, b, y, workspace},
+                   [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s); });
+  }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
   compute({x, w, b, y, workspace}, [&](cudaStream_t st) {
@@ -283,6 +305,12 @@ void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b,
 void CudaBackend::conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
                                   float* dw, float* db, float* workspace, const ConvShape& s) {
   check_conv(s, "conv2d_backward");
+  if (cudnn_) {
+    const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
+    return compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t) {
+      cudnn_->backward(x, w, dy, dx, dw, db, workspace, bytes, s);
+    });
+  }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
   compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t st) {

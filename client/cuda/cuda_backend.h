@@ -1,21 +1,24 @@
 #pragma once
 // CudaBackend: the Backend interface on one GPU. Memory and transfers are
-// CUDA runtime calls, GEMMs are cuBLAS, the rest are kernels
-// (client/cuda/kernels.h). Every op goes through StreamOrder
-// (client/cuda/stream_order.h), which keeps the promise of issue order
-// across the backend's compute and copy streams, and owns its fences.
+// CUDA runtime calls, GEMMs are cuBLAS, convolutions cuDNN where it loads
+// (client/cuda/cudnn_convolution.h; else im2col + cuBLAS, and the backend's
+// name and stderr say so), the rest are kernels (client/cuda/kernels.h). Every op goes through
+// StreamOrder (client/cuda/stream_order.h), which keeps the promise of issue order across the
+// backend's compute and copy streams, and owns its fences.
 //
 // One thread drives a backend. Every call, releases and the destructor
 // included, makes the backend's device current for its duration, so one
 // process may drive several GPUs.
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "client/backend.h"
 #include "client/cuda/cuda_memory.h"
+#include "client/cuda/cudnn_convolution.h"
 #include "client/cuda/kernels.h"
 #include "client/cuda/stream_order.h"
 
@@ -140,6 +143,7 @@ class CudaBackend final : public Backend {
   // their queued work uses.
   StreamOrder order_;
   Cublas cublas_;
+  std::unique_ptr<CudnnConvolutions> cudnn_;  // null: the im2col path
   std::unordered_map<void*, DeviceBuffer<std::byte>> device_allocations_;
   std::unordered_map<void*, PinnedBuffer<std::byte>> host_allocations_;
 };

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -191,41 +192,60 @@ TEST_CASE("relu forward and backward match the reference") {
   check_close(dx.read(), rdx, "relu dx");
 }
 
-TEST_CASE("conv2d forward and backward match the reference") {
+// Both convolution paths: cuDNN where it loads, and im2col + cuBLAS, which
+// PSTRAIN_CUDNN_LIB=off selects for backends made while it is set.
+std::unique_ptr<Backend> make_conv_backend(bool cudnn) {
+  if (!cudnn) setenv("PSTRAIN_CUDNN_LIB", "off", 1);
   auto b = make_backend();
-  std::mt19937 rng(3);
-  // The last two shapes exceed one im2col chunk, so several chunks run.
-  for (ConvShape s :
-       {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{2, 2, 6, 6, 2, 1},
-        ConvShape{5, 3, 10, 10, 8, 5}, ConvShape{16, 1, 28, 28, 32, 3},
-        ConvShape{8, 1, 512, 512, 8, 1}, ConvShape{7, 2, 300, 300, 16, 3}}) {
-    INFO("n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " filters=" << s.filters
-              << " kernel=" << s.kernel);
-    const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
-    const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
-    const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
-    const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
-    const auto bias = random_vector(s.filters, rng), dy = random_vector(yn, rng);
-    Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
-    Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
-    Buffer<> workspace(*b, b->conv2d_workspace(s));
-    b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
-    std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
-    ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
-    check_close(y.read(), ry, "conv y");
-    ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(), rdw.data(),
-                         rdb.data(), s);
-    b->fill(dw.data(), 7.0f, wn);
-    b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                       workspace.data(), s);
-    check_close(dx.read(), rdx, "conv dx");
-    check_close(dw.read(), rdw, "conv dw");
-    check_close(db.read(), rdb, "conv db");
-    b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
-                       workspace.data(), s);
-    check_close(dw.read(), rdw, "conv dw without dx");
+  if (!cudnn) unsetenv("PSTRAIN_CUDNN_LIB");
+  MESSAGE("convolutions on " << b->name());
+  if (!cudnn) CHECK(b->name().find("im2col convolutions") != std::string::npos);
+  return b;
+}
+
+TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
+  for (bool cudnn : {true, false}) {
+    INFO("cudnn " << cudnn);
+    auto b = make_conv_backend(cudnn);
+    std::mt19937 rng(3);
+    // The last two shapes exceed one im2col chunk, so several chunks run.
+    for (ConvShape s :
+         {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{2, 2, 6, 6, 2, 1},
+          ConvShape{5, 3, 10, 10, 8, 5}, ConvShape{16, 1, 28, 28, 32, 3},
+          ConvShape{8, 1, 512, 512, 8, 1}, ConvShape{7, 2, 300, 300, 16, 3}}) {
+      INFO("n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " filters=" << s.filters
+                << " kernel=" << s.kernel);
+      const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+      const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+      const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+      const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
+      const auto bias = random_vector(s.filters, rng), dy = random_vector(yn, rng);
+      Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+      Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
+      Buffer<> workspace(*b, b->conv2d_workspace(s));
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
+      ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
+      check_close(y.read(), ry, "conv y");
+      ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
+                           rdw.data(), rdb.data(), s);
+      b->fill(dw.data(), 7.0f, wn);
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), s);
+      check_close(dx.read(), rdx, "conv dx");
+      check_close(dw.read(), rdw, "conv dw");
+      check_close(db.read(), rdb, "conv db");
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
+                         workspace.data(), s);
+      check_close(dw.read(), rdw, "conv dw without dx");
+      // Deterministic algorithms: the same inputs give the same bits.
+      const auto first = dw.read();
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), s);
+      CHECK(dw.read() == first);
+    }
+    CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
   }
-  CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
 }
 
 TEST_CASE("maxpool forward and backward match the reference, ties included") {
@@ -552,7 +572,7 @@ TEST_CASE("nccl: a collective runs alongside compute it does not depend on") {
   const auto times = comm->device_times();
   REQUIRE(times.has_value());
   CHECK(times->busy_ms > 0);
-  CHECK(times->after_mark_ms > 0);  // the second ran after the mark
+  CHECK(times->after_mark_ms > 0);            // the second ran after the mark
   CHECK(comm->device_times()->busy_ms == 0);  // reported once
 }
 
