@@ -66,6 +66,7 @@ CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(
   cudaDeviceProp prop{};
   PSTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_count_ = prop.multiProcessorCount;
+  compute_capability_ = prop.major * 10 + prop.minor;
   name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   cublas_ = make_cublas(order_.compute_stream());
@@ -91,6 +92,9 @@ CudaBackend::~CudaBackend() {
     if (order_.drain(kReleaseTimeoutS)) {
       device_allocations_.clear();
       host_allocations_.clear();
+      half_operands_.reset();
+      nonfinite_.reset();
+      nonfinite_host_.reset();
       cudnn_.reset();
       cublas_.reset();
       return;
@@ -104,6 +108,9 @@ CudaBackend::~CudaBackend() {
   for (auto& [p, memory] : host_allocations_) (void)memory.release();
   (void)cublas_.release();
   (void)cudnn_.release();
+  (void)half_operands_.release();
+  (void)nonfinite_.release();
+  (void)nonfinite_host_.release();
 }
 
 // ---- memory --------------------------------------------------------------
@@ -212,9 +219,61 @@ void CudaBackend::fill(float* device, float value, std::size_t n) {
 void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                        const float* b, float beta, float* c) {
   const float alpha = 1.0f;
-  PSTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                 trans_b ? k : n, a, trans_a ? m : k, &beta, c, n));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int ld_a = trans_a ? m : k, ld_b = trans_b ? k : n;
+  if (precision_ == Precision::fp32) {
+    PSTRAIN_CUDA_CHECK(
+        cublasSgemm(cublas_.get(), op_b, op_a, n, m, k, &alpha, b, ld_b, a, ld_a, &beta, c, n));
+    return;
+  }
+  // Operands rounded as the CPU rounds them (shared/low_precision.h), then a
+  // tensor-core GEMM on them with float32 accumulation.
+  const std::size_t size_a = std::size_t(m) * k, size_b = std::size_t(k) * n;
+  if (half_capacity_ < size_a + size_b) {
+    if (half_operands_) free_when_idle(half_operands_);  // queued GEMMs may read it
+    half_operands_ = device_buffer<std::uint16_t>(size_a + size_b);
+    half_capacity_ = size_a + size_b;
+  }
+  const HalfFormat format = precision_ == Precision::bf16 ? HalfFormat::bf16 : HalfFormat::fp16;
+  const cudaDataType_t type = precision_ == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  std::uint16_t* half_a = half_operands_.get();
+  std::uint16_t* half_b = half_a + size_a;
+  kernels::encode_halves(on(order_.compute_stream()), format, a, half_a, size_a);
+  kernels::encode_halves(on(order_.compute_stream()), format, b, half_b, size_b);
+  PSTRAIN_CUDA_CHECK(cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &alpha, half_b, type, ld_b,
+                                  half_a, type, ld_a, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
+std::string CudaBackend::precision_unavailable(Precision p) const {
+  if (p == Precision::bf16 && compute_capability_ < 80)
+    return name_ + ": bf16 GEMMs need compute capability 8.0 or higher";
+  return "";
+}
+
+void CudaBackend::set_precision(Precision p) {
+  if (const std::string why = precision_unavailable(p); !why.empty())
+    throw std::invalid_argument(why);
+  precision_ = p;
+}
+
+bool CudaBackend::all_finite(const float* x, std::size_t n) {
+  if (n == 0) return true;
+  if (!nonfinite_) {
+    const DeviceScope scope(device_);
+    nonfinite_ = device_buffer<int>(1);
+    nonfinite_host_ = pinned_buffer<int>(1);
+  }
+  // Flag and download on the compute stream, behind the work that wrote x.
+  compute({x}, [&](cudaStream_t s) {
+    PSTRAIN_CUDA_CHECK(cudaMemsetAsync(nonfinite_.get(), 0, sizeof(int), s));
+    kernels::flag_nonfinite(on(s), x, n, nonfinite_.get());
+    PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(nonfinite_host_.get(), nonfinite_.get(), sizeof(int),
+                                       cudaMemcpyDeviceToHost, s));
+  });
+  synchronize();
+  return nonfinite_host_[0] == 0;
 }
 
 void CudaBackend::dense_forward(const float* x, const float* w, const float* b, float* y, int n,
@@ -280,7 +339,7 @@ std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
                                  float* workspace, const ConvShape& s) {
   check_conv(s, "conv2d_forward");
-  if (cudnn_) {
+  if (use_cudnn()) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
     return compute({x, w, b, y, workspace},
                    [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s); });
@@ -305,7 +364,7 @@ void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b,
 void CudaBackend::conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
                                   float* dw, float* db, float* workspace, const ConvShape& s) {
   check_conv(s, "conv2d_backward");
-  if (cudnn_) {
+  if (use_cudnn()) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
     return compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t) {
       cudnn_->backward(x, w, dy, dx, dw, db, workspace, bytes, s);

@@ -66,6 +66,16 @@ class CudaBackend final : public Backend {
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override;
 
+  // bf16 needs compute capability 8.0 (bf16 tensor-core GEMMs); fp16 runs
+  // everywhere the library does. Other precisions than fp32 round the
+  // operands with shared/low_precision.h into scratch memory and multiply
+  // them on tensor cores with float32 accumulation (cublasGemmEx), and take
+  // the im2col path for convolutions (cuDNN runs in float32 here).
+  std::string precision_unavailable(Precision p) const override;
+  void set_precision(Precision p) override;
+  // A flag set on the device and one int downloaded, not the whole buffer.
+  bool all_finite(const float* x, std::size_t n) override;
+
   // Tests: the compute stream waits until *host_flag (pinned memory from
   // alloc_host) is non-zero, for 60 s at most (pstrain_cuda_hold_compute).
   void hold_compute(const std::int32_t* host_flag);
@@ -115,6 +125,7 @@ class CudaBackend final : public Backend {
                 cudaMemcpyKind kind, const char* op);
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b,
             float beta, float* c);
+  bool use_cudnn() const { return cudnn_ && precision_ == Precision::fp32; }
   int conv_chunk(const ConvShape& s) const;
   // The im2col buffers of one chunk, at the start of the workspace.
   std::size_t conv_chunk_floats(const ConvShape& s) const;
@@ -144,6 +155,13 @@ class CudaBackend final : public Backend {
   StreamOrder order_;
   Cublas cublas_;
   std::unique_ptr<CudnnConvolutions> cudnn_;  // null: the im2col path
+  int compute_capability_ = 0;                // major * 10 + minor
+  Precision precision_ = Precision::fp32;
+  // The rounded operands of a mixed-precision GEMM; grown as needed.
+  DeviceBuffer<std::uint16_t> half_operands_;
+  std::size_t half_capacity_ = 0;
+  DeviceBuffer<int> nonfinite_;       // all_finite's flag
+  PinnedBuffer<int> nonfinite_host_;  // and where it is downloaded
   std::unordered_map<void*, DeviceBuffer<std::byte>> device_allocations_;
   std::unordered_map<void*, PinnedBuffer<std::byte>> host_allocations_;
 };

@@ -254,6 +254,21 @@ __global__ void optimizer_kernel(opt::OptimizerStep s, float* w, const float* g,
     s.apply(i, w[i], g[i], state);
 }
 
+__global__ void encode_halves_kernel(HalfFormat format, const float* x, std::uint16_t* out,
+                                     std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    out[i] = encode_half(format, x[i]);
+  }
+}
+
+__global__ void flag_nonfinite_kernel(const float* x, std::size_t n, int* flag) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    if (!isfinite(x[i])) *flag = 1;  // any writer's 1 will do: no atomics needed
+  }
+}
+
 __device__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -367,6 +382,17 @@ void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labe
   softmax_xent_kernel<<<(n + rows_per_block - 1) / rows_per_block, kThreads, 0, l.stream>>>(
       logits, labels, dlogits, loss, correct, n, classes);
   check_launch("softmax_xent_kernel");
+}
+
+void encode_halves(const Launch& l, HalfFormat format, const float* x, std::uint16_t* out,
+                   std::size_t n) {
+  encode_halves_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(format, x, out, n);
+  check_launch("encode_halves_kernel");
+}
+
+void flag_nonfinite(const Launch& l, const float* x, std::size_t n, int* flag) {
+  flag_nonfinite_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(x, n, flag);
+  check_launch("flag_nonfinite_kernel");
 }
 
 void hold(const Launch& l, const std::int32_t* flag, unsigned long long limit_ns) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
 
 namespace pstrain::cuda::kernels {
@@ -60,6 +61,14 @@ void maxpool_backward(const Launch& l, const float* dy, const std::int32_t* argm
 // label. A label outside [0, classes) makes its row NaN.
 void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
                   float* loss, float* correct, int n, int classes);
+
+// out[i] = x[i] in `format` (shared/low_precision.h's rounding): the
+// operands of mixed-precision GEMMs.
+void encode_halves(const Launch& l, HalfFormat format, const float* x, std::uint16_t* out,
+                   std::size_t n);
+// *flag = 1 if any of the n floats at x is not finite (*flag is left alone
+// otherwise: the caller zeroes it first).
+void flag_nonfinite(const Launch& l, const float* x, std::size_t n, int* flag);
 
 // Tests: one thread that spins until *flag (device-readable host memory) is
 // non-zero or `limit_ns` nanoseconds have passed.

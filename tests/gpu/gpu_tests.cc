@@ -24,11 +24,14 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "client/backend.h"
 #include "client/cuda_api.h"
 #include "client/sync/communicator.h"
+#include "shared/config.h"
+#include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
 #include "tests/support/reference_layers.h"
 
@@ -172,6 +175,90 @@ TEST_CASE("dense forward and backward match the reference") {
     b->dense_backward(dx_.data(), dw_.data(), ddy.data(), nullptr, dw.data(), db.data(), n, in,
                       out);
     check_close(dw.read(), rdw, "dense dw without dx");
+  }
+}
+
+std::vector<double> rounded(const std::vector<float>& v, pstrain::HalfFormat format) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = pstrain::round_to_half(format, v[i]);
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want) {
+  double m = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) m = std::max(m, std::abs(got[i] - want[i]));
+  return m;
+}
+
+// The GEMMs' operands are rounded exactly as the CPU rounds them, so the
+// results match a reference on rounded operands to float accumulation, and
+// differ visibly from one on the unrounded operands (a backend that ignored
+// set_precision would match that one instead).
+TEST_CASE("mixed precision: GEMMs on operands rounded as shared/low_precision.h rounds them") {
+  using pstrain::HalfFormat;
+  using pstrain::Precision;
+  auto b = make_backend();
+  CHECK(b->precision_unavailable(Precision::fp32).empty());
+  std::mt19937 rng(9);
+  const int n = 33, in = 70, out = 20;
+  const auto x = random_vector(std::size_t(n) * in, rng);
+  const auto w = random_vector(std::size_t(in) * out, rng);
+  const auto bias = random_vector(out, rng);
+  const auto dy = random_vector(std::size_t(n) * out, rng);
+  Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+  Buffer<> y(*b, std::size_t(n) * out), dx(*b, x.size()), dw(*b, w.size()), db(*b, out);
+  for (auto [precision, format] : {std::pair{Precision::bf16, HalfFormat::bf16},
+                                   std::pair{Precision::fp16, HalfFormat::fp16}}) {
+    INFO(pstrain::half_format_name(format));
+    if (const auto why = b->precision_unavailable(precision); !why.empty()) {
+      MESSAGE("skipped: " << why);
+      continue;
+    }
+    b->set_precision(precision);
+    const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
+    b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
+    std::vector<double> ry(y.size), exact(y.size);
+    ref::dense_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), n, in, out);
+    ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), exact.data(), n, in,
+                       out);
+    const auto gy = y.read();
+    check_close(gy, ry, "y on rounded operands");
+    CHECK(max_abs_diff(gy, exact) > 1e-4);
+
+    b->dense_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(), n, in,
+                      out);
+    std::vector<double> rdx(x.size()), rdw(w.size()), rdb(out), edx(x.size()), edw(w.size());
+    ref::dense_backward(rx.data(), rw.data(), rdy.data(), rdx.data(), rdw.data(), rdb.data(), n, in,
+                        out);
+    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), edx.data(), edw.data(),
+                        rdb.data(), n, in, out);  // db is a sum, not a GEMM: unrounded
+    check_close(dx.read(), rdx, "dx on rounded operands");
+    check_close(dw.read(), rdw, "dw on rounded operands");
+    check_close(db.read(), rdb, "db");
+    CHECK(max_abs_diff(dw.read(), edw) > 1e-4);
+  }
+  b->set_precision(Precision::fp32);
+  b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
+  std::vector<double> exact(y.size);
+  ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), exact.data(), n, in,
+                     out);
+  check_close(y.read(), exact, "y back in fp32");
+}
+
+TEST_CASE("all_finite finds a NaN or an infinity anywhere, after the work that wrote it") {
+  auto b = make_backend();
+  const std::size_t n = 1 << 20;
+  Buffer<> x(*b, std::vector<float>(n, 1.0f));
+  CHECK(b->all_finite(x.data(), n));
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    auto host = host_filled(*b, 1, bad);
+    ComputeHold hold(*b);
+    b->scale(x.data(), 2.0f, n);  // held: all_finite must look after it
+    b->upload(host.data(), x.data() + 777777, sizeof(float));
+    hold.release();
+    CHECK_FALSE(b->all_finite(x.data(), n));
+    CHECK(b->all_finite(x.data(), 777777));  // the elements before it
+    b->fill(x.data(), 1.0f, n);
   }
 }
 
