@@ -14,8 +14,6 @@
 #define PSTRAIN_HAVE_CUDNN_HEADERS 0
 #endif
 
-#include "cuda_build_info.h"
-
 namespace pstrain::cuda {
 
 #if PSTRAIN_HAVE_CUDNN_HEADERS
