@@ -70,6 +70,7 @@ CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(
   name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   cublas_ = make_cublas(order_.compute_stream());
+  lt_ = std::make_unique<LtDense>(order_.compute_stream());
   std::string why_not;
   cudnn_ = CudnnConvolutions::make(order_.compute_stream(), why_not);
   if (cudnn_) {
@@ -93,6 +94,7 @@ CudaBackend::~CudaBackend() {
       device_allocations_.clear();
       host_allocations_.clear();
       half_operands_.reset();
+      lt_.reset();
       nonfinite_.reset();
       nonfinite_host_.reset();
       cudnn_.reset();
@@ -109,6 +111,8 @@ CudaBackend::~CudaBackend() {
   (void)cublas_.release();
   (void)cudnn_.release();
   (void)half_operands_.release();
+  if (lt_) (void)lt_->workspace().release();
+  (void)lt_.release();
   (void)nonfinite_.release();
   (void)nonfinite_host_.release();
 }
@@ -282,6 +286,7 @@ void CudaBackend::dense_forward(const float* x, const float* w, const float* b, 
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
   compute({x, w, b, y}, [&](cudaStream_t s) {
+    if (precision_ == Precision::fp32 && lt_->forward(x, w, b, y, n, in, out)) return;
     kernels::broadcast_rows(on(s), b, y, n, out);
     gemm(false, false, n, out, in, x, w, 1.0f, y);
   });
@@ -293,8 +298,10 @@ void CudaBackend::dense_backward(const float* x, const float* w, const float* dy
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
   compute({x, w, dy, dx, dw, db}, [&](cudaStream_t s) {
-    gemm(true, false, in, out, n, x, dy, 0.0f, dw);
-    kernels::column_sums(on(s), dy, db, n, out);
+    if (precision_ != Precision::fp32 || !lt_->weight_grad(x, dy, dw, db, n, in, out)) {
+      gemm(true, false, in, out, n, x, dy, 0.0f, dw);
+      kernels::column_sums(on(s), dy, db, n, out);
+    }
     if (dx) gemm(false, true, n, in, out, dy, w, 0.0f, dx);
   });
 }

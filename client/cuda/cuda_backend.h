@@ -2,7 +2,9 @@
 // CudaBackend: the Backend interface on one GPU. Memory and transfers are
 // CUDA runtime calls, GEMMs are cuBLAS, convolutions cuDNN where it loads
 // (client/cuda/cudnn_convolution.h; else im2col + cuBLAS, and the backend's
-// name and stderr say so), the rest are kernels (client/cuda/kernels.h). Every op goes through
+// name and stderr say so), dense layers cuBLASLt with the bias work in the
+// GEMM's epilogue where it serves the shape (client/cuda/lt_dense.h), the
+// rest are kernels (client/cuda/kernels.h). Every op goes through
 // StreamOrder (client/cuda/stream_order.h), which keeps the promise of issue order across the
 // backend's compute and copy streams, and owns its fences.
 //
@@ -20,6 +22,7 @@
 #include "client/cuda/cuda_memory.h"
 #include "client/cuda/cudnn_convolution.h"
 #include "client/cuda/kernels.h"
+#include "client/cuda/lt_dense.h"
 #include "client/cuda/stream_order.h"
 
 namespace pstrain::cuda {
@@ -155,6 +158,7 @@ class CudaBackend final : public Backend {
   StreamOrder order_;
   Cublas cublas_;
   std::unique_ptr<CudnnConvolutions> cudnn_;  // null: the im2col path
+  std::unique_ptr<LtDense> lt_;               // fused dense epilogues (fp32)
   int compute_capability_ = 0;                // major * 10 + minor
   Precision precision_ = Precision::fp32;
   // The rounded operands of a mixed-precision GEMM; grown as needed.
