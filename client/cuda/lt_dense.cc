@@ -103,23 +103,38 @@ bool LtDense::run(Plan& p, const void* a, const void* b, void* d, const void* bi
   const cublasStatus_t status =
       cublasLtMatmul(handle_, p.desc, &one, a, p.a, b, p.b, &zero, d, p.d, d, p.d, &p.algo,
                      workspace_.get(), kWorkspaceBytes, stream_);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // nothing was enqueued
-  check(status, "cublasLtMatmul");
-  return true;
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  // The heuristic offered an algorithm the call then refuses (an epilogue
+  // this GPU or shape lacks): nothing was enqueued, and the caller's unfused
+  // path serves this call. Other errors are errors.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE)
+    check(status, "cublasLtMatmul");
+  return false;
 }
 
 bool LtDense::forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                       int out) {
   if (!aligned(x) || !aligned(w) || !aligned(b) || !aligned(y)) return false;
-  Plan* p = plan(Kind::forward, n, in, out);
-  return p && run(*p, w, x, y, b);
+  return call(Kind::forward, n, in, out, w, x, y, b);
 }
 
 bool LtDense::weight_grad(const float* x, const float* dy, float* dw, float* db, int n, int in,
                           int out) {
   if (!aligned(x) || !aligned(dy) || !aligned(dw) || !aligned(db)) return false;
-  Plan* p = plan(Kind::weight_grad, n, in, out);
-  return p && run(*p, dy, x, dw, db);
+  return call(Kind::weight_grad, n, in, out, dy, x, dw, db);
+}
+
+bool LtDense::call(Kind kind, int n, int in, int out, const void* a, const void* b, void* d,
+                   const void* bias) {
+  Plan* p = plan(kind, n, in, out);
+  if (!p) return false;
+  if (run(*p, a, b, d, bias)) return true;
+  std::fprintf(stderr,
+               "pstrain cuda: cuBLASLt refused its %s epilogue for n=%d in=%d out=%d; that shape "
+               "takes the unfused path\n",
+               kind == Kind::forward ? "bias" : "bias-gradient", n, in, out);
+  plans_[{kind, n, in, out}].reset();
+  return false;
 }
 
 }  // namespace pstrain::cuda

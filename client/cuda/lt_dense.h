@@ -43,7 +43,11 @@ class LtDense {
   enum class Kind { forward, weight_grad };
   // The plan of one shape, or null when cuBLASLt has no algorithm for it.
   Plan* plan(Kind kind, int n, int in, int out);
+  // False where cuBLASLt refuses the plan's algorithm after all.
   bool run(Plan& plan, const void* a, const void* b, void* d, const void* bias);
+  // Plans (once) and runs; a refused plan is dropped, its shape unfused since.
+  bool call(Kind kind, int n, int in, int out, const void* a, const void* b, void* d,
+            const void* bias);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
