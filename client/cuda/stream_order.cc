@@ -240,11 +240,11 @@ void StreamOrder::wait(Fence fence) {
   check_dims(fence < next_fence_, "wait", "fence " + std::to_string(fence) + " was never issued");
   const DeviceScope scope(device_);
   const PendingFence& f = pending_fences_[fence - pending_fences_.front().id];
-  if (spin([&] { return fence_complete(f); })) {
-  } else if (watchdogs_.empty()) {
+  const bool done = spin([&] { return fence_complete(f); });
+  if (!done && watchdogs_.empty()) {
     PSTRAIN_CUDA_CHECK(cudaEventSynchronize(f.compute.get()));
     PSTRAIN_CUDA_CHECK(cudaEventSynchronize(f.copy.get()));
-  } else {
+  } else if (!done) {
     // A collective whose peer died never completes; polling lets the
     // communicator's watchdog abort it and throw instead.
     const auto start = std::chrono::steady_clock::now();
