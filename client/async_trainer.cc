@@ -26,6 +26,7 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   const auto& vars = model.variables();
   const std::size_t nv = vars.size();
   const HostViews host(backend, model, true);
+  const PsRequestsGuard requests(ps);
   const bool direct = host.direct();
   auto weights = [&](std::size_t i) { return host.weights(i); };
   auto grads = [&](std::size_t i) { return host.grads(i); };

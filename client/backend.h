@@ -9,11 +9,14 @@
 // math calls point into the backend's memory (DeviceMemory::data()). Work may
 // run asynchronously in issue order (CUDA: one compute stream); results are
 // visible to the host only after a transfer and a fence.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
+#include "shared/config.h"
 #include "shared/optimizer.h"
 
 namespace pstrain {
@@ -139,6 +142,21 @@ class Backend {
   virtual void scale(float* x, float a, std::size_t n) = 0;
   virtual void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
                                float* state, std::size_t n, std::uint64_t step, float lr_scale) = 0;
+
+  // Mixed precision (train.precision): empty when this backend computes at
+  // `p`, else why it cannot. Here: float32 only.
+  virtual std::string precision_unavailable(Precision p) const {
+    return p == Precision::fp32 ? "" : name() + " computes in float32 only";
+  }
+  // From now on GEMMs take their operands rounded to `p`, accumulating and
+  // writing float32. Throws for a precision precision_unavailable rejects.
+  virtual void set_precision(Precision p) {
+    if (const std::string why = precision_unavailable(p); !why.empty())
+      throw std::invalid_argument(why);
+  }
+  // Whether the n floats at x (backend memory) are all finite; waits for the
+  // work issued before. Here: downloaded and checked on the host.
+  virtual bool all_finite(const float* x, std::size_t n);
 };
 
 template <MemoryKind Kind>
@@ -149,6 +167,17 @@ BackendMemory<Kind>::~BackendMemory() {
   } else {
     owner_->release_host(ptr_);
   }
+}
+
+inline bool Backend::all_finite(const float* x, std::size_t n) {
+  if (n == 0) return true;
+  const auto host = alloc_host(n * sizeof(float));
+  download(x, host.data(), n * sizeof(float));
+  synchronize();
+  const float* h = host.data();
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(h[i])) return false;
+  return true;
 }
 
 }  // namespace pstrain

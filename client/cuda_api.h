@@ -13,7 +13,7 @@ class Communicator;
 }  // namespace pstrain
 
 // Bumped whenever a signature below changes.
-#define PSTRAIN_CUDA_ABI_VERSION 2
+#define PSTRAIN_CUDA_ABI_VERSION 3
 
 extern "C" {
 int pstrain_cuda_abi_version();
@@ -24,6 +24,13 @@ const char* pstrain_cuda_architectures();
 int pstrain_cuda_device_count(char* error, std::size_t error_size);
 // A backend on `device`; nullptr with the reason in `error`.
 pstrain::Backend* pstrain_cuda_create_backend(int device, char* error, std::size_t error_size);
+// For tests: enqueues on `backend`'s compute stream a kernel that spins until
+// *flag is non-zero (for 60 s at most, so a test that fails before it sets
+// the flag leaves no kernel spinning), so fences and transfer order can be
+// checked against work that is really pending. `flag` lies in memory from
+// backend->alloc_host (pinned, which the device reads). Returns 0 on success.
+int pstrain_cuda_hold_compute(pstrain::Backend* backend, const std::int32_t* flag, char* error,
+                              std::size_t error_size);
 // NCCL's unique id (128 bytes); works without a GPU. Returns 0 on success.
 int pstrain_nccl_unique_id(std::uint8_t* id, std::size_t id_size, char* error,
                            std::size_t error_size);

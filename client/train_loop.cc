@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <thread>
 
 #include "client/model.h"
@@ -34,6 +35,22 @@ HostViews::HostViews(Backend& backend, Model& model, bool grads)
   for (std::size_t i = 0; i < vars.size(); ++i) {
     weights_.push_back(view(model.param(i), vars[i].size));
     if (grads) grads_.push_back(view(model.grad(i), vars[i].size));
+  }
+}
+
+PsRequestsGuard::PsRequestsGuard(PsClient& ps) : ps_(ps), exceptions_(std::uncaught_exceptions()) {}
+
+PsRequestsGuard::~PsRequestsGuard() {
+  if (std::uncaught_exceptions() <= exceptions_) return;
+  // A failed ticket is gone from the client when wait_all throws; the others
+  // are waited for on the next round.
+  while (true) {
+    try {
+      ps_.wait_all();
+      return;
+    } catch (const std::exception& e) {
+      log("while unwinding, a ps request failed too: ", e.what());
+    }
   }
 }
 

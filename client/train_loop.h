@@ -67,6 +67,26 @@ class HostViews {
   std::vector<std::span<float>> weights_, grads_;
 };
 
+// Keeps a ps client's requests from outliving the buffers they send from
+// and receive into (zero-copy: PsClient). When the scope is left by an
+// exception (a backend wait that failed, a peer's error) while pushes or
+// pulls are in flight, the destructor waits for every one of them, each
+// under the client's deadline, dropping their errors (the first one is
+// already on its way): ZeroMQ then no longer reads the staging buffers and no
+// reply is written into them once they are freed. Declare it after the
+// buffers, so it runs before they go.
+class PsRequestsGuard {
+ public:
+  explicit PsRequestsGuard(PsClient& ps);
+  ~PsRequestsGuard();
+  PsRequestsGuard(const PsRequestsGuard&) = delete;
+  PsRequestsGuard& operator=(const PsRequestsGuard&) = delete;
+
+ private:
+  PsClient& ps_;
+  int exceptions_;  // std::uncaught_exceptions() at construction
+};
+
 // Steps of `config.train.epochs` passes over the shard, rounded up. Every
 // worker of a run gets the same number (shards are equal).
 std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard);

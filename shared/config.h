@@ -57,6 +57,11 @@ enum class Mode { async, sync, ssp, backup, local };
 // with the ps holding only a copy worker 0 assigns: sync and local.
 bool allreduce_mode(Mode mode);
 
+// The arithmetic of a worker's GEMMs (train.precision): float32, or operands
+// rounded to bfloat16 or fp16 (shared/low_precision.h) with float32
+// accumulation and outputs.
+enum class Precision { fp32, bf16, fp16 };
+
 // What a ps does when a worker that has not finished goes silent for
 // net.worker_timeout: go on with the live ones, or exit 3 naming it.
 enum class WorkerLoss { continue_, fail };

@@ -61,6 +61,16 @@ pstrain::Backend* pstrain_cuda_create_backend(int device, char* error, std::size
   });
 }
 
+int pstrain_cuda_hold_compute(pstrain::Backend* backend, const std::int32_t* flag, char* error,
+                              std::size_t error_size) {
+  return guarded(error, error_size, -1, [&] {
+    auto* cuda = dynamic_cast<pstrain::cuda::CudaBackend*>(backend);
+    if (!cuda) throw std::invalid_argument("hold_compute needs a CUDA backend");
+    cuda->hold_compute(flag);
+    return 0;
+  });
+}
+
 int pstrain_nccl_unique_id(std::uint8_t* id, std::size_t id_size, char* error,
                            std::size_t error_size) {
   return guarded(error, error_size, -1, [&] {

@@ -14,6 +14,11 @@ namespace {
 // batches (the GEMMs are already large enough to fill the GPU well before).
 constexpr std::size_t kConvWorkspaceFloats = std::size_t{1} << 24;
 
+// How long releases wait for queued work: far longer than any op of a
+// training step runs, and as long as a collective may hang before the NCCL
+// watchdog (default timeout 60 s) aborts it.
+constexpr double kReleaseTimeoutS = 90;
+
 std::string conv_text(const ConvShape& s) {
   return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
          " w=" + std::to_string(s.w) + " filters=" + std::to_string(s.filters) +
@@ -61,21 +66,55 @@ CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(
   cudaDeviceProp prop{};
   PSTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_count_ = prop.multiProcessorCount;
+  compute_capability_ = prop.major * 10 + prop.minor;
   name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   cublas_ = make_cublas(order_.compute_stream());
+  lt_ = std::make_unique<LtDense>(order_.compute_stream());
+  std::string why_not;
+  cudnn_ = CudnnConvolutions::make(order_.compute_stream(), why_not);
+  if (cudnn_) {
+    name_.insert(name_.size() - 1, ", cuDNN " + cudnn_->version());
+  } else {
+    name_.insert(name_.size() - 1, ", im2col convolutions");
+    std::fprintf(stderr, "pstrain cuda: cuDNN not used (%s): convolutions take the im2col path\n",
+                 why_not.c_str());
+  }
 }
 
 CudaBackend::~CudaBackend() {
   // Pinned host buffers and device memory may still be in use by queued
-  // copies and kernels; drain both streams before the members free them.
+  // copies and kernels, and cuBLAS's destroy synchronizes the device: drain
+  // both streams first. When they do not drain in time, the memory and the
+  // handle are leaked rather than freed under running work or waited for
+  // forever.
   try {
     const DeviceScope scope(device_);
-    report_release_error(cudaStreamSynchronize(order_.copy_stream()), "cudaStreamSynchronize");
-    report_release_error(cudaStreamSynchronize(order_.compute_stream()), "cudaStreamSynchronize");
+    if (order_.drain(kReleaseTimeoutS)) {
+      device_allocations_.clear();
+      host_allocations_.clear();
+      half_operands_.reset();
+      lt_.reset();
+      nonfinite_.reset();
+      nonfinite_host_.reset();
+      cudnn_.reset();
+      cublas_.reset();
+      return;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pstrain cuda: %s\n", e.what());
   }
+  std::fprintf(stderr, "pstrain cuda: %s: leaking %zu device and %zu pinned buffers in use\n",
+               name_.c_str(), device_allocations_.size(), host_allocations_.size());
+  for (auto& [p, memory] : device_allocations_) (void)memory.release();
+  for (auto& [p, memory] : host_allocations_) (void)memory.release();
+  (void)cublas_.release();
+  (void)cudnn_.release();
+  (void)half_operands_.release();
+  if (lt_) (void)lt_->workspace().release();
+  (void)lt_.release();
+  (void)nonfinite_.release();
+  (void)nonfinite_host_.release();
 }
 
 // ---- memory --------------------------------------------------------------
@@ -101,10 +140,32 @@ HostMemory CudaBackend::alloc_host(std::size_t bytes) {
 
 void CudaBackend::release(void* device_ptr) noexcept {
   order_.untrack(device_ptr);
-  device_allocations_.erase(device_ptr);
+  auto node = device_allocations_.extract(device_ptr);
+  if (!node.empty()) free_when_idle(node.mapped());
 }
 
-void CudaBackend::release_host(void* host_ptr) noexcept { host_allocations_.erase(host_ptr); }
+void CudaBackend::release_host(void* host_ptr) noexcept {
+  auto node = host_allocations_.extract(host_ptr);
+  if (!node.empty()) free_when_idle(node.mapped());
+}
+
+// cudaFree and cudaFreeHost wait for the whole device, so a kernel that never
+// ends (a collective whose peer died, until its watchdog aborts it) would
+// block them forever: the streams are drained under a deadline first, with
+// this backend's device current (a process may drive several), and memory
+// still in use when it passes is leaked rather than freed.
+template <class Buffer>
+void CudaBackend::free_when_idle(Buffer& buffer) noexcept {
+  try {
+    const DeviceScope scope(device_);
+    if (order_.drain(kReleaseTimeoutS)) return buffer.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstrain cuda: %s\n", e.what());
+  }
+  std::fprintf(stderr, "pstrain cuda: %s: leaking a buffer its queued work may still use\n",
+               name_.c_str());
+  (void)buffer.release();
+}
 
 // ---- transfers -----------------------------------------------------------
 
@@ -123,7 +184,14 @@ void CudaBackend::transfer(void* to, const void* from, const void* device, std::
   if (const auto a = order_.allocation_of(device))
     check_range(a->base, a->bytes, device, bytes, op);
   order_.before_copy(device);
-  PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, order_.copy_stream()));
+  try {
+    PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, order_.copy_stream()));
+  } catch (...) {
+    // The copy stream already waits for the buffer's side work, which later
+    // compute must learn through the copy's record.
+    order_.after_copy(device);
+    throw;
+  }
   order_.after_copy(device);
 }
 
@@ -132,6 +200,15 @@ void CudaBackend::transfer(void* to, const void* from, const void* device, std::
 Backend::Fence CudaBackend::fence() { return order_.fence(); }
 bool CudaBackend::fence_done(Fence fence) { return order_.fence_done(fence); }
 void CudaBackend::wait(Fence fence) { order_.wait(fence); }
+
+void CudaBackend::hold_compute(const std::int32_t* host_flag) {
+  const DeviceScope scope(device_);
+  void* flag = nullptr;
+  PSTRAIN_CUDA_CHECK(cudaHostGetDevicePointer(&flag, const_cast<std::int32_t*>(host_flag), 0));
+  compute({}, [&](cudaStream_t s) {
+    kernels::hold(on(s), static_cast<const std::int32_t*>(flag), 60'000'000'000ull);
+  });
+}
 
 void CudaBackend::fill(float* device, float value, std::size_t n) {
   if (n == 0) return;
@@ -146,9 +223,62 @@ void CudaBackend::fill(float* device, float value, std::size_t n) {
 void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                        const float* b, float beta, float* c) {
   const float alpha = 1.0f;
-  PSTRAIN_CUDA_CHECK(cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                 trans_b ? k : n, a, trans_a ? m : k, &beta, c, n));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int ld_a = trans_a ? m : k, ld_b = trans_b ? k : n;
+  if (precision_ == Precision::fp32) {
+    PSTRAIN_CUDA_CHECK(
+        cublasSgemm(cublas_.get(), op_b, op_a, n, m, k, &alpha, b, ld_b, a, ld_a, &beta, c, n));
+    return;
+  }
+  // Operands rounded as the CPU rounds them (shared/low_precision.h), then a
+  // tensor-core GEMM on them with float32 accumulation.
+  const std::size_t size_a = std::size_t(m) * k, size_b = std::size_t(k) * n;
+  if (half_capacity_ < size_a + size_b) {
+    if (half_operands_) free_when_idle(half_operands_);  // queued GEMMs may read it
+    half_capacity_ = 0;  // until the new buffer is there
+    half_operands_ = device_buffer<std::uint16_t>(size_a + size_b);
+    half_capacity_ = size_a + size_b;
+  }
+  const HalfFormat format = precision_ == Precision::bf16 ? HalfFormat::bf16 : HalfFormat::fp16;
+  const cudaDataType_t type = precision_ == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  std::uint16_t* half_a = half_operands_.get();
+  std::uint16_t* half_b = half_a + size_a;
+  kernels::encode_halves(on(order_.compute_stream()), format, a, half_a, size_a);
+  kernels::encode_halves(on(order_.compute_stream()), format, b, half_b, size_b);
+  PSTRAIN_CUDA_CHECK(cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &alpha, half_b, type, ld_b,
+                                  half_a, type, ld_a, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
+std::string CudaBackend::precision_unavailable(Precision p) const {
+  if (p == Precision::bf16 && compute_capability_ < 80)
+    return name_ + ": bf16 GEMMs need compute capability 8.0 or higher";
+  return "";
+}
+
+void CudaBackend::set_precision(Precision p) {
+  if (const std::string why = precision_unavailable(p); !why.empty())
+    throw std::invalid_argument(why);
+  precision_ = p;
+}
+
+bool CudaBackend::all_finite(const float* x, std::size_t n) {
+  if (n == 0) return true;
+  if (!nonfinite_) {
+    const DeviceScope scope(device_);
+    nonfinite_ = device_buffer<int>(1);
+    nonfinite_host_ = pinned_buffer<int>(1);
+  }
+  // Flag and download on the compute stream, behind the work that wrote x.
+  compute({x}, [&](cudaStream_t s) {
+    PSTRAIN_CUDA_CHECK(cudaMemsetAsync(nonfinite_.get(), 0, sizeof(int), s));
+    kernels::flag_nonfinite(on(s), x, n, nonfinite_.get());
+    PSTRAIN_CUDA_CHECK(cudaMemcpyAsync(nonfinite_host_.get(), nonfinite_.get(), sizeof(int),
+                                       cudaMemcpyDeviceToHost, s));
+  });
+  synchronize();
+  return nonfinite_host_[0] == 0;
 }
 
 void CudaBackend::dense_forward(const float* x, const float* w, const float* b, float* y, int n,
@@ -157,6 +287,7 @@ void CudaBackend::dense_forward(const float* x, const float* w, const float* b, 
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
   compute({x, w, b, y}, [&](cudaStream_t s) {
+    if (precision_ == Precision::fp32 && lt_->forward(x, w, b, y, n, in, out)) return;
     kernels::broadcast_rows(on(s), b, y, n, out);
     gemm(false, false, n, out, in, x, w, 1.0f, y);
   });
@@ -168,8 +299,10 @@ void CudaBackend::dense_backward(const float* x, const float* w, const float* dy
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
   compute({x, w, dy, dx, dw, db}, [&](cudaStream_t s) {
-    gemm(true, false, in, out, n, x, dy, 0.0f, dw);
-    kernels::column_sums(on(s), dy, db, n, out);
+    if (precision_ != Precision::fp32 || !lt_->weight_grad(x, dy, dw, db, n, in, out)) {
+      gemm(true, false, in, out, n, x, dy, 0.0f, dw);
+      kernels::column_sums(on(s), dy, db, n, out);
+    }
     if (dx) gemm(false, true, n, in, out, dy, w, 0.0f, dx);
   });
 }
@@ -192,9 +325,21 @@ int CudaBackend::conv_chunk(const ConvShape& s) const {
 }
 
 // Per chunk: the im2col matrix [c*k*k x chunk*pixels] and the GEMM's
-// filter-major output [filters x chunk*pixels].
+// filter-major output [filters x chunk*pixels]; after them, the bias
+// gradient's partial sums.
+// With cuDNN, its workspace if larger: callers size the workspace at their
+// largest batch and call with smaller ones too, and the im2col size, which
+// grows with the batch, bounds cuDNN's needs at the smaller batches as well.
 std::size_t CudaBackend::conv2d_workspace(const ConvShape& s) const {
   check_conv(s, "conv2d_workspace");
+  const std::size_t im2col =
+      conv_chunk_floats(s) +
+      std::size_t(kernels::conv_bias_slices(s.n, s.filters, sm_count_)) * s.filters;
+  if (!cudnn_) return im2col;
+  return std::max(im2col, (cudnn_->workspace_bytes(s) + sizeof(float) - 1) / sizeof(float));
+}
+
+std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
   return std::size_t(conv_chunk(s)) * s.out_h() * s.out_w() *
          (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
 }
@@ -202,6 +347,11 @@ std::size_t CudaBackend::conv2d_workspace(const ConvShape& s) const {
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
                                  float* workspace, const ConvShape& s) {
   check_conv(s, "conv2d_forward");
+  if (use_cudnn()) {
+    const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
+    return compute({x, w, b, y, workspace},
+                   [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s); });
+  }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
   compute({x, w, b, y, workspace}, [&](cudaStream_t st) {
@@ -222,10 +372,17 @@ void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b,
 void CudaBackend::conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
                                   float* dw, float* db, float* workspace, const ConvShape& s) {
   check_conv(s, "conv2d_backward");
+  if (use_cudnn()) {
+    const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
+    return compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t) {
+      cudnn_->backward(x, w, dy, dx, dw, db, workspace, bytes, s);
+    });
+  }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
   compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t st) {
-    kernels::conv_bias_grad(on(st), dy, db, s.n, s.filters, pixels);
+    kernels::conv_bias_grad(on(st), dy, db, workspace + conv_chunk_floats(s), s.n, s.filters,
+                            pixels);
     for (int first = 0; first < s.n; first += chunk) {
       const int count = std::min(chunk, s.n - first);
       const std::size_t columns = std::size_t(count) * pixels;
@@ -259,11 +416,8 @@ void CudaBackend::maxpool_forward(const float* x, float* y, std::int32_t* argmax
 void CudaBackend::maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                                    const PoolShape& s) {
   check_pool(s, "maxpool_backward");
-  const std::size_t total = std::size_t(s.n) * s.c * s.out_h() * s.out_w();
   compute({dy, argmax, dx}, [&](cudaStream_t st) {
-    PSTRAIN_CUDA_CHECK(
-        cudaMemsetAsync(dx, 0, std::size_t(s.n) * s.c * s.h * s.w * sizeof(float), st));
-    kernels::scatter_add(on(st), dy, argmax, dx, total);
+    kernels::maxpool_backward(on(st), dy, argmax, dx, s.n, s.c, s.h, s.w, s.k);
   });
 }
 

@@ -1,21 +1,28 @@
 #pragma once
 // CudaBackend: the Backend interface on one GPU. Memory and transfers are
-// CUDA runtime calls, GEMMs are cuBLAS, the rest are kernels
-// (client/cuda/kernels.h). Every op goes through StreamOrder
-// (client/cuda/stream_order.h), which keeps the promise of issue order
-// across the backend's compute and copy streams, and owns its fences.
+// CUDA runtime calls, GEMMs are cuBLAS, convolutions cuDNN where it loads
+// (client/cuda/cudnn_convolution.h; else im2col + cuBLAS, and the backend's
+// name and stderr say so), dense layers cuBLASLt with the bias work in the
+// GEMM's epilogue where it serves the shape (client/cuda/lt_dense.h), the
+// rest are kernels (client/cuda/kernels.h). Every op goes through
+// StreamOrder (client/cuda/stream_order.h), which keeps the promise of issue order across the
+// backend's compute and copy streams, and owns its fences.
 //
-// One thread drives a backend. Every call makes the backend's device current
-// for its duration, so one process may drive several GPUs.
+// One thread drives a backend. Every call, releases and the destructor
+// included, makes the backend's device current for its duration, so one
+// process may drive several GPUs.
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "client/backend.h"
 #include "client/cuda/cuda_memory.h"
+#include "client/cuda/cudnn_convolution.h"
 #include "client/cuda/kernels.h"
+#include "client/cuda/lt_dense.h"
 #include "client/cuda/stream_order.h"
 
 namespace pstrain::cuda {
@@ -62,15 +69,48 @@ class CudaBackend final : public Backend {
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override;
 
+  // bf16 needs compute capability 8.0 (bf16 tensor-core GEMMs); fp16 runs
+  // everywhere the library does. Other precisions than fp32 round the
+  // operands with shared/low_precision.h into scratch memory and multiply
+  // them on tensor cores with float32 accumulation (cublasGemmEx), and take
+  // the im2col path for convolutions (cuDNN runs in float32 here).
+  std::string precision_unavailable(Precision p) const override;
+  void set_precision(Precision p) override;
+  // A flag set on the device and one int downloaded, not the whole buffer.
+  bool all_finite(const float* x, std::size_t n) override;
+
+  // Tests: the compute stream waits until *host_flag (pinned memory from
+  // alloc_host) is non-zero, for 60 s at most (pstrain_cuda_hold_compute).
+  void hold_compute(const std::int32_t* host_flag);
+
   // For work issued from outside the backend (NCCL collectives): orders the
   // compute stream after pending copies of `buffers`, runs `enqueue` with the
-  // compute stream, and records the buffers as touched by it.
+  // compute stream, and records the buffers as touched by it. The buffers are
+  // recorded even when `enqueue` throws: part of its work (a conv's first
+  // chunks, say) may already be queued, and a later copy of those buffers
+  // must still wait for it.
   template <class F>
   void compute(std::initializer_list<const void*> buffers, F&& enqueue) {
     const DeviceScope scope(device_);
     order_.before_compute(buffers);
+    const ComputeIssued issued(order_, buffers);
     enqueue(order_.compute_stream());
-    order_.after_compute(buffers);
+  }
+
+  // The same for work on another stream, `side` (NCCL's): it waits for the
+  // compute and copies issued on `buffers`, and later ops on them wait for
+  // it; everything else overlaps it (StreamOrder::before_side).
+  template <class F>
+  void side(cudaStream_t side, std::initializer_list<const void*> buffers, F&& enqueue) {
+    const DeviceScope scope(device_);
+    order_.before_side(side, buffers);
+    try {
+      enqueue();
+    } catch (...) {
+      order_.after_side(side, buffers);  // part of it may be queued
+      throw;
+    }
+    order_.after_side(side, buffers);
   }
 
   // Checks wait() runs while it polls a fence (StreamOrder::Watchdog).
@@ -88,7 +128,27 @@ class CudaBackend final : public Backend {
                 cudaMemcpyKind kind, const char* op);
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b,
             float beta, float* c);
+  bool use_cudnn() const { return cudnn_ && precision_ == Precision::fp32; }
   int conv_chunk(const ConvShape& s) const;
+  // The im2col buffers of one chunk, at the start of the workspace.
+  std::size_t conv_chunk_floats(const ConvShape& s) const;
+  // Frees `buffer` (a DeviceBuffer or PinnedBuffer) once the streams drained.
+  template <class Buffer>
+  void free_when_idle(Buffer& buffer) noexcept;
+
+  // Calls after_compute when it leaves scope, by return or by exception.
+  class ComputeIssued {
+   public:
+    ComputeIssued(StreamOrder& order, std::initializer_list<const void*> buffers)
+        : order_(order), buffers_(buffers) {}
+    ~ComputeIssued() { order_.after_compute(buffers_); }
+    ComputeIssued(const ComputeIssued&) = delete;
+    ComputeIssued& operator=(const ComputeIssued&) = delete;
+
+   private:
+    StreamOrder& order_;
+    std::initializer_list<const void*> buffers_;
+  };
 
   int device_;
   std::string name_;
@@ -97,6 +157,15 @@ class CudaBackend final : public Backend {
   // their queued work uses.
   StreamOrder order_;
   Cublas cublas_;
+  std::unique_ptr<CudnnConvolutions> cudnn_;  // null: the im2col path
+  std::unique_ptr<LtDense> lt_;               // fused dense epilogues (fp32)
+  int compute_capability_ = 0;                // major * 10 + minor
+  Precision precision_ = Precision::fp32;
+  // The rounded operands of a mixed-precision GEMM; grown as needed.
+  DeviceBuffer<std::uint16_t> half_operands_;
+  std::size_t half_capacity_ = 0;
+  DeviceBuffer<int> nonfinite_;       // all_finite's flag
+  PinnedBuffer<int> nonfinite_host_;  // and where it is downloaded
   std::unordered_map<void*, DeviceBuffer<std::byte>> device_allocations_;
   std::unordered_map<void*, PinnedBuffer<std::byte>> host_allocations_;
 };

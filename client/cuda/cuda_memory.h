@@ -49,6 +49,13 @@ inline Event make_event() {
   return Event(e);
 }
 
+// Events that time device work (cudaEventElapsedTime).
+inline Event make_timing_event() {
+  cudaEvent_t e = nullptr;
+  PSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  return Event(e);
+}
+
 struct CublasDeleter {
   void operator()(cublasContext* h) const noexcept {
     const cublasStatus_t status = cublasDestroy(h);

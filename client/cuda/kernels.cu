@@ -81,17 +81,21 @@ __device__ float block_sum(float v) {
   return v;
 }
 
-// db[f] = sum over images and pixels of dy[i, f, p]; one block per filter.
-__global__ void conv_bias_grad_kernel(const float* dy, float* db, int n, int filters, int pixels) {
-  const int f = blockIdx.x;
-  const std::size_t total = std::size_t(n) * pixels;
+// partial[s, f] = sum over the images i = s, s + slices, ... and their pixels
+// of dy[i, f, p]: block (f, s), so filters x slices blocks share the work
+// (one block per filter left most SMs idle). Each image's filter plane is
+// contiguous, so a block reads it coalesced with 32-bit offsets and no
+// division.
+__global__ void conv_bias_partials_kernel(const float* dy, float* partial, int n, int filters,
+                                          int pixels) {
+  const int f = blockIdx.x, slice = blockIdx.y, slices = gridDim.y;
   float sum = 0.0f;
-  for (std::size_t e = threadIdx.x; e < total; e += kThreads) {
-    const std::size_t i = e / pixels, p = e % pixels;
-    sum += dy[(i * filters + f) * pixels + p];
+  for (int i = slice; i < n; i += slices) {
+    const float* plane = dy + (std::size_t(i) * filters + f) * pixels;
+    for (int p = threadIdx.x; p < pixels; p += kThreads) sum += plane[p];
   }
   sum = block_sum(sum);
-  if (threadIdx.x == 0) db[f] = sum;
+  if (threadIdx.x == 0) partial[std::size_t(slice) * filters + f] = sum;
 }
 
 // col[(ch*k + u)*k + v, i*pixels + oy*ow + ox] = x[i, ch, oy+u, ox+v] for the
@@ -182,11 +186,24 @@ __global__ void maxpool_forward_kernel(const float* x, float* y, std::int32_t* a
   }
 }
 
-__global__ void scatter_add_kernel(const float* dy, const std::int32_t* index, float* dx,
-                                   std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x) {
-    atomicAdd(dx + index[i], dy[i]);
+// dx[e] = dy[o] where e is the maximum argmax[o] of its window o, else 0
+// (the window's other elements, and the remainder rows and columns no window
+// covers). Windows do not overlap, so each dx element has one candidate: a
+// gather with no zeroing pass and no atomics. Block b handles input plane b
+// (image and channel), its threads the plane's pixels.
+__global__ void maxpool_backward_kernel(const float* dy, const std::int32_t* argmax, float* dx,
+                                        int h, int w, int k) {
+  const int oh = h / k, ow = w / k;
+  const std::size_t plane = blockIdx.x;
+  const std::size_t first_in = plane * h * w, first_out = plane * oh * ow;
+  for (int p = threadIdx.x; p < h * w; p += blockDim.x) {
+    const int y = p / w, x = p - y * w, oy = y / k, ox = x / k;
+    float value = 0.0f;
+    if (oy < oh && ox < ow) {
+      const std::size_t o = first_out + oy * ow + ox;
+      if (std::size_t(argmax[o]) == first_in + p) value = dy[o];
+    }
+    dx[first_in + p] = value;
   }
 }
 
@@ -237,6 +254,33 @@ __global__ void optimizer_kernel(opt::OptimizerStep s, float* w, const float* g,
     s.apply(i, w[i], g[i], state);
 }
 
+__global__ void encode_halves_kernel(HalfFormat format, const float* x, std::uint16_t* out,
+                                     std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    out[i] = encode_half(format, x[i]);
+  }
+}
+
+__global__ void flag_nonfinite_kernel(const float* x, std::size_t n, int* flag) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    if (!isfinite(x[i])) *flag = 1;  // any writer's 1 will do: no atomics needed
+  }
+}
+
+__device__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The flag is read through volatile: the host writes it while the kernel runs.
+__global__ void hold_kernel(const volatile std::int32_t* flag, unsigned long long limit_ns) {
+  const unsigned long long start = global_ns();
+  while (*flag == 0 && global_ns() - start < limit_ns) __nanosleep(1000);
+}
+
 // Grid-stride kernels need no more blocks than keep every SM busy.
 unsigned grid_for(std::size_t n, int sm_count) {
   const std::size_t blocks = (n + kThreads - 1) / kThreads;
@@ -276,9 +320,18 @@ void column_sums(const Launch& l, const float* x, float* out, int rows, int cols
   check_launch("column_sums_kernel");
 }
 
-void conv_bias_grad(const Launch& l, const float* dy, float* db, int n, int filters, int pixels) {
-  conv_bias_grad_kernel<<<filters, kThreads, 0, l.stream>>>(dy, db, n, filters, pixels);
-  check_launch("conv_bias_grad_kernel");
+void conv_bias_grad(const Launch& l, const float* dy, float* db, float* partial, int n, int filters,
+                    int pixels) {
+  const int slices = conv_bias_slices(n, filters, l.sm_count);
+  conv_bias_partials_kernel<<<dim3(filters, slices), kThreads, 0, l.stream>>>(dy, partial, n,
+                                                                              filters, pixels);
+  check_launch("conv_bias_partials_kernel");
+  column_sums(l, partial, db, slices, filters);
+}
+
+int conv_bias_slices(int n, int filters, int sm_count) {
+  // About four blocks per SM, and never more slices than images.
+  return std::clamp((4 * sm_count + filters - 1) / filters, 1, n);
 }
 
 void im2col(const Launch& l, const float* x, float* col, int count, int c, int h, int w, int k) {
@@ -316,10 +369,11 @@ void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* ar
   check_launch("maxpool_forward_kernel");
 }
 
-void scatter_add(const Launch& l, const float* dy, const std::int32_t* index, float* dx,
-                 std::size_t n) {
-  scatter_add_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(dy, index, dx, n);
-  check_launch("scatter_add_kernel");
+void maxpool_backward(const Launch& l, const float* dy, const std::int32_t* argmax, float* dx,
+                      int n, int c, int h, int w, int k) {
+  maxpool_backward_kernel<<<unsigned(n) * unsigned(c), kThreads, 0, l.stream>>>(dy, argmax, dx, h,
+                                                                                w, k);
+  check_launch("maxpool_backward_kernel");
 }
 
 void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
@@ -328,6 +382,22 @@ void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labe
   softmax_xent_kernel<<<(n + rows_per_block - 1) / rows_per_block, kThreads, 0, l.stream>>>(
       logits, labels, dlogits, loss, correct, n, classes);
   check_launch("softmax_xent_kernel");
+}
+
+void encode_halves(const Launch& l, HalfFormat format, const float* x, std::uint16_t* out,
+                   std::size_t n) {
+  encode_halves_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(format, x, out, n);
+  check_launch("encode_halves_kernel");
+}
+
+void flag_nonfinite(const Launch& l, const float* x, std::size_t n, int* flag) {
+  flag_nonfinite_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(x, n, flag);
+  check_launch("flag_nonfinite_kernel");
+}
+
+void hold(const Launch& l, const std::int32_t* flag, unsigned long long limit_ns) {
+  hold_kernel<<<1, 1, 0, l.stream>>>(flag, limit_ns);
+  check_launch("hold_kernel");
 }
 
 void optimizer(const Launch& l, const opt::OptimizerStep& step, float* w, const float* g,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
 
 namespace pstrain::cuda::kernels {
@@ -31,8 +32,12 @@ void broadcast_rows(const Launch& l, const float* b, float* y, int rows, int col
 void column_sums(const Launch& l, const float* x, float* out, int rows, int cols);
 
 // Convolution as im2col + GEMM, in chunks of `count` images (cuda_backend.cc).
-// db[f] = sum over images and pixels of dy[i, f, p].
-void conv_bias_grad(const Launch& l, const float* dy, float* db, int n, int filters, int pixels);
+// db[f] = sum over images and pixels of dy[i, f, p], through partial sums
+// over slices of the images in `partial` (conv_bias_slices(...) x filters
+// floats), reduced in a fixed order: deterministic, no atomics.
+void conv_bias_grad(const Launch& l, const float* dy, float* db, float* partial, int n, int filters,
+                    int pixels);
+int conv_bias_slices(int n, int filters, int sm_count);
 // col[(ch*k + u)*k + v, i*pixels + oy*ow + ox] = x[i, ch, oy+u, ox+v].
 void im2col(const Launch& l, const float* x, float* col, int count, int c, int h, int w, int k);
 // The adjoint of im2col: dx[i, ch, y, x] sums the column entries that read it.
@@ -47,14 +52,27 @@ void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int fi
 // k x k max pooling; argmax holds the flat input index of each maximum.
 void maxpool_forward(const Launch& l, const float* x, float* y, std::int32_t* argmax, int n, int c,
                      int h, int w, int k);
-// dx[index[i]] += dy[i]; dx must be zeroed first.
-void scatter_add(const Launch& l, const float* dy, const std::int32_t* index, float* dx,
-                 std::size_t n);
+// dx[e] = dy[o] where argmax[o] == e for the window o holding e, else 0:
+// every element of dx is written, no zeroing needed.
+void maxpool_backward(const Launch& l, const float* dy, const std::int32_t* argmax, float* dx,
+                      int n, int c, int h, int w, int k);
 
 // Per row: loss, 1/n-scaled gradient, and whether the first maximum is the
 // label. A label outside [0, classes) makes its row NaN.
 void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
                   float* loss, float* correct, int n, int classes);
+
+// out[i] = x[i] in `format` (shared/low_precision.h's rounding): the
+// operands of mixed-precision GEMMs.
+void encode_halves(const Launch& l, HalfFormat format, const float* x, std::uint16_t* out,
+                   std::size_t n);
+// *flag = 1 if any of the n floats at x is not finite (*flag is left alone
+// otherwise: the caller zeroes it first).
+void flag_nonfinite(const Launch& l, const float* x, std::size_t n, int* flag);
+
+// Tests: one thread that spins until *flag (device-readable host memory) is
+// non-zero or `limit_ns` nanoseconds have passed.
+void hold(const Launch& l, const std::int32_t* flag, unsigned long long limit_ns);
 
 // One optimizer step over step.n elements, through the dispatch the CPU's
 // Optimizer uses (shared/optimizer_math.h).

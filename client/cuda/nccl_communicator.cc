@@ -1,5 +1,6 @@
 #include "client/cuda/nccl_communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -16,7 +17,9 @@ NcclCommunicator::NcclCommunicator(CudaBackend& backend, const ncclUniqueId& id,
   }
   if (!(timeout_s > 0)) throw std::invalid_argument("nccl: timeout must be positive");
   const DeviceScope scope(backend_.device());
+  stream_ = make_stream();
   last_collective_ = make_event();
+  mark_ = make_timing_event();
   barrier_value_ = backend_.alloc(sizeof(float));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -111,12 +114,25 @@ void NcclCommunicator::watchdog(double waited_s) {
   }
 }
 
+template <class Issue>
+void NcclCommunicator::collective(float* data, const char* call, Issue&& issue) {
+  backend_.side(stream_.get(), {data}, [&] {
+    if (timings_.size() < kTimed && timed_ == timings_.size())
+      timings_.emplace_back(make_timing_event(), make_timing_event());
+    auto& [start, end] = timings_[timed_ % kTimed];
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(start.get(), stream_.get()));
+    complete(issue(), call);
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(end.get(), stream_.get()));
+    PSTRAIN_CUDA_CHECK(cudaEventRecord(last_collective_.get(), stream_.get()));
+    ++timed_;
+  });
+}
+
 void NcclCommunicator::allreduce_sum(float* data, std::size_t n) {
   check_alive();
   if (n == 0) return;
-  backend_.compute({data}, [&](cudaStream_t stream) {
-    complete(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream), "ncclAllReduce");
-    PSTRAIN_CUDA_CHECK(cudaEventRecord(last_collective_.get(), stream));
+  collective(data, "ncclAllReduce", [&] {
+    return ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_.get());
   });
 }
 
@@ -127,10 +143,33 @@ void NcclCommunicator::broadcast(float* data, std::size_t n, int root) {
                                 " is not a rank of a group of size " + std::to_string(size_));
   }
   if (n == 0) return;
-  backend_.compute({data}, [&](cudaStream_t stream) {
-    complete(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream), "ncclBroadcast");
-    PSTRAIN_CUDA_CHECK(cudaEventRecord(last_collective_.get(), stream));
-  });
+  collective(data, "ncclBroadcast",
+             [&] { return ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_.get()); });
+}
+
+void NcclCommunicator::mark() {
+  backend_.compute(
+      {}, [&](cudaStream_t stream) { PSTRAIN_CUDA_CHECK(cudaEventRecord(mark_.get(), stream)); });
+  marked_ = true;
+}
+
+std::optional<Communicator::DeviceTimes> NcclCommunicator::device_times() {
+  const DeviceScope scope(backend_.device());
+  DeviceTimes times;
+  const auto elapsed = [](const Event& from, const Event& to) {
+    float ms = 0;
+    PSTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, from.get(), to.get()));
+    return double(ms);
+  };
+  for (std::size_t i = 0; i < std::min(timed_, kTimed); ++i)
+    times.busy_ms += elapsed(timings_[i].first, timings_[i].second);
+  if (timed_ > 0) {
+    const Event& last_end = timings_[(timed_ - 1) % kTimed].second;
+    times.after_mark_ms = marked_ ? std::max(0.0, elapsed(mark_, last_end)) : times.busy_ms;
+  }
+  timed_ = 0;
+  marked_ = false;
+  return times;
 }
 
 void NcclCommunicator::barrier() {

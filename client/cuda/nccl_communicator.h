@@ -1,7 +1,10 @@
 #pragma once
-// NcclCommunicator: NCCL all-reduce and broadcast on a CudaBackend's compute
-// stream, so collectives are ordered with the backend's math and copies like
-// any other compute op.
+// NcclCommunicator: NCCL all-reduce and broadcast on a stream of its own,
+// ordered against a CudaBackend's streams per buffer (CudaBackend::side): a
+// collective waits for the backend work already issued on its buffer, later
+// work on that buffer waits for it, and everything else (the rest of
+// backward) runs alongside it. Fences cover the collectives issued before
+// them. Each collective is timed on the device (Communicator::device_times).
 //
 // The communicator is nonblocking (ncclConfig_t::blocking = 0): every NCCL
 // call returns at once and the communicator polls ncclCommGetAsyncError with
@@ -9,8 +12,12 @@
 // wait, where the communicator registers a watchdog. A peer that never joins,
 // dies or hangs therefore ends in ncclCommAbort and a CommError after
 // `timeout_s`, never in a hang; the communicator is unusable afterwards.
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "client/cuda/cuda_backend.h"
 #include "client/sync/communicator.h"
@@ -34,6 +41,9 @@ class NcclCommunicator final : public Communicator {
   // A one-float all-reduce, then a wait for the compute stream.
   void barrier() override;
 
+  void mark() override;
+  std::optional<DeviceTimes> device_times() override;
+
  private:
   // Waits out ncclInProgress for `call`; aborts and throws on an error or
   // after the timeout.
@@ -41,13 +51,26 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void fail(const std::string& why);
   void check_alive() const;
   void watchdog(double waited_s);
+  // Issues one collective on `data` (`issue` makes the NCCL call on stream_),
+  // between timing events.
+  template <class Issue>
+  void collective(float* data, const char* call, Issue&& issue);
 
   CudaBackend& backend_;
   int rank_, size_;
   double timeout_s_;
+  Stream stream_;
   ncclComm_t comm_ = nullptr;
   Event last_collective_;
   DeviceMemory barrier_value_;
+  // Start and end events of the collectives since device_times(); at most
+  // kTimed of them, the oldest recycled beyond (device_times is asked every
+  // step, a few dozen collectives).
+  static constexpr std::size_t kTimed = 1024;
+  std::vector<std::pair<Event, Event>> timings_;
+  std::size_t timed_ = 0;
+  Event mark_;
+  bool marked_ = false;
 };
 
 }  // namespace pstrain::cuda

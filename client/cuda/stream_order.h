@@ -20,9 +20,19 @@
 // other stream. Host memory is not tracked: it must stay valid until a fence
 // issued after the transfer completes (backend.h).
 //
+// Work on a side stream (the NCCL communicator's collectives) is ordered the
+// same way: before_side makes the side stream wait for the compute and copies
+// already issued on its buffers, after_side records the work's end on each
+// of them, and later compute or copies that touch one of those buffers wait
+// for it; other work overlaps it. A fence joins all side work issued before
+// it into the compute stream, so fences cover it.
+//
 // Fences record an event on both streams; fence_done queries them and wait
-// blocks on them, polling the registered watchdogs (the NCCL communicator's
-// dead-peer check) instead of blocking forever when any are registered.
+// spins on them briefly, then blocks, polling the registered watchdogs (the
+// NCCL communicator's dead-peer check) instead of blocking forever when any
+// are registered. drain() waits for both streams with a deadline, for the
+// release paths (cudaFree and cudaFreeHost wait for the whole device, and
+// must never wait for a kernel that does not end).
 //
 // Every op is bracketed: before_compute / before_copy, enqueue the work on
 // the stream, after_compute / after_copy. One thread drives it.
@@ -32,6 +42,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -67,29 +78,41 @@ class StreamOrder {
 
   // Around compute that reads or writes `buffers` (null entries ignored).
   void before_compute(std::initializer_list<const void*> buffers);
-  void after_compute(std::initializer_list<const void*> buffers);
+  void after_compute(std::initializer_list<const void*> buffers) noexcept;
   // Around a transfer to or from `device_ptr`.
   void before_copy(const void* device_ptr);
   void after_copy(const void* device_ptr);
+  // Around work on stream `side` that reads or writes `buffers`.
+  void before_side(cudaStream_t side, std::initializer_list<const void*> buffers);
+  void after_side(cudaStream_t side, std::initializer_list<const void*> buffers);
 
   Fence fence();
   bool fence_done(Fence fence);
   void wait(Fence fence);
+  // Waits until both streams are idle, polling the watchdogs (a watchdog's
+  // error is reported and the wait goes on: its abort ends the stuck
+  // collective). False when work is still running after `limit_s` seconds or
+  // a query failed (reported on stderr). The device must be current.
+  bool drain(double limit_s) noexcept;
 
   void add_watchdog(const void* owner, Watchdog check);
   void remove_watchdog(const void* owner) noexcept;
 
  private:
+  // The end of one side op, shared by the allocations it touched.
+  using SideEvent = std::shared_ptr<CUevent_st>;
+
   struct Allocation {
     std::size_t bytes = 0;
     std::uint64_t compute_seq = 0;  // last compute op that touched it
     std::uint64_t copy_seq = 0;     // last copy that touched it
+    SideEvent side;                 // side work on it no stream has waited for yet
   };
 
   // The ops issued on one stream, numbered from 1, with events recorded after
-  // some of them so the other stream can wait for "op s and everything
-  // before". Old marks are recycled; waiting on a later mark than needed is
-  // still correct, only less concurrent.
+  // some of them (every copy; compute ops when a copy needs them) so the
+  // other stream can wait for "op s and everything before". Old marks are recycled; waiting on a
+  // later mark than needed is still correct, only less concurrent.
   struct Timeline {
     Stream stream;
     std::uint64_t issued = 0;
@@ -112,6 +135,9 @@ class StreamOrder {
   Allocation* find(const void* p);
   // Makes `waiter` wait for the ops of `other` up to `seq`.
   static void order_after(Timeline& waiter, Timeline& other, std::uint64_t seq);
+  // Makes `stream` wait for the side work on `p`'s allocation (on all side
+  // work not yet joined, when `p` is untracked).
+  void order_after_side(cudaStream_t stream, const void* p);
   Event take_event();
   void retire_fences_through(Fence id);
   bool fence_complete(const PendingFence& f) const;
@@ -123,6 +149,7 @@ class StreamOrder {
   Fence next_fence_ = 1;
   Fence retired_through_ = 0;
   std::deque<PendingFence> pending_fences_;
+  std::vector<SideEvent> side_tails_;  // side work issued since the last fence
   std::vector<Event> spare_events_;
   std::vector<std::pair<const void*, Watchdog>> watchdogs_;
 };

@@ -167,12 +167,13 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
     const std::size_t b = bucket_of_[i];
     if (buckets_[b].first_variable != i) return;  // the bucket is not full yet
     if (overlap_) return enqueue(b);
-    if (!packed_) {  // NCCL: queued on the compute stream behind the gradient
+    if (!packed_) {  // NCCL: queued on its stream behind the gradient, overlapping the rest
       const auto t = Clock::now();
       reduce(b);
       times.allreduce_ms += ms_between(t, Clock::now());
     }
   });
+  comm_.mark();  // the end of backward, for communicators that time on the device
   const auto t_backward = Clock::now();
   times.compute_ms = ms_between(t_compute, t_backward);
   if (overlap_) {
@@ -204,6 +205,7 @@ TrainSummary train_sync(const TrainContext& context) {
   const std::size_t nv = vars.size();
   // Host views of the weights, for pulling and assigning.
   const HostViews host(backend, model, false);
+  const PsRequestsGuard requests(ps);
   const bool direct = host.direct();
   auto weights = [&](std::size_t i) { return host.weights(i); };
   // Every replica of an attempt starts from the ps's weights, so they agree
@@ -270,12 +272,18 @@ TrainSummary train_sync(const TrainContext& context) {
     for (std::uint64_t step = attempt.step + 1; step <= steps; ++step) {
       const Batch b = feeder.load();
       const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
-      const SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
+      SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
       // Local SGD ends on an average, whatever H: every replica the same.
       if (local_steps > 0 && step == steps && step % local_steps != 0) replica.average_weights();
       feeder.fetch_losses();
       feeder.stage_next();
       if (!direct) backend.synchronize();
+      // Collectives that run on the device were timed there: the host saw
+      // only their enqueue.
+      if (const auto device = comm.device_times()) {
+        t.allreduce_ms = device->busy_ms;
+        t.wait_ms = device->after_mark_ms;
+      }
       done = step;
       if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps(step);
 

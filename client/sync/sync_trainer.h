@@ -18,8 +18,11 @@
 // the last layer down as backward produces them. With Gloo, a communication
 // thread all-reduces each bucket as soon as it is full, while backward still
 // runs on the layers below; with NCCL every gradient is all-reduced in place
-// on the compute stream as it is issued (NCCL calls are asynchronous, and the
-// backend offers no device-to-device copy to fill buckets).
+// as it is issued, on NCCL's own stream, while backward goes on with the
+// layers below on the compute stream (the backend offers no device-to-device
+// copy to fill buckets). NCCL's collectives are timed on the device
+// (Communicator::device_times), so allreduce_ms, wait_ms and overlap are
+// what the GPU did, not how long the host took to enqueue.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,9 +48,9 @@ class PsClient;
 float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step);
 
 struct SyncStepTimes {
-  double compute_ms = 0;    // forward and backward
-  double allreduce_ms = 0;  // the buckets' all-reduce calls, summed
-  double wait_ms = 0;       // after backward, until every bucket was reduced
+  double compute_ms = 0;    // forward and backward (issuing them, on a GPU)
+  double allreduce_ms = 0;  // the buckets' all-reduce calls, summed (host time)
+  double wait_ms = 0;       // after backward, until every bucket was reduced (host time)
   double optimizer_ms = 0;  // averaging and the optimizer
 };
 

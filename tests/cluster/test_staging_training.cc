@@ -20,28 +20,44 @@ using namespace pstrain::testing;
 
 namespace {
 
-std::vector<std::vector<float>> train_and_pull(Backend& backend) {
-  PsCluster cluster({.ps = 2, .workers = 1, .optimizer = "momentum", .lr = 0.02});
-  cluster.start_all();
-  const ClusterConfig& config = cluster.config();
-  const Dataset data = load_dataset(config.data, true);
-  WorkerShard shard(data, 0, 1, config.train.seed);
-  Model model(config.model, backend, {1, 28, 28}, 10, static_cast<int>(config.train.batch_size));
-  PsClient ps(config, 0, shard_map_for(config, model.variables()));
-  ps.hello();
-  ps.init(config.train.seed);
-  MetricsFile metrics(cluster.dir() / "worker0.metrics.jsonl");
-  MetricsRegistry registry;
-  const TrainSummary summary =
-      train_async(TrainContext{config, 0, backend, model, ps, shard, metrics, registry, {}});
-  CHECK(summary.local_samples == data.size());
-
-  std::vector<std::vector<float>> weights;
-  for (const auto& v : model.variables()) {
-    weights.emplace_back(v.size);
-    ps.wait(ps.pull(v.name, weights.back()));
+// One worker of a two-ps cluster, ready to train on `backend`.
+struct Worker {
+  explicit Worker(Backend& backend)
+      : data(load_dataset(config.data, true)),
+        shard(data, 0, 1, config.train.seed),
+        model(config.model, backend, {1, 28, 28}, 10, static_cast<int>(config.train.batch_size)),
+        ps(config, 0, shard_map_for(config, model.variables())),
+        metrics(cluster.dir() / "worker0.metrics.jsonl"),
+        context{config, 0, backend, model, ps, shard, metrics, registry, {}} {
+    cluster.start_all();
+    ps.hello();
+    ps.init(config.train.seed);
   }
-  return weights;
+  std::vector<std::vector<float>> pull() {
+    std::vector<std::vector<float>> weights;
+    for (const auto& v : model.variables()) {
+      weights.emplace_back(v.size);
+      ps.wait(ps.pull(v.name, weights.back()));
+    }
+    return weights;
+  }
+
+  PsCluster cluster{{.ps = 2, .workers = 1, .optimizer = "momentum", .lr = 0.02}};
+  const ClusterConfig& config = cluster.config();
+  Dataset data;
+  WorkerShard shard;
+  Model model;
+  PsClient ps;
+  MetricsFile metrics;
+  MetricsRegistry registry;
+  TrainContext context;
+};
+
+std::vector<std::vector<float>> train_and_pull(Backend& backend) {
+  Worker worker(backend);
+  const TrainSummary summary = train_async(worker.context);
+  CHECK(summary.local_samples == worker.data.size());
+  return worker.pull();
 }
 
 }  // namespace
@@ -63,4 +79,21 @@ TEST_CASE("async trainer: the staging (device) path trains exactly like the dire
   std::vector<float> initial(first.size);
   init_fill(initial, ClusterConfig{}.train.seed, first.name, 0, first.init);
   CHECK(direct[0] != initial);
+}
+
+TEST_CASE("async trainer: a failed fence wait leaves no ps request writing into freed buffers") {
+  // The first step's gradients are pushed as their fences complete; the
+  // second wait() for one of them fails while the pushes before it await
+  // their replies, which are written into pinned staging buffers the
+  // unwinding frees.
+  StagingBackend staging;
+  Worker worker(staging);
+  staging.fail_wait(1);
+  CHECK_THROWS_WITH_AS(train_async(worker.context), "staging backend: injected failure of wait()",
+                       std::runtime_error);
+  // Whatever the trainer left in flight goes on now: a gradient sent (or
+  // resent) from a freed buffer holds its 0xff fill, NaNs the ps refuses, and
+  // a reply lands in a freed weights buffer.
+  CHECK_NOTHROW(worker.ps.wait_all());
+  CHECK_FALSE(staging.host_written_after_release());
 }

@@ -12,8 +12,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -21,11 +24,14 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "client/backend.h"
 #include "client/cuda_api.h"
 #include "client/sync/communicator.h"
+#include "shared/config.h"
+#include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
 #include "tests/support/reference_layers.h"
 
@@ -72,6 +78,38 @@ struct Buffer {
   std::size_t size;
   pstrain::DeviceMemory memory;
 };
+
+// Holds the backend's compute stream (a kernel spinning on a flag in pinned
+// memory) until release() or the end of the scope, so that the ops issued
+// meanwhile are really pending when a test looks at fences and transfers.
+class ComputeHold {
+ public:
+  explicit ComputeHold(Backend& b) : flag_(b.alloc_host(sizeof(std::int32_t))) {
+    std::atomic_ref(*flag_.data<std::int32_t>()).store(0);
+    std::array<char, 512> error{};
+    if (pstrain_cuda_hold_compute(&b, flag_.data<std::int32_t>(), error.data(), error.size()) != 0)
+      throw std::runtime_error(error.data());
+  }
+  ~ComputeHold() { release(); }
+  ComputeHold(const ComputeHold&) = delete;
+  ComputeHold& operator=(const ComputeHold&) = delete;
+  void release() { std::atomic_ref(*flag_.data<std::int32_t>()).store(1); }
+
+ private:
+  pstrain::HostMemory flag_;
+};
+
+// Pinned host memory of n floats, all `value`.
+pstrain::HostMemory host_filled(Backend& b, std::size_t n, float value) {
+  auto memory = b.alloc_host(n * sizeof(float));
+  std::fill_n(memory.data(), n, value);
+  return memory;
+}
+
+bool all_equal(const pstrain::HostMemory& memory, std::size_t n, float value) {
+  const float* p = memory.data();
+  return std::all_of(p, p + n, [&](float v) { return v == value; });
+}
 
 // Float results against the double reference: relative to the magnitude of
 // the terms summed, which bounds float rounding (`scale`).
@@ -137,6 +175,104 @@ TEST_CASE("dense forward and backward match the reference") {
     b->dense_backward(dx_.data(), dw_.data(), ddy.data(), nullptr, dw.data(), db.data(), n, in,
                       out);
     check_close(dw.read(), rdw, "dense dw without dx");
+
+    // Operands one float past 16-byte alignment take the unfused path
+    // (cuBLASLt's epilogues need aligned pointers): the same results.
+    std::vector<float> shifted_x(x.size() + 1);
+    std::copy(x.begin(), x.end(), shifted_x.begin() + 1);
+    Buffer<> sx(*b, shifted_x), sy(*b, y.size + 1), sdw(*b, w.size() + 1);
+    b->dense_forward(sx.data() + 1, dw_.data(), db_.data(), sy.data() + 1, n, in, out);
+    auto got = sy.read();
+    check_close({got.begin() + 1, got.end()}, ry, "dense y, unaligned");
+    b->dense_backward(sx.data() + 1, dw_.data(), ddy.data(), nullptr, sdw.data() + 1, db.data(), n,
+                      in, out);
+    got = sdw.read();
+    check_close({got.begin() + 1, got.end()}, rdw, "dense dw, unaligned");
+    check_close(db.read(), rdb, "dense db, unaligned");
+  }
+}
+
+std::vector<double> rounded(const std::vector<float>& v, pstrain::HalfFormat format) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = pstrain::round_to_half(format, v[i]);
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want) {
+  double m = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) m = std::max(m, std::abs(got[i] - want[i]));
+  return m;
+}
+
+// The GEMMs' operands are rounded exactly as the CPU rounds them, so the
+// results match a reference on rounded operands to float accumulation, and
+// differ visibly from one on the unrounded operands (a backend that ignored
+// set_precision would match that one instead).
+TEST_CASE("mixed precision: GEMMs on operands rounded as shared/low_precision.h rounds them") {
+  using pstrain::HalfFormat;
+  using pstrain::Precision;
+  auto b = make_backend();
+  CHECK(b->precision_unavailable(Precision::fp32).empty());
+  std::mt19937 rng(9);
+  const int n = 33, in = 70, out = 20;
+  const auto x = random_vector(std::size_t(n) * in, rng);
+  const auto w = random_vector(std::size_t(in) * out, rng);
+  const auto bias = random_vector(out, rng);
+  const auto dy = random_vector(std::size_t(n) * out, rng);
+  Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+  Buffer<> y(*b, std::size_t(n) * out), dx(*b, x.size()), dw(*b, w.size()), db(*b, out);
+  for (auto [precision, format] : {std::pair{Precision::bf16, HalfFormat::bf16},
+                                   std::pair{Precision::fp16, HalfFormat::fp16}}) {
+    INFO(pstrain::half_format_name(format));
+    if (const auto why = b->precision_unavailable(precision); !why.empty()) {
+      MESSAGE("skipped: " << why);
+      continue;
+    }
+    b->set_precision(precision);
+    const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
+    b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
+    std::vector<double> ry(y.size), exact(y.size);
+    ref::dense_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), n, in, out);
+    ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), exact.data(), n, in,
+                       out);
+    const auto gy = y.read();
+    check_close(gy, ry, "y on rounded operands");
+    CHECK(max_abs_diff(gy, exact) > 1e-4);
+
+    b->dense_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(), n, in,
+                      out);
+    std::vector<double> rdx(x.size()), rdw(w.size()), rdb(out), edx(x.size()), edw(w.size());
+    ref::dense_backward(rx.data(), rw.data(), rdy.data(), rdx.data(), rdw.data(), rdb.data(), n, in,
+                        out);
+    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), edx.data(), edw.data(),
+                        rdb.data(), n, in, out);  // db is a sum, not a GEMM: unrounded
+    check_close(dx.read(), rdx, "dx on rounded operands");
+    check_close(dw.read(), rdw, "dw on rounded operands");
+    check_close(db.read(), rdb, "db");
+    CHECK(max_abs_diff(dw.read(), edw) > 1e-4);
+  }
+  b->set_precision(Precision::fp32);
+  b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
+  std::vector<double> exact(y.size);
+  ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), exact.data(), n, in,
+                     out);
+  check_close(y.read(), exact, "y back in fp32");
+}
+
+TEST_CASE("all_finite finds a NaN or an infinity anywhere, after the work that wrote it") {
+  auto b = make_backend();
+  const std::size_t n = 1 << 20;
+  Buffer<> x(*b, std::vector<float>(n, 1.0f));
+  CHECK(b->all_finite(x.data(), n));
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    auto host = host_filled(*b, 1, bad);
+    ComputeHold hold(*b);
+    b->scale(x.data(), 2.0f, n);  // held: all_finite must look after it
+    b->upload(host.data(), x.data() + 777777, sizeof(float));
+    hold.release();
+    CHECK_FALSE(b->all_finite(x.data(), n));
+    CHECK(b->all_finite(x.data(), 777777));  // the elements before it
+    b->fill(x.data(), 1.0f, n);
   }
 }
 
@@ -157,41 +293,60 @@ TEST_CASE("relu forward and backward match the reference") {
   check_close(dx.read(), rdx, "relu dx");
 }
 
-TEST_CASE("conv2d forward and backward match the reference") {
+// Both convolution paths: cuDNN where it loads, and im2col + cuBLAS, which
+// PSTRAIN_CUDNN_LIB=off selects for backends made while it is set.
+std::unique_ptr<Backend> make_conv_backend(bool cudnn) {
+  if (!cudnn) setenv("PSTRAIN_CUDNN_LIB", "off", 1);
   auto b = make_backend();
-  std::mt19937 rng(3);
-  // The last two shapes exceed one im2col chunk, so several chunks run.
-  for (ConvShape s :
-       {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{2, 2, 6, 6, 2, 1},
-        ConvShape{5, 3, 10, 10, 8, 5}, ConvShape{16, 1, 28, 28, 32, 3},
-        ConvShape{8, 1, 512, 512, 8, 1}, ConvShape{7, 2, 300, 300, 16, 3}}) {
-    INFO("n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " filters=" << s.filters
-              << " kernel=" << s.kernel);
-    const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
-    const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
-    const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
-    const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
-    const auto bias = random_vector(s.filters, rng), dy = random_vector(yn, rng);
-    Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
-    Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
-    Buffer<> workspace(*b, b->conv2d_workspace(s));
-    b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
-    std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
-    ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
-    check_close(y.read(), ry, "conv y");
-    ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(), rdw.data(),
-                         rdb.data(), s);
-    b->fill(dw.data(), 7.0f, wn);
-    b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                       workspace.data(), s);
-    check_close(dx.read(), rdx, "conv dx");
-    check_close(dw.read(), rdw, "conv dw");
-    check_close(db.read(), rdb, "conv db");
-    b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
-                       workspace.data(), s);
-    check_close(dw.read(), rdw, "conv dw without dx");
+  if (!cudnn) unsetenv("PSTRAIN_CUDNN_LIB");
+  MESSAGE("convolutions on " << b->name());
+  if (!cudnn) CHECK(b->name().find("im2col convolutions") != std::string::npos);
+  return b;
+}
+
+TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
+  for (bool cudnn : {true, false}) {
+    INFO("cudnn " << cudnn);
+    auto b = make_conv_backend(cudnn);
+    std::mt19937 rng(3);
+    // The last two shapes exceed one im2col chunk, so several chunks run.
+    for (ConvShape s :
+         {ConvShape{2, 1, 5, 5, 3, 3}, ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{2, 2, 6, 6, 2, 1},
+          ConvShape{5, 3, 10, 10, 8, 5}, ConvShape{16, 1, 28, 28, 32, 3},
+          ConvShape{8, 1, 512, 512, 8, 1}, ConvShape{7, 2, 300, 300, 16, 3}}) {
+      INFO("n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " filters=" << s.filters
+                << " kernel=" << s.kernel);
+      const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+      const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+      const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+      const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
+      const auto bias = random_vector(s.filters, rng), dy = random_vector(yn, rng);
+      Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+      Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
+      Buffer<> workspace(*b, b->conv2d_workspace(s));
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
+      ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
+      check_close(y.read(), ry, "conv y");
+      ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
+                           rdw.data(), rdb.data(), s);
+      b->fill(dw.data(), 7.0f, wn);
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), s);
+      check_close(dx.read(), rdx, "conv dx");
+      check_close(dw.read(), rdw, "conv dw");
+      check_close(db.read(), rdb, "conv db");
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
+                         workspace.data(), s);
+      check_close(dw.read(), rdw, "conv dw without dx");
+      // Deterministic algorithms: the same inputs give the same bits.
+      const auto first = dw.read();
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), s);
+      CHECK(dw.read() == first);
+    }
+    CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
   }
-  CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
 }
 
 TEST_CASE("maxpool forward and backward match the reference, ties included") {
@@ -325,15 +480,16 @@ TEST_CASE("transfers round-trip and keep issue order across the two streams") {
 
   // Each round uploads into buffers that the previous round's compute still
   // reads and writes, and downloads what this round's compute produced: any
-  // missing wait between the streams shows up as a wrong value.
+  // missing wait between the streams shows up as a wrong value. Round r
+  // expects 6 (r + 1), which neither a stale round (6 r), the fills (-1,
+  // or 0 after the relu), nor untouched host memory (NaN) can give.
   const int rounds = 20;
   const std::size_t m = 1 << 18;
   Buffer<> a(*b, m), c(*b, m);
   std::vector<pstrain::HostMemory> in, out;
   for (int r = 0; r < rounds; ++r) {
-    in.push_back(b->alloc_host(m * sizeof(float)));
-    out.push_back(b->alloc_host(m * sizeof(float)));
-    std::fill_n(in.back().data(), m, float(r));
+    in.push_back(host_filled(*b, m, float(r + 1)));
+    out.push_back(host_filled(*b, m, NAN));
   }
   for (int r = 0; r < rounds; ++r) {
     b->upload(in[r].data(), a.data(), m * sizeof(float));
@@ -346,9 +502,7 @@ TEST_CASE("transfers round-trip and keep issue order across the two streams") {
   }
   b->synchronize();
   for (int r = 0; r < rounds; ++r) {
-    const float want = 6.0f * float(r);
-    const float* o = out[r].data<float>();
-    CHECK_MESSAGE(std::all_of(o, o + m, [&](float v) { return v == want; }), "round " << r);
+    CHECK_MESSAGE(all_equal(out[r], m, 6.0f * float(r + 1)), "round " << r);
   }
 
   // Memory the backend did not allocate orders against everything.
@@ -358,23 +512,79 @@ TEST_CASE("transfers round-trip and keep issue order across the two streams") {
   b->scale(raw, 2.0f, m);
   b->download(raw, out[0].data(), m * sizeof(float));
   b->synchronize();
-  CHECK(out[0].data<float>()[m - 1] == 6.0f);
+  CHECK(all_equal(out[0], m, 8.0f));
   REQUIRE(cudaFree(raw) == cudaSuccess);
 }
 
-TEST_CASE("fences complete in order") {
+TEST_CASE("transfers wait for the compute they depend on, and only for it") {
   auto b = make_backend();
-  Buffer<> x(*b, 1 << 22);
-  for (int i = 0; i < 50; ++i) b->scale(x.data(), 1.0001f, x.size);
+  const std::size_t m = 1 << 16;
+  Buffer<> a(*b, std::vector<float>(m, 5.0f)), unrelated(*b, std::vector<float>(m, 4.0f));
+  Buffer<> c(*b, m);
+  b->fill(c.data(), -2.0f, m);  // what a download that does not wait would see
+  auto in = host_filled(*b, m, 7.0f);
+  auto out_a = host_filled(*b, m, NAN), out_c = host_filled(*b, m, NAN);
+  auto out_unrelated = host_filled(*b, m, NAN);
+  b->synchronize();
+
+  ComputeHold hold(*b);
+  b->scale(a.data(), 2.0f, m);  // a = 10
+  b->download(unrelated.data(), out_unrelated.data(), m * sizeof(float));
+  b->relu_forward(a.data(), c.data(), m);  // c = 10
+  b->download(c.data(), out_c.data(), m * sizeof(float));
+  b->upload(in.data(), a.data(), m * sizeof(float));  // after the relu read a = 10
+  b->scale(a.data(), 3.0f, m);                        // a = 21
+  b->download(a.data(), out_a.data(), m * sizeof(float));
+
+  // The download that needs no compute lands while the compute stream is
+  // held; the ones that need the held work do not.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!all_equal(out_unrelated, m, 4.0f) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(all_equal(out_unrelated, m, 4.0f));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(std::isnan(out_c.data()[0]));
+  CHECK(std::isnan(out_a.data()[0]));
+
+  hold.release();
+  b->synchronize();
+  // An upload that overtook the first scale gives c = 14, a = 42; one that
+  // overtook the relu gives c = 14; downloads that did not wait give -2 or 5.
+  CHECK(all_equal(out_c, m, 10.0f));
+  CHECK(all_equal(out_a, m, 21.0f));
+}
+
+TEST_CASE("fences complete when, and only when, the work before them has") {
+  auto b = make_backend();
+  Buffer<> x(*b, std::vector<float>(1 << 20, 1.0f));
+  const auto before = b->fence();
+  ComputeHold hold(*b);
+  b->scale(x.data(), 3.0f, x.size);
   const auto f1 = b->fence();
   const auto f2 = b->fence();
   CHECK(f2 > f1);
+  // The fence issued before the hold completes while the stream is held.
+  b->wait(before);
+  CHECK(b->fence_done(before));
+  // A fence that recorded nothing, or only on one stream, would be done by now.
+  for (int i = 0; i < 50; ++i) {
+    REQUIRE_FALSE(b->fence_done(f1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK_FALSE(b->fence_done(f2));
+  hold.release();
   b->wait(f2);
   CHECK(b->fence_done(f1));  // an earlier fence is done once a later one is
   CHECK(b->fence_done(f2));
-  b->wait(f1);
+  const auto got = x.read();
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 3.0f; }));
+
+  // Fences retire in any order of asking.
   std::vector<Backend::Fence> many;
+  ComputeHold second(*b);
   for (int i = 0; i < 1000; ++i) many.push_back(b->fence());
+  CHECK_FALSE(b->fence_done(many.front()));
+  second.release();
   b->wait(many.back());
   CHECK(std::all_of(many.begin(), many.end(), [&](auto f) { return b->fence_done(f); }));
 }
@@ -397,26 +607,74 @@ std::array<std::uint8_t, 128> unique_id() {
   return id;
 }
 
-TEST_CASE("nccl with one rank: all-reduce, broadcast and barrier") {
+// With one rank a sum is the identity, so this case checks what one rank can
+// show: the collectives are queued in order with the backend's ops (behind
+// held work, which they must not overtake: a collective that read or wrote
+// early would lose a scale) and the errors. Sums across ranks are the
+// all-devices case's, skipped on a one-GPU host.
+TEST_CASE("nccl with one rank: collectives keep their place among the backend's ops") {
   auto b = make_backend();
   auto comm = make_comm(*b, unique_id(), 0, 1);
   CHECK(comm->name() == "nccl");
   CHECK(comm->size() == 1);
-  std::vector<float> v(1000);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  std::vector<float> v(1 << 20);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i % 1000 + 1);
   Buffer<> x(*b, v);
+  ComputeHold hold(*b);
+  b->scale(x.data(), 2.0f, v.size());
   comm->allreduce_sum(x.data(), v.size());
-  b->scale(x.data(), 2.0f, v.size());  // ordered after the all-reduce
+  b->scale(x.data(), 3.0f, v.size());
   comm->broadcast(x.data(), v.size(), 0);
+  b->scale(x.data(), 0.5f, v.size());
+  const auto queued = b->fence();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(b->fence_done(queued));
+  hold.release();
   comm->barrier();
+  CHECK(b->fence_done(queued));
   const auto got = x.read();
-  CHECK(got[999] == 1998.0f);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) wrong += got[i] != 3.0f * v[i];
+  CHECK_MESSAGE(wrong == 0, wrong << " elements are not 3x their input; element 7 is " << got[7]);
   CHECK_THROWS_AS(comm->broadcast(x.data(), 1, 1), std::invalid_argument);
   std::array<char, 512> error{};
   const auto id = unique_id();
   CHECK(pstrain_nccl_create(b.get(), id.data(), id.size(), 2, 2, 5.0, error.data(), error.size()) ==
         nullptr);
   CHECK(std::string(error.data()).find("rank 2 is not in a group of size 2") != std::string::npos);
+}
+
+TEST_CASE("nccl: a collective runs alongside compute it does not depend on") {
+  auto b = make_backend();
+  auto comm = make_comm(*b, unique_id(), 0, 1);
+  const std::size_t m = 1 << 16;
+  Buffer<> x(*b, std::vector<float>(m, 1.0f)), y(*b, std::vector<float>(m, 9.0f));
+  auto out = host_filled(*b, m, NAN);
+  ComputeHold hold(*b);
+  b->scale(x.data(), 2.0f, m);  // held
+  comm->allreduce_sum(y.data(), m);
+  b->download(y.data(), out.data(), m * sizeof(float));  // waits for the collective alone
+  // On the compute stream, the collective and so the download would wait
+  // for the held scale.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!all_equal(out, m, 9.0f) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(all_equal(out, m, 9.0f));
+  const auto f = b->fence();
+  CHECK_FALSE(b->fence_done(f));
+  hold.release();
+  b->wait(f);
+  const auto got = x.read();
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 2.0f; }));
+  // Both collectives' device time is reported once they are done.
+  comm->mark();
+  comm->allreduce_sum(y.data(), m);
+  b->synchronize();
+  const auto times = comm->device_times();
+  REQUIRE(times.has_value());
+  CHECK(times->busy_ms > 0);
+  CHECK(times->after_mark_ms > 0);            // the second ran after the mark
+  CHECK(comm->device_times()->busy_ms == 0);  // reported once
 }
 
 // Cases that need more than one device, and how many: main() leaves them out

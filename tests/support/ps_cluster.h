@@ -11,7 +11,9 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "shared/child_process.h"
 #include "shared/config.h"
@@ -32,6 +34,9 @@ struct ClusterSpec {
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
   std::string on_worker_loss = {};  // train.on_worker_loss; empty: the mode's default
+  std::string mode = {};            // empty: the default (async)
+  std::string model = {};           // model preset; empty: the default (mlp)
+  double epochs = 0;                // train.epochs; 0: the default
   double checkpoint_every_s = 60;
   std::uint32_t checkpoint_keep = 3;
   double request_timeout = 10;
@@ -51,8 +56,16 @@ class PsCluster {
     y << "workers: {count: " << spec.workers << "}\n"
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
       << "data: {name: synthetic}\n";
-    if (!spec.on_worker_loss.empty())
-      y << "train: {on_worker_loss: " << spec.on_worker_loss << "}\n";
+    if (!spec.mode.empty()) y << "mode: " << spec.mode << "\n";
+    if (!spec.model.empty()) y << "model: " << spec.model << "\n";
+    std::vector<std::string> train;
+    if (!spec.on_worker_loss.empty()) train.push_back("on_worker_loss: " + spec.on_worker_loss);
+    if (spec.epochs > 0) train.push_back("epochs: " + std::to_string(spec.epochs));
+    if (!train.empty()) {
+      y << "train: {";
+      for (std::size_t i = 0; i < train.size(); ++i) y << (i ? ", " : "") << train[i];
+      y << "}\n";
+    }
     y << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
       << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
       << ", request_timeout: " << spec.request_timeout

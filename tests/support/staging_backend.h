@@ -11,11 +11,21 @@
 //     overwrite it, as on a stream) but fills the host memory only when a
 //     fence issued after it completes; until then that memory holds NaNs.
 // Uploads copy at once: compute issued after them must see their data.
+//
+// For the error paths: fail_wait() makes a later wait() throw, as a device
+// error would; released host memory is kept, filled with 0xff bytes, until
+// the backend dies, so host_written_after_release() can tell whether anything
+// (a ps reply, a download) wrote into a buffer after its owner freed it.
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
+#include <new>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "client/backend.h"
@@ -30,10 +40,34 @@ class StagingBackend final : public Backend {
   std::string name() const override { return "staging(" + cpu_->name() + ")"; }
   bool host_accessible() const override { return false; }
 
+  ~StagingBackend() override {
+    for (const auto& [p, bytes] : released_host_) std::free(p);
+  }
+
   DeviceMemory alloc(std::size_t bytes) override { return cpu_->alloc(bytes); }
-  HostMemory alloc_host(std::size_t bytes) override { return cpu_->alloc_host(bytes); }
+  HostMemory alloc_host(std::size_t bytes) override {
+    if (bytes == 0) return {};
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    host_bytes_[p] = bytes;
+    return HostMemory(this, p, bytes);
+  }
   void release(void* p) noexcept override { cpu_->release(p); }
-  void release_host(void* p) noexcept override { cpu_->release_host(p); }
+  void release_host(void* p) noexcept override {
+    const auto node = host_bytes_.extract(p);
+    std::memset(p, 0xff, node.mapped());
+    released_host_.emplace_back(p, node.mapped());
+  }
+
+  // The wait() after the next `waits` ones throws std::runtime_error.
+  void fail_wait(int waits) { waits_to_failure_ = waits + 1; }
+  bool host_written_after_release() const {
+    for (const auto& [p, bytes] : released_host_) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      if (std::any_of(b, b + bytes, [](unsigned char c) { return c != 0xff; })) return true;
+    }
+    return false;
+  }
   void upload(const void* h, void* d, std::size_t n) override { cpu_->upload(h, d, n); }
   void download(const void* d, void* h, std::size_t n) override {
     if (n == 0) return;
@@ -56,6 +90,8 @@ class StagingBackend final : public Backend {
     return true;
   }
   void wait(Fence f) override {
+    if (waits_to_failure_ > 0 && --waits_to_failure_ == 0)
+      throw std::runtime_error("staging backend: injected failure of wait()");
     if (f > completed_) complete_through(f);
   }
 
@@ -128,6 +164,9 @@ class StagingBackend final : public Backend {
   }
 
   std::unique_ptr<Backend> cpu_;
+  std::map<void*, std::size_t> host_bytes_;                   // live host memory
+  std::vector<std::pair<void*, std::size_t>> released_host_;  // kept, 0xff-filled
+  int waits_to_failure_ = 0;                                  // 0: none planned
   std::deque<Download> in_flight_;
   std::deque<PendingFence> fences_;  // issued, not completed, oldest first
   Fence completed_ = 0;

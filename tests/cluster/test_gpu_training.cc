@@ -1,0 +1,134 @@
+// The trainers on a GPU for real: the asynchronous and the synchronous
+// trainer train the MLP and the CNN through the CUDA backend (pinned staging
+// buffers, fences, gradient downloads, NCCL with one rank) against one ps,
+// and must end where the same run on the CPU backend ends, to float
+// tolerance (cuBLAS and OpenBLAS sum in other orders). The runs are short
+// enough that rounding differences stay far below how far training moved
+// the weights, which the test checks too, so a trainer that skipped a fence,
+// pushed a stale gradient or dropped an update fails. Exits 77 (skipped)
+// where the CUDA library or a device is missing.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "client/async_trainer.h"
+#include "client/cpu_backend.h"
+#include "client/cuda_loader.h"
+#include "client/dataset.h"
+#include "client/model.h"
+#include "client/ps_client.h"
+#include "client/sync/sync_trainer.h"
+#include "shared/init.h"
+#include "tests/support/ps_cluster.h"
+
+using namespace pstrain;
+using namespace pstrain::testing;
+
+namespace {
+
+using Weights = std::vector<std::vector<float>>;
+
+struct Run {
+  Weights initial, final;
+};
+
+// One worker against one ps, `mode` (async or sync) and `preset` (mlp or
+// cnn), a quarter epoch of the synthetic data (24 steps of 64).
+Run train(Backend& backend, const std::string& mode, const std::string& preset) {
+  PsCluster cluster({.ps = 1,
+                     .workers = 1,
+                     .optimizer = "momentum",
+                     .lr = 0.02,
+                     .mode = mode,
+                     .model = preset,
+                     .epochs = 0.25});
+  cluster.start_all();
+  const ClusterConfig& config = cluster.config();
+  const Dataset data = load_dataset(config.data, true);
+  WorkerShard shard(data, 0, 1, config.train.seed);
+  Model model(config.model, backend, {data.channels, data.height, data.width}, data.classes,
+              static_cast<int>(config.train.batch_size));
+  PsClient ps(config, 0, shard_map_for(config, model.variables()));
+  ps.hello();
+  ps.init(config.train.seed);
+  const auto pull = [&] {
+    Weights weights;
+    for (const auto& v : model.variables()) {
+      weights.emplace_back(v.size);
+      ps.wait(ps.pull(v.name, weights.back()));
+    }
+    return weights;
+  };
+  Run run{pull(), {}};
+  MetricsFile metrics(cluster.dir() / "worker0.metrics.jsonl");
+  MetricsRegistry registry;
+  const TrainContext context{config, 0, backend, model, ps, shard, metrics, registry, {}};
+  const TrainSummary summary = mode == "sync" ? train_sync(context) : train_async(context, 0);
+  CHECK(summary.steps == 24);
+  run.final = pull();
+  return run;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::abs(x)));
+  return m;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+void check_gpu_matches_cpu(const std::string& mode, const std::string& preset) {
+  auto cpu_backend = make_cpu_backend(1);
+  auto gpu_backend = cuda::make_cuda_backend(0);
+  const Run cpu = train(*cpu_backend, mode, preset);
+  const Run gpu = train(*gpu_backend, mode, preset);
+  REQUIRE(cpu.final.size() == gpu.final.size());
+  CHECK(cpu.initial == gpu.initial);
+  for (std::size_t i = 0; i < cpu.final.size(); ++i) {
+    const double moved = max_diff(cpu.final[i], cpu.initial[i]);
+    const double apart = max_diff(cpu.final[i], gpu.final[i]);
+    INFO(mode << " " << preset << " variable " << i << ": training moved it by " << moved
+              << ", the GPU run ended " << apart << " from the CPU run");
+    CHECK(std::isfinite(apart));
+    CHECK(apart <= 1e-3 * std::max(1.0, max_abs(cpu.final[i])));
+    CHECK(apart <= 0.05 * moved);
+  }
+}
+
+TEST_CASE("gpu training: async MLP ends where the CPU run ends") {
+  check_gpu_matches_cpu("async", "mlp");
+}
+
+TEST_CASE("gpu training: async CNN ends where the CPU run ends") {
+  check_gpu_matches_cpu("async", "cnn");
+}
+
+TEST_CASE("gpu training: sync MLP (NCCL, one rank) ends where the CPU run (Gloo) ends") {
+  check_gpu_matches_cpu("sync", "mlp");
+}
+
+TEST_CASE("gpu training: sync CNN (NCCL, one rank) ends where the CPU run (Gloo) ends") {
+  check_gpu_matches_cpu("sync", "cnn");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (cuda::device_count() == 0) throw cuda::CudaUnavailable("0 devices");
+  } catch (const cuda::CudaUnavailable& e) {
+    std::printf("test_gpu_training: no CUDA device (%s): skipped\n", e.what());
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
