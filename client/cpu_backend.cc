@@ -13,6 +13,7 @@
 
 #include "client/blas_core.h"
 #include "client/elementwise.h"
+#include "client/onednn_conv.h"
 #include "shared/log.h"
 
 // OpenBLAS's core selection (exported by its DYNAMIC_ARCH builds, not
@@ -146,18 +147,20 @@ void maxpool_planes(const float* x, float* y, std::int32_t* argmax, const PoolSh
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(threads) {
+  CpuBackend(int threads, CpuConv conv) : threads_(threads) {
     if (threads < 1) {
       throw std::invalid_argument("cpu backend: threads must be >= 1, got " +
                                   std::to_string(threads));
     }
     choose_openblas_core();
     openblas_set_num_threads(threads);
+    if (conv == CpuConv::onednn) onednn_ = std::make_unique<OnednnConv>(threads);
   }
 
   std::string name() const override {
-    return "cpu (OpenBLAS " + std::string(openblas_get_corename()) + ", " +
-           std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+    return "cpu (OpenBLAS " + std::string(openblas_get_corename()) +
+           (onednn_ ? ", oneDNN" : ", im2col") + " convolutions, " + std::to_string(threads_) +
+           (threads_ == 1 ? " thread)" : " threads)");
   }
   bool host_accessible() const override { return true; }
 
@@ -215,13 +218,16 @@ class CpuBackend final : public Backend {
 
   // The im2col matrix (K x m*P) and the filter-major output or gradient
   // (F x m*P) of one chunk.
+  // oneDNN keeps the buffers of its own layouts and needs none.
   std::size_t conv2d_workspace(const ConvShape& s) const override {
+    if (onednn_) return 0;
     return static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
            static_cast<std::size_t>(s.out_h() * s.out_w()) * conv_chunk(s);
   }
 
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
                       const ConvShape& s) override {
+    if (onednn_) return onednn_->forward(x, w, b, y, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const int chunk = conv_chunk(s);
@@ -247,6 +253,7 @@ class CpuBackend final : public Backend {
 
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* workspace, const ConvShape& s) override {
+    if (onednn_) return onednn_->backward(x, w, dy, dx, dw, db, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const std::size_t image = static_cast<std::size_t>(s.c) * s.h * s.w;
@@ -348,13 +355,22 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
+  std::unique_ptr<OnednnConv> onednn_;  // null: im2col
   Fence fences_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+CpuConv cpu_conv_from_env() {
+  const char* value = std::getenv("PSTRAIN_CPU_CONV");
+  const std::string choice = value ? value : "";
+  if (choice.empty() || choice == "onednn") return CpuConv::onednn;
+  if (choice == "im2col") return CpuConv::im2col;
+  throw std::invalid_argument("PSTRAIN_CPU_CONV=" + choice + ": expected onednn or im2col");
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuConv conv) {
+  return std::make_unique<CpuBackend>(threads, conv);
 }
 
 }  // namespace pstrain
