@@ -121,7 +121,8 @@ class TimedBackend final : public Backend {
 
 struct Result {
   std::vector<double> rates;            // samples/s of each window, sorted
-  std::map<std::string, double> split;  // fraction of a step per operation
+  std::map<std::string, double> split;  // ms of a step per layer and direction
+  double step_ms = 0;
 };
 
 void fill_batch(Model& model, const Dataset& data, int batch) {
@@ -173,10 +174,11 @@ Result measure(const std::string& preset, Backend& backend, const Dataset& data,
   const double total = seconds_since(start);
   double covered = 0;
   for (const auto& [bucket, s] : timed.seconds) {
-    result.split[bucket] = s / total;
+    result.split[bucket] = 1e3 * s / steps;
     covered += s;
   }
-  result.split["other (model glue)"] = std::max(0.0, 1.0 - covered / total);
+  result.split["other (model glue)"] = 1e3 * std::max(0.0, total - covered) / steps;
+  result.step_ms = 1e3 * total / steps;
   return result;
 }
 
@@ -231,10 +233,12 @@ int main(int argc, char** argv) try {
   }
   if (json) return 0;
   std::printf(
-      "\nshare of a training step per operation\n\n| model | operation | share |\n|---|---|---|\n");
+      "\none training step by layer and direction\n\n| model | operation | ms per step | share "
+      "|\n|---|---|---|---|\n");
   for (const auto& [preset, r] : results) {
-    for (const auto& [bucket, share] : r.split) {
-      std::printf("| %s | %s | %.1f%% |\n", preset.c_str(), bucket.c_str(), 100 * share);
+    for (const auto& [bucket, ms] : r.split) {
+      std::printf("| %s | %s | %.3f | %.1f%% |\n", preset.c_str(), bucket.c_str(), ms,
+                  100 * ms / r.step_ms);
     }
   }
   return 0;

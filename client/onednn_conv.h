@@ -1,8 +1,9 @@
 #pragma once
 // Convolutions through oneDNN (Debian's libdnnl, the library PyTorch's CPU
 // convolutions call), for the CPU backend. The caller's tensors stay in the
-// backend's layout (NCHW images, OIHW filters, stride 1, no padding); oneDNN
-// picks the layouts its kernels run fastest on, and the data is reordered
+// backend's layout (NCHW images, OIHW filters, stride 1, no padding); the
+// primitives run on layouts their kernels are faster on (channels-last, or
+// oneDNN's blocked ones for few input channels), and the data is reordered
 // into and out of them around each call. Each batch shape's primitives and
 // its reordered buffers are built on first use and kept, since building a
 // primitive costs far more than running it at these sizes.
