@@ -115,6 +115,10 @@ void col2im(const float* col, float* dx, const ConvShape& s, int m) {
 // time, K == 0 takes it from the shape. Taps go in row-major order and only a
 // strictly larger value wins, as ew::argmax does; selects rather than
 // branches, since the winner's position in real activations is unpredictable.
+// oneDNN's max pooling picks the same winners but was slower on the CNN's
+// NCHW planes: for 64x32x26x26, its primitive alone took 4.8 ms (best of
+// three), this loop 2.7 ms with the argmax, which oneDNN gives as window
+// offsets that would still need turning into flat indices.
 template <int K>
 void maxpool_planes(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) {
   const int k = K > 0 ? K : s.k;
