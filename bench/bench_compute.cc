@@ -6,7 +6,7 @@
 // Each model warms up, then runs `windows` timed windows of about 0.5 s; the
 // median, min and max are reported. A second pass through a timing wrapper
 // splits one step's time by layer and direction (the wrapper's own cost is
-// small against it). PSTRAIN_CPU_CONV picks the convolution path
+// small against it). PSTRAIN_CPU_KERNELS picks the kernel library
 // (client/cpu_backend.h); the backend's name says which ran. --json prints one JSON object per
 // model instead, without the split, for tools/bench.
 #include <algorithm>

@@ -14,6 +14,7 @@
 #include "client/blas_core.h"
 #include "client/elementwise.h"
 #include "client/onednn_conv.h"
+#include "client/onednn_dense.h"
 #include "shared/log.h"
 
 // OpenBLAS's core selection (exported by its DYNAMIC_ARCH builds, not
@@ -151,19 +152,22 @@ void maxpool_planes(const float* x, float* y, std::int32_t* argmax, const PoolSh
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, CpuConv conv) : threads_(threads) {
+  CpuBackend(int threads, CpuKernels kernels) : threads_(threads) {
     if (threads < 1) {
       throw std::invalid_argument("cpu backend: threads must be >= 1, got " +
                                   std::to_string(threads));
     }
     choose_openblas_core();
     openblas_set_num_threads(threads);
-    if (conv == CpuConv::onednn) onednn_ = std::make_unique<OnednnConv>(threads);
+    if (kernels == CpuKernels::onednn) {
+      onednn_ = std::make_unique<OnednnConv>(threads);
+      dense_ = std::make_unique<OnednnDense>(threads);
+    }
   }
 
   std::string name() const override {
     return "cpu (OpenBLAS " + std::string(openblas_get_corename()) +
-           (onednn_ ? ", oneDNN" : ", im2col") + " convolutions, " + std::to_string(threads_) +
+           (onednn_ ? ", oneDNN" : ", OpenBLAS") + " kernels, " + std::to_string(threads_) +
            (threads_ == 1 ? " thread)" : " threads)");
   }
   bool host_accessible() const override { return true; }
@@ -191,6 +195,7 @@ class CpuBackend final : public Backend {
 
   void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                      int out) override {
+    if (dense_) return dense_->forward(x, w, b, y, n, in, out);
     for (int i = 0; i < n; ++i) {
       std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
     }
@@ -200,13 +205,14 @@ class CpuBackend final : public Backend {
 
   void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                       float* db, int n, int in, int out) override {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw,
-                out);
     std::fill_n(db, out, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float* row = dy + static_cast<std::size_t>(i) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
+    if (dense_) return dense_->backward(x, w, dy, dx, dw, n, in, out);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw,
+                out);
     if (dx) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy, out, w, out, 0.0f,
                   dx, in);
@@ -359,22 +365,24 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
-  std::unique_ptr<OnednnConv> onednn_;  // null: im2col
+  // Both null with OpenBLAS kernels.
+  std::unique_ptr<OnednnConv> onednn_;
+  std::unique_ptr<OnednnDense> dense_;
   Fence fences_ = 0;
 };
 
 }  // namespace
 
-CpuConv cpu_conv_from_env() {
-  const char* value = std::getenv("PSTRAIN_CPU_CONV");
+CpuKernels cpu_kernels_from_env() {
+  const char* value = std::getenv("PSTRAIN_CPU_KERNELS");
   const std::string choice = value ? value : "";
-  if (choice.empty() || choice == "onednn") return CpuConv::onednn;
-  if (choice == "im2col") return CpuConv::im2col;
-  throw std::invalid_argument("PSTRAIN_CPU_CONV=" + choice + ": expected onednn or im2col");
+  if (choice.empty() || choice == "onednn") return CpuKernels::onednn;
+  if (choice == "openblas") return CpuKernels::openblas;
+  throw std::invalid_argument("PSTRAIN_CPU_KERNELS=" + choice + ": expected onednn or openblas");
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, CpuConv conv) {
-  return std::make_unique<CpuBackend>(threads, conv);
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuKernels kernels) {
+  return std::make_unique<CpuBackend>(threads, kernels);
 }
 
 }  // namespace pstrain

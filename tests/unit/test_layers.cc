@@ -1,7 +1,7 @@
 // Every CPU backend operation against the double-precision reference, and
 // finite-difference gradient checks of every layer: in double on the
 // reference (the reference's backward is the derivative of its forward) and
-// in float on the CPU backend, with each of its convolution paths.
+// in float on the CPU backend, with each of its kernel libraries.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -77,7 +77,9 @@ struct ReferenceOps {
 
 struct CpuOps {
   using T = float;
-  explicit CpuOps(CpuConv conv = CpuConv::onednn) : backend(make_cpu_backend(1, conv)) {}
+  // Relu, pooling and the loss do not depend on the kernel library.
+  explicit CpuOps(CpuKernels kernels = CpuKernels::onednn)
+      : backend(make_cpu_backend(1, kernels)) {}
   std::unique_ptr<Backend> backend;
   std::vector<float> workspace;
 
@@ -243,69 +245,72 @@ TEST_CASE("gradients: the reference's backward is the derivative of its forward"
   gradcheck_layers(ops, 1e-6, 1e-6);
 }
 
-const CpuConv kConvPaths[] = {CpuConv::onednn, CpuConv::im2col};
+const CpuKernels kKernels[] = {CpuKernels::onednn, CpuKernels::openblas};
 
-std::string path_name(CpuConv conv) { return conv == CpuConv::onednn ? "onednn" : "im2col"; }
+std::string kernels_name(CpuKernels k) { return k == CpuKernels::onednn ? "onednn" : "openblas"; }
 
 TEST_CASE("gradients: the CPU backend's backward matches finite differences in float") {
-  for (const CpuConv conv : kConvPaths) {
-    CAPTURE(path_name(conv));
-    CpuOps ops(conv);
+  for (const CpuKernels kernels : kKernels) {
+    CAPTURE(kernels_name(kernels));
+    CpuOps ops(kernels);
     gradcheck_layers(ops, 1e-2f, 2e-3);
   }
 }
 
-TEST_CASE("cpu dense matches the reference") {
-  CpuOps ops;
-  std::mt19937 rng(1);
-  struct Case {
-    int n, in, out;
-  };
-  for (const Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 784, 33}, Case{3, 2, 129}}) {
-    CAPTURE(c.n);
-    CAPTURE(c.in);
-    CAPTURE(c.out);
-    const auto x = random_floats(c.n * c.in, rng), w = random_floats(c.in * c.out, rng),
-               b = random_floats(c.out, rng), dy = random_floats(c.n * c.out, rng);
-    std::vector<float> y(c.n * c.out), dx(x.size()), dw(w.size()), db(b.size());
-    std::vector<double> ry(y.size()), rdx(dx.size()), rdw(dw.size()), rdb(db.size());
-    const auto dx_ = to_double(x), dw_ = to_double(w), db_ = to_double(b), ddy = to_double(dy);
-    ops.dense_forward(x.data(), w.data(), b.data(), y.data(), c.n, c.in, c.out);
-    reference::dense_forward(dx_.data(), dw_.data(), db_.data(), ry.data(), c.n, c.in, c.out);
-    check_close(y, ry, 1e-4, "y");
-    std::fill(dw.begin(), dw.end(), 99.0f);  // overwritten, not accumulated
-    ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n, c.in,
-                       c.out);
-    reference::dense_backward(dx_.data(), dw_.data(), ddy.data(), rdx.data(), rdw.data(),
-                              rdb.data(), c.n, c.in, c.out);
-    check_close(dx, rdx, 1e-4, "dx");
-    check_close(dw, rdw, 1e-4, "dw");
-    check_close(db, rdb, 1e-4, "db");
-    // Without dx, the parameter gradients are unchanged.
-    std::vector<float> dw2(dw.size()), db2(db.size());
-    ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n, c.in,
-                       c.out);
-    CHECK(dw2 == dw);
-    CHECK(db2 == db);
+TEST_CASE("cpu dense matches the reference with both libraries") {
+  for (const CpuKernels kernels : kKernels) {
+    CAPTURE(kernels_name(kernels));
+    CpuOps ops(kernels);
+    std::mt19937 rng(1);
+    struct Case {
+      int n, in, out;
+    };
+    for (const Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 784, 33}, Case{3, 2, 129}}) {
+      CAPTURE(c.n);
+      CAPTURE(c.in);
+      CAPTURE(c.out);
+      const auto x = random_floats(c.n * c.in, rng), w = random_floats(c.in * c.out, rng),
+                 b = random_floats(c.out, rng), dy = random_floats(c.n * c.out, rng);
+      std::vector<float> y(c.n * c.out), dx(x.size()), dw(w.size()), db(b.size());
+      std::vector<double> ry(y.size()), rdx(dx.size()), rdw(dw.size()), rdb(db.size());
+      const auto dx_ = to_double(x), dw_ = to_double(w), db_ = to_double(b), ddy = to_double(dy);
+      ops.dense_forward(x.data(), w.data(), b.data(), y.data(), c.n, c.in, c.out);
+      reference::dense_forward(dx_.data(), dw_.data(), db_.data(), ry.data(), c.n, c.in, c.out);
+      check_close(y, ry, 1e-4, "y");
+      std::fill(dw.begin(), dw.end(), 99.0f);  // overwritten, not accumulated
+      ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n, c.in,
+                         c.out);
+      reference::dense_backward(dx_.data(), dw_.data(), ddy.data(), rdx.data(), rdw.data(),
+                                rdb.data(), c.n, c.in, c.out);
+      check_close(dx, rdx, 1e-4, "dx");
+      check_close(dw, rdw, 1e-4, "dw");
+      check_close(db, rdb, 1e-4, "db");
+      // Without dx, the parameter gradients are unchanged.
+      std::vector<float> dw2(dw.size()), db2(db.size());
+      ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n, c.in,
+                         c.out);
+      CHECK(dw2 == dw);
+      CHECK(db2 == db);
+    }
   }
 }
 
-// Both paths against the double reference, relative to 1 + |want|: y and dx
+// Both libraries against the double reference, relative to 1 + |want|: y and dx
 // to 1e-4 (float sums of at most 144 products); dw and db to 1e-3, since
 // they sum over every sample and position (16,200 products for the 50-sample
 // shape) and oneDNN's weight gradient, summing them in a long sequence, is
 // 1.2e-4 off there. Each shape runs twice: oneDNN reuses the primitives and
 // buffers it built for a shape, and the other shapes in between make it keep
 // several.
-TEST_CASE("cpu conv2d matches the reference on both paths, im2col chunks and reused shapes") {
+TEST_CASE("cpu conv2d matches the reference with both libraries, im2col chunks, reused shapes") {
   // The last shape needs more than one chunk of the im2col buffer; the
   // others are small and odd.
   const ConvShape shapes[] = {ConvShape{1, 1, 3, 3, 1, 3}, ConvShape{3, 2, 9, 7, 5, 3},
                               ConvShape{2, 3, 6, 11, 4, 1}, ConvShape{5, 1, 28, 28, 8, 5},
                               ConvShape{50, 16, 20, 20, 8, 3}};
-  for (const CpuConv conv : kConvPaths) {
-    CAPTURE(path_name(conv));
-    CpuOps ops(conv);
+  for (const CpuKernels kernels : kKernels) {
+    CAPTURE(kernels_name(kernels));
+    CpuOps ops(kernels);
     std::mt19937 rng(2);
     for (int round = 0; round < 2; ++round) {
       for (const ConvShape s : shapes) {
@@ -340,25 +345,25 @@ TEST_CASE("cpu conv2d matches the reference on both paths, im2col chunks and reu
   }
 }
 
-TEST_CASE("cpu backend: PSTRAIN_CPU_CONV picks the convolution path, oneDNN unless told") {
+TEST_CASE("cpu backend: PSTRAIN_CPU_KERNELS picks the kernel library, oneDNN unless told") {
   auto with = [](const char* value) {
     if (value) {
-      setenv("PSTRAIN_CPU_CONV", value, 1);
+      setenv("PSTRAIN_CPU_KERNELS", value, 1);
     } else {
-      unsetenv("PSTRAIN_CPU_CONV");
+      unsetenv("PSTRAIN_CPU_KERNELS");
     }
-    return cpu_conv_from_env();
+    return cpu_kernels_from_env();
   };
-  CHECK(with(nullptr) == CpuConv::onednn);
-  CHECK(with("") == CpuConv::onednn);
-  CHECK(with("onednn") == CpuConv::onednn);
-  CHECK(with("im2col") == CpuConv::im2col);
-  CHECK_THROWS_WITH_AS(with("gemm"), "PSTRAIN_CPU_CONV=gemm: expected onednn or im2col",
+  CHECK(with(nullptr) == CpuKernels::onednn);
+  CHECK(with("") == CpuKernels::onednn);
+  CHECK(with("onednn") == CpuKernels::onednn);
+  CHECK(with("openblas") == CpuKernels::openblas);
+  CHECK_THROWS_WITH_AS(with("mkl"), "PSTRAIN_CPU_KERNELS=mkl: expected onednn or openblas",
                        std::invalid_argument);
-  unsetenv("PSTRAIN_CPU_CONV");
-  CHECK(make_cpu_backend(1, CpuConv::onednn)->name().find("oneDNN convolutions") !=
+  unsetenv("PSTRAIN_CPU_KERNELS");
+  CHECK(make_cpu_backend(1, CpuKernels::onednn)->name().find("oneDNN kernels") !=
         std::string::npos);
-  CHECK(make_cpu_backend(1, CpuConv::im2col)->name().find("im2col convolutions") !=
+  CHECK(make_cpu_backend(1, CpuKernels::openblas)->name().find("OpenBLAS kernels") !=
         std::string::npos);
 }
 
