@@ -5,9 +5,10 @@
 // usage: bench_compute [--json] [--model mlp|cnn] [threads=1] [batch=64] [windows=7]
 // Each model warms up, then runs `windows` timed windows of about 0.5 s; the
 // median, min and max are reported. A second pass through a timing wrapper
-// splits one step's time by operation (the wrapper's own cost is small
-// against it). --json prints one JSON object per model instead, without the
-// split, for tools/bench.
+// splits one step's time by layer and direction (the wrapper's own cost is
+// small against it). PSTRAIN_CPU_KERNELS picks the kernel library
+// (client/cpu_backend.h); the backend's name says which ran. --json prints one JSON object per
+// model instead, without the split, for tools/bench.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,11 +54,12 @@ class TimedBackend final : public Backend {
 
   void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                      int out) override {
-    time("dense (gemm)", [&] { inner_.dense_forward(x, w, b, y, n, in, out); });
+    time(dense_name(in, out) + " forward", [&] { inner_.dense_forward(x, w, b, y, n, in, out); });
   }
   void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                       float* db, int n, int in, int out) override {
-    time("dense (gemm)", [&] { inner_.dense_backward(x, w, dy, dx, dw, db, n, in, out); });
+    time(dense_name(in, out) + " backward",
+         [&] { inner_.dense_backward(x, w, dy, dx, dw, db, n, in, out); });
   }
   void relu_forward(const float* x, float* y, std::size_t n) override {
     time("elementwise", [&] { inner_.relu_forward(x, y, n); });
@@ -70,18 +72,18 @@ class TimedBackend final : public Backend {
   }
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* ws,
                       const ConvShape& s) override {
-    time("conv (im2col+gemm)", [&] { inner_.conv2d_forward(x, w, b, y, ws, s); });
+    time(conv_name(s) + " forward", [&] { inner_.conv2d_forward(x, w, b, y, ws, s); });
   }
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* ws, const ConvShape& s) override {
-    time("conv (im2col+gemm)", [&] { inner_.conv2d_backward(x, w, dy, dx, dw, db, ws, s); });
+    time(conv_name(s) + " backward", [&] { inner_.conv2d_backward(x, w, dy, dx, dw, db, ws, s); });
   }
   void maxpool_forward(const float* x, float* y, std::int32_t* a, const PoolShape& s) override {
-    time("maxpool", [&] { inner_.maxpool_forward(x, y, a, s); });
+    time(pool_name(s) + " forward", [&] { inner_.maxpool_forward(x, y, a, s); });
   }
   void maxpool_backward(const float* dy, const std::int32_t* a, float* dx,
                         const PoolShape& s) override {
-    time("maxpool", [&] { inner_.maxpool_backward(dy, a, dx, s); });
+    time(pool_name(s) + " backward", [&] { inner_.maxpool_backward(dy, a, dx, s); });
   }
   void softmax_xent(const float* l, const std::int32_t* y, float* d, float* loss, float* c, int n,
                     int k) override {
@@ -94,8 +96,22 @@ class TimedBackend final : public Backend {
   }
 
  private:
+  // A layer's bucket name from its shape, which tells the layers of the
+  // presets apart.
+  static std::string dense_name(int in, int out) {
+    return "dense " + std::to_string(in) + "->" + std::to_string(out);
+  }
+  static std::string conv_name(const ConvShape& s) {
+    return "conv " + std::to_string(s.c) + "->" + std::to_string(s.filters) + " on " +
+           std::to_string(s.h) + "x" + std::to_string(s.w);
+  }
+  static std::string pool_name(const PoolShape& s) {
+    return "maxpool " + std::to_string(s.c) + " x " + std::to_string(s.h) + "x" +
+           std::to_string(s.w);
+  }
+
   template <class F>
-  void time(const char* bucket, F&& f) {
+  void time(const std::string& bucket, F&& f) {
     const auto start = Clock::now();
     f();
     seconds[bucket] += seconds_since(start);
@@ -105,7 +121,8 @@ class TimedBackend final : public Backend {
 
 struct Result {
   std::vector<double> rates;            // samples/s of each window, sorted
-  std::map<std::string, double> split;  // fraction of a step per operation
+  std::map<std::string, double> split;  // ms of a step per layer and direction
+  double step_ms = 0;
 };
 
 void fill_batch(Model& model, const Dataset& data, int batch) {
@@ -157,10 +174,11 @@ Result measure(const std::string& preset, Backend& backend, const Dataset& data,
   const double total = seconds_since(start);
   double covered = 0;
   for (const auto& [bucket, s] : timed.seconds) {
-    result.split[bucket] = s / total;
+    result.split[bucket] = 1e3 * s / steps;
     covered += s;
   }
-  result.split["other (model glue)"] = std::max(0.0, 1.0 - covered / total);
+  result.split["other (model glue)"] = 1e3 * std::max(0.0, total - covered) / steps;
+  result.step_ms = 1e3 * total / steps;
   return result;
 }
 
@@ -215,10 +233,12 @@ int main(int argc, char** argv) try {
   }
   if (json) return 0;
   std::printf(
-      "\nshare of a training step per operation\n\n| model | operation | share |\n|---|---|---|\n");
+      "\none training step by layer and direction\n\n| model | operation | ms per step | share "
+      "|\n|---|---|---|---|\n");
   for (const auto& [preset, r] : results) {
-    for (const auto& [bucket, share] : r.split) {
-      std::printf("| %s | %s | %.1f%% |\n", preset.c_str(), bucket.c_str(), 100 * share);
+    for (const auto& [bucket, ms] : r.split) {
+      std::printf("| %s | %s | %.3f | %.1f%% |\n", preset.c_str(), bucket.c_str(), ms,
+                  100 * ms / r.step_ms);
     }
   }
   return 0;

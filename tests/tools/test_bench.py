@@ -2,7 +2,8 @@
 """tools/bench: its arguments, its table and JSON on constructed rows, --diff
 of two constructed runs, and short real runs: bench_ps beside raw ZeroMQ, and
 bench_compute beside PyTorch, with PyTorch hidden (its row then says "not
-installed") and, where it is installed, present."""
+installed") and, where it is installed, present; both kernel libraries of
+the CPU backend."""
 
 import json
 import os
@@ -114,22 +115,39 @@ class QuickRuns(unittest.TestCase):
                 f.write("raise ImportError('hidden by test_bench')\n")
             env = dict(os.environ, PYTHONPATH=hide)
             r, text = self.run_json("--only", "compute mlp", "--reps", "1", env=env)
-        [row] = r["rows"]
-        self.assertEqual(row["peer_status"], "not installed")
-        self.assertIsNone(row["peer"])
-        self.assertIsNone(row["ratio"])
-        self.assertEqual(len(row["ours"]), 1)
-        self.assertGreater(row["ours"][0], 0)
+        self.assertEqual(len(r["rows"]), 2)  # oneDNN and OpenBLAS kernels
+        for row in r["rows"]:
+            self.assertEqual(row["peer_status"], "not installed")
+            self.assertIsNone(row["peer"])
+            self.assertIsNone(row["ratio"])
+            self.assertEqual(len(row["ours"]), 1)
+            self.assertGreater(row["ours"][0], 0)
         self.assertIn("not installed", text)
+
+    def test_compute_on_both_kernel_libraries(self):
+        with tempfile.TemporaryDirectory() as hide:
+            os.mkdir(os.path.join(hide, "torch"))  # PyTorch hidden: only our rows are timed
+            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
+                f.write("raise ImportError('hidden by test_bench')\n")
+            r, text = self.run_json("--only", "compute cnn", "--reps", "1",
+                                    env=dict(os.environ, PYTHONPATH=hide))
+        self.assertEqual([row["name"] for row in r["rows"]],
+                         ["compute cnn, 1 thread, batch 64",
+                          "compute cnn, 1 thread, batch 64, OpenBLAS kernels"])
+        for row in r["rows"]:
+            self.assertEqual(len(row["ours"]), 1)
+            self.assertGreater(row["ours"][0], 0)
+        self.assertIn("| compute cnn, 1 thread, batch 64, OpenBLAS kernels |", text)
 
     @unittest.skipUnless(torch_importable(), "PyTorch (python3-torch) not installed")
     def test_compute_beside_pytorch(self):
         r, _ = self.run_json("--only", "compute mlp", "--reps", "1")
-        [row] = r["rows"]
-        self.assertEqual(row["peer_status"], "ok")
-        self.assertEqual(len(row["peer"]), 1)
-        self.assertGreater(row["peer"][0], 0)
-        self.assertGreater(row["ratio"], 0)
+        self.assertEqual(len(r["rows"]), 2)  # oneDNN and OpenBLAS kernels
+        for row in r["rows"]:
+            self.assertEqual(row["peer_status"], "ok")
+            self.assertEqual(len(row["peer"]), 1)
+            self.assertGreater(row["peer"][0], 0)
+            self.assertGreater(row["ratio"], 0)
 
 
 if __name__ == "__main__":

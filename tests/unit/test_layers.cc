@@ -1,11 +1,12 @@
 // Every CPU backend operation against the double-precision reference, and
 // finite-difference gradient checks of every layer: in double on the
 // reference (the reference's backward is the derivative of its forward) and
-// in float on the CPU backend.
+// in float on the CPU backend, with each of its kernel libraries.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -76,7 +77,10 @@ struct ReferenceOps {
 
 struct CpuOps {
   using T = float;
-  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  // Relu, pooling and the loss do not depend on the kernel library.
+  explicit CpuOps(CpuKernels kernels = CpuKernels::onednn)
+      : backend(make_cpu_backend(1, kernels)) {}
+  std::unique_ptr<Backend> backend;
   std::vector<float> workspace;
 
   void dense_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int out) {
@@ -241,75 +245,126 @@ TEST_CASE("gradients: the reference's backward is the derivative of its forward"
   gradcheck_layers(ops, 1e-6, 1e-6);
 }
 
+const CpuKernels kKernels[] = {CpuKernels::onednn, CpuKernels::openblas};
+
+std::string kernels_name(CpuKernels k) { return k == CpuKernels::onednn ? "onednn" : "openblas"; }
+
 TEST_CASE("gradients: the CPU backend's backward matches finite differences in float") {
-  CpuOps ops;
-  gradcheck_layers(ops, 1e-2f, 2e-3);
+  for (const CpuKernels kernels : kKernels) {
+    CAPTURE(kernels_name(kernels));
+    CpuOps ops(kernels);
+    gradcheck_layers(ops, 1e-2f, 2e-3);
+  }
 }
 
-TEST_CASE("cpu dense matches the reference") {
-  CpuOps ops;
-  std::mt19937 rng(1);
-  struct Case {
-    int n, in, out;
+TEST_CASE("cpu dense matches the reference with both libraries") {
+  for (const CpuKernels kernels : kKernels) {
+    CAPTURE(kernels_name(kernels));
+    CpuOps ops(kernels);
+    std::mt19937 rng(1);
+    struct Case {
+      int n, in, out;
+    };
+    for (const Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 784, 33}, Case{3, 2, 129}}) {
+      CAPTURE(c.n);
+      CAPTURE(c.in);
+      CAPTURE(c.out);
+      const auto x = random_floats(c.n * c.in, rng), w = random_floats(c.in * c.out, rng),
+                 b = random_floats(c.out, rng), dy = random_floats(c.n * c.out, rng);
+      std::vector<float> y(c.n * c.out), dx(x.size()), dw(w.size()), db(b.size());
+      std::vector<double> ry(y.size()), rdx(dx.size()), rdw(dw.size()), rdb(db.size());
+      const auto dx_ = to_double(x), dw_ = to_double(w), db_ = to_double(b), ddy = to_double(dy);
+      ops.dense_forward(x.data(), w.data(), b.data(), y.data(), c.n, c.in, c.out);
+      reference::dense_forward(dx_.data(), dw_.data(), db_.data(), ry.data(), c.n, c.in, c.out);
+      check_close(y, ry, 1e-4, "y");
+      std::fill(dw.begin(), dw.end(), 99.0f);  // overwritten, not accumulated
+      ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n, c.in,
+                         c.out);
+      reference::dense_backward(dx_.data(), dw_.data(), ddy.data(), rdx.data(), rdw.data(),
+                                rdb.data(), c.n, c.in, c.out);
+      check_close(dx, rdx, 1e-4, "dx");
+      check_close(dw, rdw, 1e-4, "dw");
+      check_close(db, rdb, 1e-4, "db");
+      // Without dx, the parameter gradients are unchanged.
+      std::vector<float> dw2(dw.size()), db2(db.size());
+      ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n, c.in,
+                         c.out);
+      CHECK(dw2 == dw);
+      CHECK(db2 == db);
+    }
+  }
+}
+
+// Both libraries against the double reference, relative to 1 + |want|: y and dx
+// to 1e-4 (float sums of at most 144 products); dw and db to 1e-3, since
+// they sum over every sample and position (16,200 products for the 50-sample
+// shape) and oneDNN's weight gradient, summing them in a long sequence, is
+// 1.2e-4 off there. Each shape runs twice: oneDNN reuses the primitives and
+// buffers it built for a shape, and the other shapes in between make it keep
+// several.
+TEST_CASE("cpu conv2d matches the reference with both libraries, im2col chunks, reused shapes") {
+  // The last shape needs more than one chunk of the im2col buffer; the
+  // others are small and odd.
+  const ConvShape shapes[] = {ConvShape{1, 1, 3, 3, 1, 3}, ConvShape{3, 2, 9, 7, 5, 3},
+                              ConvShape{2, 3, 6, 11, 4, 1}, ConvShape{5, 1, 28, 28, 8, 5},
+                              ConvShape{50, 16, 20, 20, 8, 3}};
+  for (const CpuKernels kernels : kKernels) {
+    CAPTURE(kernels_name(kernels));
+    CpuOps ops(kernels);
+    std::mt19937 rng(2);
+    for (int round = 0; round < 2; ++round) {
+      for (const ConvShape s : shapes) {
+        CAPTURE(round);
+        CAPTURE(s.n);
+        CAPTURE(s.c);
+        CAPTURE(s.kernel);
+        const std::size_t xs = static_cast<std::size_t>(s.n) * s.c * s.h * s.w;
+        const std::size_t ws = static_cast<std::size_t>(s.filters) * s.c * s.kernel * s.kernel;
+        const std::size_t ys = static_cast<std::size_t>(s.n) * s.filters * s.out_h() * s.out_w();
+        const auto x = random_floats(xs, rng), w = random_floats(ws, rng),
+                   b = random_floats(s.filters, rng), dy = random_floats(ys, rng);
+        std::vector<float> y(ys), dx(xs, 7.0f), dw(ws, 7.0f), db(s.filters, 7.0f);
+        std::vector<double> ry(ys), rdx(xs), rdw(ws), rdb(s.filters);
+        const auto x_ = to_double(x), w_ = to_double(w), b_ = to_double(b), dy_ = to_double(dy);
+        ops.conv2d_forward(x.data(), w.data(), b.data(), y.data(), s);
+        reference::conv2d_forward(x_.data(), w_.data(), b_.data(), ry.data(), s);
+        check_close(y, ry, 1e-4, "y");
+        ops.conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), s);
+        reference::conv2d_backward(x_.data(), w_.data(), dy_.data(), rdx.data(), rdw.data(),
+                                   rdb.data(), s);
+        check_close(dx, rdx, 1e-4, "dx");
+        check_close(dw, rdw, 1e-3, "dw");
+        check_close(db, rdb, 1e-3, "db");
+        // Without dx, the parameter gradients are unchanged.
+        std::vector<float> dw2(ws), db2(s.filters);
+        ops.conv2d_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), s);
+        CHECK(dw2 == dw);
+        CHECK(db2 == db);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu backend: PSTRAIN_CPU_KERNELS picks the kernel library, oneDNN unless told") {
+  auto with = [](const char* value) {
+    if (value) {
+      setenv("PSTRAIN_CPU_KERNELS", value, 1);
+    } else {
+      unsetenv("PSTRAIN_CPU_KERNELS");
+    }
+    return cpu_kernels_from_env();
   };
-  for (const Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 784, 33}, Case{3, 2, 129}}) {
-    CAPTURE(c.n);
-    CAPTURE(c.in);
-    CAPTURE(c.out);
-    const auto x = random_floats(c.n * c.in, rng), w = random_floats(c.in * c.out, rng),
-               b = random_floats(c.out, rng), dy = random_floats(c.n * c.out, rng);
-    std::vector<float> y(c.n * c.out), dx(x.size()), dw(w.size()), db(b.size());
-    std::vector<double> ry(y.size()), rdx(dx.size()), rdw(dw.size()), rdb(db.size());
-    const auto dx_ = to_double(x), dw_ = to_double(w), db_ = to_double(b), ddy = to_double(dy);
-    ops.dense_forward(x.data(), w.data(), b.data(), y.data(), c.n, c.in, c.out);
-    reference::dense_forward(dx_.data(), dw_.data(), db_.data(), ry.data(), c.n, c.in, c.out);
-    check_close(y, ry, 1e-4, "y");
-    std::fill(dw.begin(), dw.end(), 99.0f);  // overwritten, not accumulated
-    ops.dense_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.n, c.in,
-                       c.out);
-    reference::dense_backward(dx_.data(), dw_.data(), ddy.data(), rdx.data(), rdw.data(),
-                              rdb.data(), c.n, c.in, c.out);
-    check_close(dx, rdx, 1e-4, "dx");
-    check_close(dw, rdw, 1e-4, "dw");
-    check_close(db, rdb, 1e-4, "db");
-    // Without dx, the parameter gradients are unchanged.
-    std::vector<float> dw2(dw.size()), db2(db.size());
-    ops.dense_backward(x.data(), w.data(), dy.data(), nullptr, dw2.data(), db2.data(), c.n, c.in,
-                       c.out);
-    CHECK(dw2 == dw);
-    CHECK(db2 == db);
-  }
-}
-
-TEST_CASE("cpu conv2d matches the reference, including batches split into chunks") {
-  CpuOps ops;
-  std::mt19937 rng(2);
-  // The last shape needs more than one chunk of the CPU backend's im2col
-  // buffer; the others are small and odd.
-  for (const ConvShape s :
-       {ConvShape{1, 1, 3, 3, 1, 3}, ConvShape{3, 2, 9, 7, 5, 3}, ConvShape{2, 3, 6, 11, 4, 1},
-        ConvShape{5, 1, 28, 28, 8, 5}, ConvShape{50, 16, 20, 20, 8, 3}}) {
-    CAPTURE(s.n);
-    CAPTURE(s.c);
-    CAPTURE(s.kernel);
-    const std::size_t xs = static_cast<std::size_t>(s.n) * s.c * s.h * s.w;
-    const std::size_t ws = static_cast<std::size_t>(s.filters) * s.c * s.kernel * s.kernel;
-    const std::size_t ys = static_cast<std::size_t>(s.n) * s.filters * s.out_h() * s.out_w();
-    const auto x = random_floats(xs, rng), w = random_floats(ws, rng),
-               b = random_floats(s.filters, rng), dy = random_floats(ys, rng);
-    std::vector<float> y(ys), dx(xs, 7.0f), dw(ws, 7.0f), db(s.filters, 7.0f);
-    std::vector<double> ry(ys), rdx(xs), rdw(ws), rdb(s.filters);
-    const auto x_ = to_double(x), w_ = to_double(w), b_ = to_double(b), dy_ = to_double(dy);
-    ops.conv2d_forward(x.data(), w.data(), b.data(), y.data(), s);
-    reference::conv2d_forward(x_.data(), w_.data(), b_.data(), ry.data(), s);
-    check_close(y, ry, 1e-4, "y");
-    ops.conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), s);
-    reference::conv2d_backward(x_.data(), w_.data(), dy_.data(), rdx.data(), rdw.data(), rdb.data(),
-                               s);
-    check_close(dx, rdx, 1e-4, "dx");
-    check_close(dw, rdw, 1e-4, "dw");
-    check_close(db, rdb, 1e-4, "db");
-  }
+  CHECK(with(nullptr) == CpuKernels::onednn);
+  CHECK(with("") == CpuKernels::onednn);
+  CHECK(with("onednn") == CpuKernels::onednn);
+  CHECK(with("openblas") == CpuKernels::openblas);
+  CHECK_THROWS_WITH_AS(with("mkl"), "PSTRAIN_CPU_KERNELS=mkl: expected onednn or openblas",
+                       std::invalid_argument);
+  unsetenv("PSTRAIN_CPU_KERNELS");
+  CHECK(make_cpu_backend(1, CpuKernels::onednn)->name().find("oneDNN kernels") !=
+        std::string::npos);
+  CHECK(make_cpu_backend(1, CpuKernels::openblas)->name().find("OpenBLAS kernels") !=
+        std::string::npos);
 }
 
 TEST_CASE("cpu relu matches the reference") {
