@@ -1,6 +1,7 @@
 #include "client/cpu_backend.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,10 +11,12 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "client/blas_core.h"
 #include "client/elementwise.h"
 #include "shared/log.h"
+#include "shared/low_precision.h"
 
 // OpenBLAS's core selection (exported by its DYNAMIC_ARCH builds, not
 // declared in cblas.h).
@@ -46,6 +49,17 @@ void choose_openblas_core() {
     }
     log("openblas: core ", openblas_get_corename(), " (", choice.reason, ")");
   });
+}
+
+// OpenBLAS's bf16 GEMM. cblas.h declares it whatever the build, but only
+// libraries built with BUILD_BFLOAT16 export it (Debian 12's do not), so it
+// is looked up at run time; null when absent.
+using Sbgemm = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint,
+                        float, const bfloat16*, blasint, const bfloat16*, blasint, float, float*,
+                        blasint);
+Sbgemm find_sbgemm() {
+  static const auto sbgemm = reinterpret_cast<Sbgemm>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  return sbgemm;
 }
 
 // Samples per convolution chunk: the im2col matrix of one chunk plus its
@@ -187,22 +201,19 @@ class CpuBackend final : public Backend {
     for (int i = 0; i < n; ++i) {
       std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x, in, w, out, 1.0f, y,
-                out);
+    gemm(CblasNoTrans, CblasNoTrans, n, out, in, x, in, w, out, 1.0f, y, out);
   }
 
   void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                       float* db, int n, int in, int out) override {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw,
-                out);
+    gemm(CblasTrans, CblasNoTrans, in, out, n, x, in, dy, out, 0.0f, dw, out);
     std::fill_n(db, out, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float* row = dy + static_cast<std::size_t>(i) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
     if (dx) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy, out, w, out, 0.0f,
-                  dx, in);
+      gemm(CblasNoTrans, CblasTrans, n, in, out, dy, out, w, out, 0.0f, dx, in);
     }
   }
 
@@ -231,8 +242,7 @@ class CpuBackend final : public Backend {
       const int m = std::min(chunk, s.n - n0);
       const int cols = static_cast<int>(positions) * m;
       im2col(x + static_cast<std::size_t>(n0) * s.c * s.h * s.w, col, s, m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.filters, cols, kk, 1.0f, w, kk, col,
-                  cols, 0.0f, out, cols);
+      gemm(CblasNoTrans, CblasNoTrans, s.filters, cols, kk, w, kk, col, cols, 0.0f, out, cols);
       // Filter-major to NCHW, adding the bias on the way.
       for (int f = 0; f < s.filters; ++f) {
         const float* src = out + static_cast<std::size_t>(f) * cols;
@@ -272,12 +282,11 @@ class CpuBackend final : public Backend {
         db[f] += sum;
       }
       im2col(x + static_cast<std::size_t>(n0) * image, col, s, m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.filters, kk, cols, 1.0f, grad, cols,
-                  col, cols, n0 == 0 ? 0.0f : 1.0f, dw, kk);
+      gemm(CblasNoTrans, CblasTrans, s.filters, kk, cols, grad, cols, col, cols,
+           n0 == 0 ? 0.0f : 1.0f, dw, kk);
       if (dx) {
         // The im2col matrix is no longer needed: its gradient takes its place.
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, cols, s.filters, 1.0f, w, kk, grad,
-                    cols, 0.0f, col, cols);
+        gemm(CblasTrans, CblasNoTrans, kk, cols, s.filters, w, kk, grad, cols, 0.0f, col, cols);
         col2im(col, dx + static_cast<std::size_t>(n0) * image, s, m);
       }
     }
@@ -329,6 +338,32 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
   }
 
+  void axpby(float a, const float* x, float b, float* y, std::size_t n) override {
+    if (b == 0) {
+      for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i] + b * y[i];
+    }
+  }
+
+  // bf16 always: through cblas_sbgemm where OpenBLAS exports it, else the
+  // operands rounded to bf16 go through sgemm, which gives the same numbers
+  // (products of two bf16 values are exact in float32) without the speed.
+  std::string precision_unavailable(Precision p) const override {
+    if (p != Precision::fp16) return "";
+    return "OpenBLAS has no fp16 GEMM (train.precision=bf16 is the CPU's low precision)";
+  }
+
+  void set_precision(Precision p) override {
+    Backend::set_precision(p);
+    if (p == Precision::bf16 && p != precision_)
+      log("cpu: bf16 GEMMs ",
+          find_sbgemm() ? "through OpenBLAS cblas_sbgemm"
+                        : "emulated: operands rounded to bf16, float32 sgemm (this OpenBLAS "
+                          "exports no cblas_sbgemm), bf16 results without a speed-up");
+    precision_ = p;
+  }
+
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override {
     const Optimizer optimizer(config);
@@ -347,8 +382,39 @@ class CpuBackend final : public Backend {
     return ptr;
   }
 
+  // C = op(A) op(B) + beta C at the chosen precision; A and B are read as
+  // stored, rows x ld floats.
+  void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) {
+    if (precision_ == Precision::fp32) {
+      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    const std::size_t a_size = static_cast<std::size_t>(ta == CblasNoTrans ? m : k) * lda;
+    const std::size_t b_size = static_cast<std::size_t>(tb == CblasNoTrans ? k : n) * ldb;
+    if (const Sbgemm sbgemm = find_sbgemm()) {
+      half_a_.resize(a_size);
+      half_b_.resize(b_size);
+      encode_halves(HalfFormat::bf16, a, half_a_.data(), a_size);
+      encode_halves(HalfFormat::bf16, b, half_b_.data(), b_size);
+      sbgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, half_a_.data(), lda, half_b_.data(), ldb, beta,
+             c, ldc);
+      return;
+    }
+    rounded_a_.resize(a_size);
+    rounded_b_.resize(b_size);
+    for (std::size_t i = 0; i < a_size; ++i) rounded_a_[i] = round_to_half(HalfFormat::bf16, a[i]);
+    for (std::size_t i = 0; i < b_size; ++i) rounded_b_[i] = round_to_half(HalfFormat::bf16, b[i]);
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, rounded_a_.data(), lda, rounded_b_.data(),
+                ldb, beta, c, ldc);
+  }
+
   int threads_;
   Fence fences_ = 0;
+  Precision precision_ = Precision::fp32;
+  // Rounded operands of the low-precision GEMMs, kept between calls.
+  std::vector<std::uint16_t> half_a_, half_b_;
+  std::vector<float> rounded_a_, rounded_b_;
 };
 
 }  // namespace
