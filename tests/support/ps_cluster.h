@@ -32,6 +32,7 @@ struct ClusterSpec {
   double worker_timeout = 60;
   std::uint64_t chunk_bytes = 64 * 1024;
   std::string on_worker_loss = {};  // train.on_worker_loss; empty: the mode's default
+  std::string train = {};           // more train.* entries, as "key: value, key: value"
   double checkpoint_every_s = 60;
   std::uint32_t checkpoint_keep = 3;
   double request_timeout = 10;
@@ -51,8 +52,10 @@ class PsCluster {
     y << "workers: {count: " << spec.workers << "}\n"
       << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
       << "data: {name: synthetic}\n";
+    std::string train = spec.train;
     if (!spec.on_worker_loss.empty())
-      y << "train: {on_worker_loss: " << spec.on_worker_loss << "}\n";
+      train += (train.empty() ? "" : ", ") + ("on_worker_loss: " + spec.on_worker_loss);
+    if (!train.empty()) y << "train: {" << train << "}\n";
     y << "net: {chunk_bytes: " << spec.chunk_bytes << ", worker_timeout: " << spec.worker_timeout
       << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
       << ", request_timeout: " << spec.request_timeout
