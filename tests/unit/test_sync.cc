@@ -270,6 +270,12 @@ TEST_CASE("sync: the learning-rate factor warms up linearly to the scaled rate")
   t.lr_scaling = false;
   CHECK(sync_lr_scale(t, 4, 5) == doctest::Approx(0.5));
   CHECK(sync_lr_scale(t, 4, 10) == 1.0f);
+  // Accumulation makes the effective batch, and the scaled rate, 3 x larger.
+  t.accumulate_steps = 3;
+  CHECK(sync_lr_scale(t, 4, 10) == 1.0f);
+  t.lr_scaling = true;
+  CHECK(sync_lr_scale(t, 4, 10) == 12.0f);
+  CHECK(sync_lr_scale(t, 4, 5) == doctest::Approx(6.5));
 }
 
 TEST_CASE("sync: a peer that goes away is named in the error, and the communicator stays broken") {
