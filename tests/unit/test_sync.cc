@@ -10,11 +10,14 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <limits>
+#include <mutex>
 #include <string_view>
 #include <thread>
 
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
+#include "client/loss_scaler.h"
 #include "client/model.h"
 #include "client/sync/gloo_communicator.h"
 #include "client/sync/sync_trainer.h"
@@ -214,6 +217,56 @@ TEST_CASE("sync: 2 accumulated micro-batches per worker equal one step on all 4 
     for (std::size_t k = 0; k < expected.size(); ++k)
       if (std::abs(replica[k] - expected[k]) > 1e-5f + 1e-4f * std::abs(expected[k])) ++mismatched;
     CHECK(mismatched == 0);
+  }
+}
+
+TEST_CASE(
+    "sync fp16 loss scaling: the scale is divided out; an overflow skips the step everywhere") {
+  // The scaler works on any backend; fp16 GEMMs only make overflows likely.
+  // A power-of-two scale is exact, so the step equals the unscaled one; a
+  // scale beyond float's range makes every gradient non-finite.
+  const Dataset data = make_synthetic(256, true);
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::sgd;
+  sgd.lr = 0.5f;
+  std::mutex mutex;
+  std::vector<std::vector<float>> unscaled(2), scaled(2), before(2), overflowed(2);
+  std::vector<std::uint64_t> skipped(2);
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    w.step();
+    std::lock_guard lock(mutex);
+    unscaled[w.comm->rank()] = weights(w.model);
+  });
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    MetricsRegistry registry;
+    LossScaler scaler(registry, {.initial = 1024});
+    w.replica->scale_loss(&scaler);
+    w.step();
+    std::lock_guard lock(mutex);
+    scaled[w.comm->rank()] = weights(w.model);
+  });
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    MetricsRegistry registry;
+    LossScaler scaler(registry, {.initial = std::numeric_limits<double>::max()});
+    w.replica->scale_loss(&scaler);
+    const std::vector<float> start = weights(w.model);
+    w.step();
+    std::lock_guard lock(mutex);
+    before[w.comm->rank()] = start;
+    overflowed[w.comm->rank()] = weights(w.model);
+    skipped[w.comm->rank()] = scaler.skipped();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank ", r);
+    REQUIRE(scaled[r].size() == unscaled[r].size());
+    std::size_t mismatched = 0;
+    for (std::size_t k = 0; k < scaled[r].size(); ++k)
+      mismatched +=
+          std::abs(scaled[r][k] - unscaled[r][k]) > 1e-6f * (1 + std::abs(unscaled[r][k]));
+    CHECK(mismatched == 0);
+    CHECK(unscaled[r] != before[r]);    // a step moves the weights...
+    CHECK(overflowed[r] == before[r]);  // ... an overflowed one does not
+    CHECK(skipped[r] == 1);
   }
 }
 
