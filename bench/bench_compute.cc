@@ -2,13 +2,16 @@
 // presets on the CPU backend, as samples/s. Its peer (PyTorch on the same
 // shapes) runs beside it under tools/bench, never as a figure written here.
 //
-// usage: bench_compute [--json] [--model mlp|cnn] [threads=1] [batch=64] [windows=7]
+// usage: bench_compute [--json] [--model mlp|cnn] [--precision fp32|bf16|fp16]
+//                      [threads=1] [batch=64] [windows=7]
 // Each model warms up, then runs `windows` timed windows of about 0.5 s; the
 // median, min and max are reported. A second pass through a timing wrapper
 // splits one step's time by layer and direction (the wrapper's own cost is
 // small against it). PSTRAIN_CPU_KERNELS picks the kernel library
-// (client/cpu_backend.h); the backend's name says which ran. --json prints one JSON object per
-// model instead, without the split, for tools/bench.
+// (client/cpu_backend.h); the backend's name says which ran. --json prints
+// one JSON object per model instead, without the split, for tools/bench.
+// --precision sets the GEMMs' precision (train.precision); one the CPU lacks
+// is an error naming why.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -187,30 +190,42 @@ Result measure(const std::string& preset, Backend& backend, const Dataset& data,
 int main(int argc, char** argv) try {
   bool json = false;
   std::vector<std::string> presets = {"mlp", "cnn"}, positional;
+  Precision precision = Precision::fp32;
+  bool precision_known = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json")
       json = true;
     else if (arg == "--model" && i + 1 < argc)
       presets = {argv[++i]};
-    else
+    else if (arg == "--precision" && i + 1 < argc) {
+      const std::string name = argv[++i];
+      precision_known = false;
+      for (const Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+        if (name == to_string(p)) {
+          precision = p;
+          precision_known = true;
+        }
+    } else
       positional.push_back(arg);
   }
   auto number = [&](std::size_t i, int fallback) {
     return i < positional.size() ? std::atoi(positional[i].c_str()) : fallback;
   };
   const int threads = number(0, 1), batch = number(1, 64), windows = number(2, 7);
-  if (threads < 1 || batch < 1 || windows < 1 || positional.size() > 3) {
+  if (threads < 1 || batch < 1 || windows < 1 || positional.size() > 3 || !precision_known) {
     std::fprintf(stderr,
-                 "usage: bench_compute [--json] [--model mlp|cnn] [threads>=1] "
-                 "[batch>=1] [windows>=1]\n");
+                 "usage: bench_compute [--json] [--model mlp|cnn] [--precision fp32|bf16|fp16] "
+                 "[threads>=1] [batch>=1] [windows>=1]\n");
     return 2;
   }
   auto backend = make_cpu_backend(threads);
+  backend->set_precision(precision);
   const Dataset data = make_synthetic(static_cast<std::size_t>(batch), true);
 
   if (!json) {
-    std::printf("backend: %s, batch %d, %d windows\n\n", backend->name().c_str(), batch, windows);
+    std::printf("backend: %s, batch %d, precision %s, %d windows\n\n", backend->name().c_str(),
+                batch, std::string(to_string(precision)).c_str(), windows);
     std::printf("| model | median samples/s | min | max |\n|---|---|---|---|\n");
   }
   std::vector<std::pair<std::string, Result>> results;

@@ -1,11 +1,15 @@
 #include "client/async_trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "client/backend.h"
+#include "client/loss_scaler.h"
 #include "client/model.h"
 #include "client/ps_client.h"
 #include "client/ps_restarts.h"
@@ -31,7 +35,8 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   auto weights = [&](std::size_t i) { return host.weights(i); };
   auto grads = [&](std::size_t i) { return host.grads(i); };
   BatchFeeder feeder(backend, model, shard, config.train.batch_size);
-  const std::uint64_t steps = total_steps(config, shard);
+  GradAccumulator accumulator(backend, model, config.train.accumulate_steps);
+  const std::uint64_t steps = optimizer_steps(config, shard);
 
   const auto pull_all = [&] {
     for (std::size_t i = 0; i < nv; ++i) ps.pull(vars[i].name, weights(i));
@@ -62,6 +67,13 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     Backend::Fence fence;
   };
   std::deque<Pending> pending;
+  // fp16: a step's gradients go out only once all of them are known to be
+  // finite (an overflow skips the step), so none is sent during backward.
+  std::optional<LossScaler> scaler;
+  if (scales_loss(config, backend)) scaler.emplace(registry);
+  const auto finite = [](std::span<const float> g) {
+    return std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); });
+  };
 
   for (std::uint64_t step = first_step; step < steps; ++step) {
     // This step's pushes; their replies are the next step's weights, which
@@ -74,20 +86,36 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     if (!direct)
       for (std::size_t i = 0; i < nv; ++i)
         backend.upload(weights(i).data(), model.param(i).data(), weights(i).size_bytes());
-    const Batch b = feeder.load();
-
+    if (scaler) model.set_loss_scale(scaler->scale());
     const auto t_compute = Clock::now();
+    // The micro-batches before the last only add to the gradient sum (a
+    // batch's losses are readable once its step's work is done).
+    std::size_t samples = 0;
+    double loss_sum = 0;
+    for (std::uint32_t m = micro_batches(config, shard, step); m > 1; --m) {
+      const Batch b = feeder.load();
+      accumulator.add(static_cast<int>(b.size));
+      feeder.fetch_losses();
+      feeder.stage_next();
+      backend.synchronize();
+      samples += b.size;
+      loss_sum += feeder.mean_loss() * static_cast<double>(b.size);
+    }
+    const Batch b = feeder.load();
     Clock::time_point t_first_send{};
     auto send = [&](std::size_t i) {
       if (t_first_send == Clock::time_point{}) t_first_send = Clock::now();
       ps.push_pull(vars[i].name, grads(i), weights(i));
     };
-    model.forward_backward(static_cast<int>(b.size), [&](std::size_t i) {
-      if (direct) return send(i);
+    const auto issued = [&](std::size_t i) {
+      if (!scaler) send(i);
+    };
+    accumulator.finish(static_cast<int>(b.size), [&](std::size_t i) {
+      if (direct) return issued(i);
       backend.download(model.grad(i).data(), grads(i).data(), grads(i).size_bytes());
       pending.push_back({i, backend.fence()});
       while (!pending.empty() && backend.fence_done(pending.front().fence)) {
-        send(pending.front().variable);
+        issued(pending.front().variable);
         pending.pop_front();
       }
     });
@@ -96,9 +124,15 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     if (!direct) {
       for (; !pending.empty(); pending.pop_front()) {
         backend.wait(pending.front().fence);
-        send(pending.front().variable);
+        issued(pending.front().variable);
       }
       backend.synchronize();
+    }
+    if (scaler) {
+      bool all_finite = true;
+      for (std::size_t i = 0; i < nv && all_finite; ++i) all_finite = finite(grads(i));
+      if (scaler->update(all_finite))
+        for (std::size_t i = nv; i-- > 0;) send(i);
     }
     const auto t_wait = Clock::now();
     try {
@@ -114,9 +148,11 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     for (const auto& v : vars) stale += ps.last_staleness(v.name);
     stale /= static_cast<double>(nv);
 
-    reporter.step(b.size, feeder.mean_loss(),
+    samples += b.size;
+    loss_sum += feeder.mean_loss() * static_cast<double>(b.size);
+    reporter.step(samples, loss_sum / static_cast<double>(samples),
                   std::chrono::duration<double>(t_wait - t_compute).count());
-    push_pull.observe(seconds_since(t_first_send));
+    if (t_first_send != Clock::time_point{}) push_pull.observe(seconds_since(t_first_send));
     wait.observe(seconds_since(t_wait));
     staleness.observe(stale);
     max_staleness.raise(stale);

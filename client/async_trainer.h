@@ -1,6 +1,9 @@
 #pragma once
 // The asynchronous training loop of one worker: pull, forward and backward on
-// one batch, push, never waiting for other workers.
+// one batch (or train.accumulate_steps micro-batches, their gradients
+// averaged: client/train_loop.h, GradAccumulator), push, never waiting for
+// other workers. A step is one push of every variable; the ps's clocks (ssp)
+// and a restart's resume point count them.
 //
 // Each variable's gradient goes out as a push_pull the moment backward has
 // produced it, so the ps applies it (and the reply brings the new weights)
@@ -10,6 +13,12 @@
 // download's fence completes, and the pulled weights are uploaded before the
 // next forward.
 //
+// train.precision fp16 (where the backend computes it) scales the loss
+// (client/loss_scaler.h): the step's gradients are pushed after backward,
+// once all are known to be finite, and a step with an overflow pushes
+// nothing (the ps sees a late step: ssp's clock moves on, backup waits for
+// others).
+//
 // A ps that restarts (client/ps_restarts.h) is met before the next step: the
 // worker says hello again and re-pulls every variable, or stops with an
 // error naming a ps that restarted without its checkpoint.
@@ -17,7 +26,8 @@
 
 namespace pstrain {
 
-// `first_step`: where a restarted worker resumes (steps_for_samples).
+// `first_step`: the optimizer step where a restarted worker resumes
+// (steps_for_samples, in whole accumulation groups).
 TrainSummary train_async(const TrainContext& context, std::uint64_t first_step = 0);
 
 }  // namespace pstrain

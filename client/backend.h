@@ -15,6 +15,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "shared/config.h"
 #include "shared/optimizer.h"
@@ -143,21 +144,66 @@ class Backend {
   virtual void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
                                float* state, std::size_t n, std::uint64_t step, float lr_scale) = 0;
 
-  // Mixed precision (train.precision): empty when this backend computes at
-  // `p`, else why it cannot. Here: float32 only.
-  virtual std::string precision_unavailable(Precision p) const {
-    return p == Precision::fp32 ? "" : name() + " computes in float32 only";
-  }
-  // From now on GEMMs take their operands rounded to `p`, accumulating and
-  // writing float32. Throws for a precision precision_unavailable rejects.
-  virtual void set_precision(Precision p) {
-    if (const std::string why = precision_unavailable(p); !why.empty())
-      throw std::invalid_argument(why);
-  }
-  // Whether the n floats at x (backend memory) are all finite; waits for the
-  // work issued before. Here: downloaded and checked on the host.
+  // Gradient accumulation (train.accumulate_steps): y = a x + b y; b == 0
+  // ignores y's old contents (a fresh buffer may hold NaNs). The default
+  // goes through host memory and synchronizes: correct on any backend, slow
+  // on a device.
+  virtual void axpby(float a, const float* x, float b, float* y, std::size_t n);
+
+  // Mixed precision (train.precision). The arithmetic asked of a backend at
+  // precision p != fp32: every GEMM (dense_forward, dense_backward and the
+  // convolutions' products) takes its operands rounded to p to nearest even,
+  // exactly as shared/low_precision.h rounds, accumulates in float32 and
+  // writes float32; everything else, the optimizer included, stays float32
+  // (the master weights). Where activations are stored in p, storing
+  // rounds the same way, so the results agree with the CPU's up to the
+  // order of float32 accumulation.
+  //
+  // precision_unavailable: "" when the backend can compute at p, else why
+  // not ("OpenBLAS and oneDNN lack fp16 GEMMs"); the default: only fp32.
+  virtual std::string precision_unavailable(Precision p) const;
+  // Switches the GEMMs to p (for the whole backend, between steps). Throws
+  // std::invalid_argument when precision_unavailable(p) is not empty; the
+  // default accepts only fp32.
+  virtual void set_precision(Precision p);
+  // Whether none of the n floats at x is an infinity or a NaN: the fp16
+  // loss scaler's overflow check (client/loss_scaler.h). Waits for the work
+  // issued before it. The default downloads x and checks on the host.
   virtual bool all_finite(const float* x, std::size_t n);
 };
+
+// The defaults are inline: libpstrain_cuda.so links none of the client's
+// objects.
+inline void Backend::axpby(float a, const float* x, float b, float* y, std::size_t n) {
+  std::vector<float> hx(n), hy(n);
+  download(x, hx.data(), n * sizeof(float));
+  if (b != 0) download(y, hy.data(), n * sizeof(float));
+  synchronize();
+  for (std::size_t i = 0; i < n; ++i) hy[i] = b != 0 ? a * hx[i] + b * hy[i] : a * hx[i];
+  upload(hy.data(), y, n * sizeof(float));
+  synchronize();
+}
+
+inline std::string Backend::precision_unavailable(Precision p) const {
+  return p == Precision::fp32 ? ""
+                              : "its GEMMs compute in fp32 only, not " + std::string(to_string(p));
+}
+
+inline void Backend::set_precision(Precision p) {
+  const std::string why = precision_unavailable(p);
+  if (!why.empty())
+    throw std::invalid_argument("train.precision=" + std::string(to_string(p)) +
+                                " is not available on " + name() + ": " + why);
+}
+
+inline bool Backend::all_finite(const float* x, std::size_t n) {
+  std::vector<float> host(n);
+  download(x, host.data(), n * sizeof(float));
+  synchronize();
+  for (float v : host)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
 
 template <MemoryKind Kind>
 BackendMemory<Kind>::~BackendMemory() {
@@ -167,17 +213,6 @@ BackendMemory<Kind>::~BackendMemory() {
   } else {
     owner_->release_host(ptr_);
   }
-}
-
-inline bool Backend::all_finite(const float* x, std::size_t n) {
-  if (n == 0) return true;
-  const auto host = alloc_host(n * sizeof(float));
-  download(x, host.data(), n * sizeof(float));
-  synchronize();
-  const float* h = host.data();
-  for (std::size_t i = 0; i < n; ++i)
-    if (!std::isfinite(h[i])) return false;
-  return true;
 }
 
 }  // namespace pstrain

@@ -1,21 +1,30 @@
 #include "client/cpu_backend.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "client/blas_core.h"
 #include "client/elementwise.h"
 #include "client/onednn_conv.h"
 #include "client/onednn_dense.h"
 #include "shared/log.h"
+#include "shared/low_precision.h"
 
 // OpenBLAS's core selection (exported by its DYNAMIC_ARCH builds, not
 // declared in cblas.h).
@@ -49,6 +58,79 @@ void choose_openblas_core() {
     log("openblas: core ", openblas_get_corename(), " (", choice.reason, ")");
   });
 }
+
+// OpenBLAS's bf16 GEMM. cblas.h declares it whatever the build, but only
+// libraries built with BUILD_BFLOAT16 export it (Debian 12's do not), so it
+// is looked up at run time; null when absent.
+using Sbgemm = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint,
+                        float, const bfloat16*, blasint, const bfloat16*, blasint, float, float*,
+                        blasint);
+Sbgemm find_sbgemm() {
+  static const auto sbgemm = reinterpret_cast<Sbgemm>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  return sbgemm;
+}
+
+// oneDNN's bf16 matmul, where OpenBLAS has none, on CPUs with AVX512_BF16
+// (float32 accumulation). A primitive is made once per GEMM shape (a model
+// has a handful) and kept.
+class OnednnBf16Gemm {
+ public:
+  OnednnBf16Gemm() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  // The implementation oneDNN runs bf16 matmuls with ("brg:avx512_core_bf16"),
+  // or "" when it has only its reference code (slower than rounding the
+  // operands for sgemm) or none.
+  std::string implementation() {
+    try {
+      const std::string impl = gemm(false, false, 256, 256, 256, 256, 256, 0, 256).implementation;
+      return impl.rfind("ref", 0) == 0 ? "" : impl;
+    } catch (const dnnl::error&) {
+      return "";
+    }
+  }
+
+  // C = op(A) op(B) + beta C, row-major; A and B hold bf16 bit patterns.
+  void run(bool ta, bool tb, int m, int n, int k, const std::uint16_t* a, int lda,
+           const std::uint16_t* b, int ldb, float beta, float* c, int ldc) {
+    Gemm& g = gemm(ta, tb, m, n, k, lda, ldb, beta, ldc);
+    dnnl::memory am(g.a, engine_, const_cast<std::uint16_t*>(a));
+    dnnl::memory bm(g.b, engine_, const_cast<std::uint16_t*>(b));
+    dnnl::memory cm(g.c, engine_, c);
+    g.matmul.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream_.wait();
+  }
+
+ private:
+  struct Gemm {
+    dnnl::memory::desc a, b, c;
+    dnnl::matmul matmul;
+    std::string implementation;
+  };
+
+  Gemm& gemm(bool ta, bool tb, int m, int n, int k, int lda, int ldb, float beta, int ldc) {
+    const std::array<int, 9> key{ta, tb, m, n, k, lda, ldb, ldc, std::bit_cast<int>(beta)};
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    // A transposed operand is the same matrix read with swapped strides.
+    const dnnl::memory::desc a({m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+    const dnnl::memory::desc b({k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+    const dnnl::memory::desc c({m, n}, dt::f32, dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    if (beta != 0) {
+      dnnl::post_ops sum;
+      sum.append_sum(beta);
+      attr.set_post_ops(sum);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
+    return cache_.emplace(key, Gemm{a, b, c, dnnl::matmul(pd), pd.impl_info_str()}).first->second;
+  }
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<std::array<int, 9>, Gemm> cache_;
+};
 
 // Samples per convolution chunk: the im2col matrix of one chunk plus its
 // filter-major output stay within about 8 MiB, large enough for sgemm to run
@@ -160,14 +242,14 @@ class CpuBackend final : public Backend {
     choose_openblas_core();
     openblas_set_num_threads(threads);
     if (kernels == CpuKernels::onednn) {
-      onednn_ = std::make_unique<OnednnConv>(threads);
+      conv_ = std::make_unique<OnednnConv>(threads);
       dense_ = std::make_unique<OnednnDense>(threads);
     }
   }
 
   std::string name() const override {
     return "cpu (OpenBLAS " + std::string(openblas_get_corename()) +
-           (onednn_ ? ", oneDNN" : ", OpenBLAS") + " kernels, " + std::to_string(threads_) +
+           (conv_ ? ", oneDNN" : ", OpenBLAS") + " kernels, " + std::to_string(threads_) +
            (threads_ == 1 ? " thread)" : " threads)");
   }
   bool host_accessible() const override { return true; }
@@ -195,12 +277,11 @@ class CpuBackend final : public Backend {
 
   void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                      int out) override {
-    if (dense_) return dense_->forward(x, w, b, y, n, in, out);
+    if (dense_ && precision_ == Precision::fp32) return dense_->forward(x, w, b, y, n, in, out);
     for (int i = 0; i < n; ++i) {
       std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x, in, w, out, 1.0f, y,
-                out);
+    gemm(CblasNoTrans, CblasNoTrans, n, out, in, x, in, w, out, 1.0f, y, out);
   }
 
   void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
@@ -210,12 +291,11 @@ class CpuBackend final : public Backend {
       const float* row = dy + static_cast<std::size_t>(i) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
-    if (dense_) return dense_->backward(x, w, dy, dx, dw, n, in, out);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 0.0f, dw,
-                out);
+    if (dense_ && precision_ == Precision::fp32)
+      return dense_->backward(x, w, dy, dx, dw, n, in, out);
+    gemm(CblasTrans, CblasNoTrans, in, out, n, x, in, dy, out, 0.0f, dw, out);
     if (dx) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy, out, w, out, 0.0f,
-                  dx, in);
+      gemm(CblasNoTrans, CblasTrans, n, in, out, dy, out, w, out, 0.0f, dx, in);
     }
   }
 
@@ -230,14 +310,14 @@ class CpuBackend final : public Backend {
   // (F x m*P) of one chunk.
   // oneDNN keeps the buffers of its own layouts and needs none.
   std::size_t conv2d_workspace(const ConvShape& s) const override {
-    if (onednn_) return 0;
+    if (conv_ && precision_ == Precision::fp32) return 0;
     return static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
            static_cast<std::size_t>(s.out_h() * s.out_w()) * conv_chunk(s);
   }
 
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
                       const ConvShape& s) override {
-    if (onednn_) return onednn_->forward(x, w, b, y, s);
+    if (conv_ && precision_ == Precision::fp32) return conv_->forward(x, w, b, y, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const int chunk = conv_chunk(s);
@@ -247,8 +327,7 @@ class CpuBackend final : public Backend {
       const int m = std::min(chunk, s.n - n0);
       const int cols = static_cast<int>(positions) * m;
       im2col(x + static_cast<std::size_t>(n0) * s.c * s.h * s.w, col, s, m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.filters, cols, kk, 1.0f, w, kk, col,
-                  cols, 0.0f, out, cols);
+      gemm(CblasNoTrans, CblasNoTrans, s.filters, cols, kk, w, kk, col, cols, 0.0f, out, cols);
       // Filter-major to NCHW, adding the bias on the way.
       for (int f = 0; f < s.filters; ++f) {
         const float* src = out + static_cast<std::size_t>(f) * cols;
@@ -263,7 +342,7 @@ class CpuBackend final : public Backend {
 
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* workspace, const ConvShape& s) override {
-    if (onednn_) return onednn_->backward(x, w, dy, dx, dw, db, s);
+    if (conv_ && precision_ == Precision::fp32) return conv_->backward(x, w, dy, dx, dw, db, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const std::size_t image = static_cast<std::size_t>(s.c) * s.h * s.w;
@@ -289,12 +368,11 @@ class CpuBackend final : public Backend {
         db[f] += sum;
       }
       im2col(x + static_cast<std::size_t>(n0) * image, col, s, m);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.filters, kk, cols, 1.0f, grad, cols,
-                  col, cols, n0 == 0 ? 0.0f : 1.0f, dw, kk);
+      gemm(CblasNoTrans, CblasTrans, s.filters, kk, cols, grad, cols, col, cols,
+           n0 == 0 ? 0.0f : 1.0f, dw, kk);
       if (dx) {
         // The im2col matrix is no longer needed: its gradient takes its place.
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, cols, s.filters, 1.0f, w, kk, grad,
-                    cols, 0.0f, col, cols);
+        gemm(CblasTrans, CblasNoTrans, kk, cols, s.filters, w, kk, grad, cols, 0.0f, col, cols);
         col2im(col, dx + static_cast<std::size_t>(n0) * image, s, m);
       }
     }
@@ -346,6 +424,52 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
   }
 
+  void axpby(float a, const float* x, float b, float* y, std::size_t n) override {
+    if (b == 0) {
+      for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i] + b * y[i];
+    }
+  }
+
+  // bf16 always: through cblas_sbgemm where OpenBLAS exports it, else
+  // oneDNN's matmul on CPUs with AVX512_BF16, else the operands rounded to
+  // bf16 go through sgemm, which gives the same numbers (products of two bf16
+  // values are exact in float32) without the speed. Without AVX512_BF16,
+  // oneDNN 2.6 emulates bf16 (gemm:jit) at 0.4x sgemm's speed for the MLP,
+  // slower than the rounding (0.5x), so it is not used there.
+  std::string precision_unavailable(Precision p) const override {
+    if (p != Precision::fp16) return "";
+    return "OpenBLAS has no fp16 GEMM (train.precision=bf16 is the CPU's low precision)";
+  }
+
+  void set_precision(Precision p) override {
+    Backend::set_precision(p);
+    if (p == Precision::bf16 && p != precision_) {
+      std::string how;
+      if (find_sbgemm()) {
+        how = "through OpenBLAS cblas_sbgemm";
+      } else if (host_cpu_features().avx512bf16) {
+        if (!bf16_matmul_) {
+          // oneDNN's threads are OpenMP's: as many as OpenBLAS's.
+          if (const auto set_threads =
+                  reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
+            set_threads(threads_);
+          bf16_matmul_.emplace();
+        }
+        const std::string impl = bf16_matmul_->implementation();
+        if (impl.empty()) bf16_matmul_.reset();
+        if (bf16_matmul_) how = "through oneDNN matmul (" + impl + ")";
+      }
+      if (how.empty())
+        how =
+            "emulated: operands rounded to bf16, float32 sgemm (no cblas_sbgemm in this OpenBLAS, "
+            "no native oneDNN bf16 matmul on this CPU): bf16 results without a speed-up";
+      log("cpu: bf16 GEMMs ", how);
+    }
+    precision_ = p;
+  }
+
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override {
     const Optimizer optimizer(config);
@@ -364,11 +488,49 @@ class CpuBackend final : public Backend {
     return ptr;
   }
 
+  // C = op(A) op(B) + beta C at the chosen precision; A and B are read as
+  // stored, rows x ld floats.
+  void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) {
+    if (precision_ == Precision::fp32) {
+      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    const std::size_t a_size = static_cast<std::size_t>(ta == CblasNoTrans ? m : k) * lda;
+    const std::size_t b_size = static_cast<std::size_t>(tb == CblasNoTrans ? k : n) * ldb;
+    const Sbgemm sbgemm = find_sbgemm();
+    if (sbgemm || bf16_matmul_) {
+      half_a_.resize(a_size);
+      half_b_.resize(b_size);
+      encode_halves(HalfFormat::bf16, a, half_a_.data(), a_size);
+      encode_halves(HalfFormat::bf16, b, half_b_.data(), b_size);
+      if (sbgemm)
+        sbgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, half_a_.data(), lda, half_b_.data(), ldb, beta,
+               c, ldc);
+      else
+        bf16_matmul_->run(ta == CblasTrans, tb == CblasTrans, m, n, k, half_a_.data(), lda,
+                          half_b_.data(), ldb, beta, c, ldc);
+      return;
+    }
+    rounded_a_.resize(a_size);
+    rounded_b_.resize(b_size);
+    for (std::size_t i = 0; i < a_size; ++i) rounded_a_[i] = round_to_half(HalfFormat::bf16, a[i]);
+    for (std::size_t i = 0; i < b_size; ++i) rounded_b_[i] = round_to_half(HalfFormat::bf16, b[i]);
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, rounded_a_.data(), lda, rounded_b_.data(),
+                ldb, beta, c, ldc);
+  }
+
   int threads_;
-  // Both null with OpenBLAS kernels.
-  std::unique_ptr<OnednnConv> onednn_;
+  // Both null with OpenBLAS kernels; used at fp32 only (the low precisions
+  // go through gemm() below).
+  std::unique_ptr<OnednnConv> conv_;
   std::unique_ptr<OnednnDense> dense_;
   Fence fences_ = 0;
+  Precision precision_ = Precision::fp32;
+  std::optional<OnednnBf16Gemm> bf16_matmul_;  // bf16 without cblas_sbgemm, where oneDNN has one
+  // Rounded operands of the low-precision GEMMs, kept between calls.
+  std::vector<std::uint16_t> half_a_, half_b_;
+  std::vector<float> rounded_a_, rounded_b_;
 };
 
 }  // namespace

@@ -278,6 +278,8 @@ void Model::forward_backward(int n,
                              const std::function<void(std::size_t variable)>& on_grad_issued) {
   forward(n);
   loss(n);
+  if (loss_scale_ != 1)
+    backend_.scale(grad_a_.data(), loss_scale_, static_cast<std::size_t>(n) * classes_);
   // Layers below the first one with parameters need no gradient at all.
   std::size_t first = 0;
   while (!layers_[first].has_params()) ++first;

@@ -74,6 +74,12 @@ class Model {
   // the layers below it still compute (after a fence on async backends).
   void forward_backward(int n, const std::function<void(std::size_t variable)>& on_grad_issued);
 
+  // fp16 loss scaling (client/loss_scaler.h): forward_backward multiplies
+  // the loss gradient by `scale`, so every gradient comes out scaled by it
+  // (GradAccumulator divides it out again).
+  void set_loss_scale(float scale) { loss_scale_ = scale; }
+  float loss_scale() const { return loss_scale_; }
+
   const float* logits() const;                                     // n x classes
   const float* loss_buffer() const { return loss_.data(); }        // n
   const float* correct_buffer() const { return correct_.data(); }  // n: 1 or 0
@@ -98,6 +104,7 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<VariableSpec> variables_;
   std::uint64_t parameter_count_ = 0;
+  float loss_scale_ = 1;
   std::vector<DeviceMemory> params_, grads_;
   DeviceMemory input_, labels_, loss_, correct_;
   DeviceMemory grad_a_, grad_b_, workspace_;

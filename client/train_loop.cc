@@ -17,6 +17,17 @@ std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard)
   return static_cast<std::uint64_t>(std::ceil(config.train.epochs * static_cast<double>(batches)));
 }
 
+std::uint64_t optimizer_steps(const ClusterConfig& config, const WorkerShard& shard) {
+  const std::uint64_t k = config.train.accumulate_steps;
+  return (total_steps(config, shard) + k - 1) / k;
+}
+
+std::uint32_t micro_batches(const ClusterConfig& config, const WorkerShard& shard,
+                            std::uint64_t step) {
+  const std::uint64_t k = config.train.accumulate_steps;
+  return static_cast<std::uint32_t>(std::min(k, total_steps(config, shard) - step * k));
+}
+
 std::uint64_t steps_for_samples(const WorkerShard& shard, std::uint64_t samples,
                                 std::size_t batch_size) {
   const std::uint64_t per_epoch = shard.size();
@@ -52,6 +63,54 @@ PsRequestsGuard::~PsRequestsGuard() {
       log("while unwinding, a ps request failed too: ", e.what());
     }
   }
+}
+
+Precision apply_precision(Backend& backend, Precision wanted) {
+  Precision used = wanted;
+  if (const std::string why = backend.precision_unavailable(wanted); !why.empty()) {
+    used = Precision::fp32;
+    log("train.precision=", to_string(wanted), " is not available on ", backend.name(), ": ", why,
+        "; training in ", to_string(used));
+  }
+  backend.set_precision(used);
+  return used;
+}
+
+bool scales_loss(const ClusterConfig& config, const Backend& backend) {
+  return config.train.precision == Precision::fp16 &&
+         backend.precision_unavailable(Precision::fp16).empty();
+}
+
+GradAccumulator::GradAccumulator(Backend& backend, Model& model, std::uint32_t steps)
+    : backend_(backend), model_(model) {
+  if (steps < 2) return;
+  for (const auto& v : model.variables()) sums_.push_back(backend.alloc(v.size * sizeof(float)));
+}
+
+void GradAccumulator::add(int n) {
+  const auto& vars = model_.variables();
+  const float weight = static_cast<float>(n) / model_.loss_scale();
+  model_.forward_backward(n, [&](std::size_t i) {
+    backend_.axpby(weight, model_.grad(i).data(), samples_ > 0 ? 1.0f : 0.0f, sums_.at(i).data(),
+                   vars[i].size);
+  });
+  samples_ += n;
+}
+
+void GradAccumulator::finish(int n,
+                             const std::function<void(std::size_t variable)>& on_grad_issued) {
+  const auto& vars = model_.variables();
+  const double total = samples_ + n;
+  const double scale = model_.loss_scale();
+  model_.forward_backward(n, [&](std::size_t i) {
+    if (samples_ > 0)
+      backend_.axpby(static_cast<float>(1 / total), sums_[i].data(),
+                     static_cast<float>(n / (total * scale)), model_.grad(i).data(), vars[i].size);
+    else if (scale != 1)
+      backend_.scale(model_.grad(i).data(), static_cast<float>(1 / scale), vars[i].size);
+    on_grad_issued(i);
+  });
+  samples_ = 0;
 }
 
 BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard, std::size_t batch_size)

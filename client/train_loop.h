@@ -87,14 +87,56 @@ class PsRequestsGuard {
   int exceptions_;  // std::uncaught_exceptions() at construction
 };
 
-// Steps of `config.train.epochs` passes over the shard, rounded up. Every
-// worker of a run gets the same number (shards are equal).
+// Batches of train.batch_size in `config.train.epochs` passes over the shard,
+// rounded up. Every worker of a run gets the same number (shards are equal).
 std::uint64_t total_steps(const ClusterConfig& config, const WorkerShard& shard);
+// Optimizer steps of a run: total_steps' batches in groups of
+// train.accumulate_steps micro-batches, the last group possibly shorter.
+std::uint64_t optimizer_steps(const ClusterConfig& config, const WorkerShard& shard);
+// The micro-batches of optimizer step `step` (0-based).
+std::uint32_t micro_batches(const ClusterConfig& config, const WorkerShard& shard,
+                            std::uint64_t step);
 // The whole steps behind `samples` of a worker's samples: epochs end in a
 // shorter batch (WorkerShard::next_batch), and a partly counted batch is
 // done again. Where a restarted worker resumes (WorkerShard::seek).
 std::uint64_t steps_for_samples(const WorkerShard& shard, std::uint64_t samples,
                                 std::size_t batch_size);
+
+// Sets the backend's GEMMs to `wanted` (train.precision) and returns it, or,
+// where the backend cannot compute at it, logs "train.precision=P is not
+// available on BACKEND: WHY; training in fp32" and returns fp32: a run
+// configured for a GPU still trains on a CPU, and says how.
+Precision apply_precision(Backend& backend, Precision wanted);
+
+// Whether a worker of `config` on `backend` scales its loss: fp16 where the
+// backend computes it (apply_precision falls back to fp32 elsewhere).
+bool scales_loss(const ClusterConfig& config, const Backend& backend);
+
+// Gradient accumulation (train.accumulate_steps): a step's gradient is the
+// mean of its micro-batches' gradients weighted by their sizes, which is the
+// gradient of one batch of their union (the loss is a mean over the batch).
+// The running sum lives in backend memory beside the model's gradients, one
+// buffer per variable, allocated only when steps > 1. A loss scale
+// (Model::set_loss_scale) is divided out of the step's gradient.
+class GradAccumulator {
+ public:
+  GradAccumulator(Backend& backend, Model& model, std::uint32_t steps);
+
+  // Forward and backward on the first n samples of the model's input, a
+  // micro-batch before the step's last: its gradients join the sum.
+  void add(int n);
+  // The step's last micro-batch: forward and backward, and on_grad_issued(i)
+  // (as Model::forward_backward calls it) once model.grad(i) holds the
+  // step's gradient. Starts the next step's sum afresh.
+  // The loss scale must not change between a step's add()s and finish().
+  void finish(int n, const std::function<void(std::size_t variable)>& on_grad_issued);
+
+ private:
+  Backend& backend_;
+  Model& model_;
+  std::vector<DeviceMemory> sums_;
+  double samples_ = 0;  // in sums_
+};
 
 // Puts batches into the model's input and reads back their losses. On
 // backends the host cannot reach, batches are assembled in two pinned buffers

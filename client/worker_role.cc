@@ -66,13 +66,20 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   auto heartbeats = std::make_unique<HeartbeatThread>(config, index);
 
   auto backend = make_backend(config, index);
+  const Precision precision = apply_precision(*backend, config.train.precision);
+  registry
+      .gauge("pstrain_worker_precision_fallback",
+             "1 when the backend cannot compute at train.precision and trains in fp32.")
+      .with()
+      .set(precision != config.train.precision ? 1 : 0);
   const Dataset train = load_dataset(config.data, true);
   WorkerShard shard(train, index, n_workers, config.train.seed);
   Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
               train.classes, static_cast<int>(config.train.batch_size));
   log("backend ", backend->name(), ", model ", config.model.preset, " (", model.parameter_count(),
       " parameters), ", shard.size(), " training samples of ", train.size(), ", batch ",
-      config.train.batch_size);
+      config.train.batch_size, " x ", config.train.accumulate_steps, " accumulated, precision ",
+      to_string(precision));
 
   PsClient ps(config, index, shard_map_for(config, model.variables()));
   const auto state_updates = ps.hello();
@@ -85,8 +92,10 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   std::uint64_t first_step = 0;
   if (!allreduce_mode(config.mode)) {
     if (const auto done = ps.samples_counted(); done > 0) {
-      first_step = steps_for_samples(shard, done, config.train.batch_size);
-      shard.seek(first_step, config.train.batch_size);
+      // A partly done accumulation group is done again from its start.
+      first_step =
+          steps_for_samples(shard, done, config.train.batch_size) / config.train.accumulate_steps;
+      shard.seek(first_step * config.train.accumulate_steps, config.train.batch_size);
       log("resuming after ", done, " samples ps 0 counted of this worker: step ", first_step);
     }
   }

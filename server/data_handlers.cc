@@ -57,6 +57,7 @@ DataHandlers::DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySin
   if (consistency.mode == Mode::ssp) ssp_.emplace(consistency.workers, consistency.staleness_bound);
   if (consistency.mode == Mode::backup) backup_.emplace(consistency.backup_workers);
   lr_scaling_ = consistency.lr_scaling;
+  accumulate_steps_ = consistency.accumulate_steps;
 }
 
 void DataHandlers::add_handlers(Handlers& handlers) {
@@ -174,7 +175,8 @@ void DataHandlers::push_backup(const Request& request, const wire::ChunkRequest&
 }
 
 void DataHandlers::apply_step(const BackupAggregator::Step& step) {
-  const float lr_scale = lr_scaling_ ? static_cast<float>(step.waiting.size()) : 1.0f;
+  const float lr_scale =
+      lr_scaling_ ? static_cast<float>(step.waiting.size() * accumulate_steps_) : 1.0f;
   const Chunk& c = store_.push(step.name, step.chunk, step.mean, lr_scale);
   ++steps_applied_;
   for (const auto& r : step.waiting) reply_update(r, c);

@@ -56,8 +56,10 @@ struct Consistency {
   std::uint64_t staleness_bound = 0;  // ssp
   std::uint32_t backup_workers = 0;   // backup
   // backup: a step's mean applied with the learning rate times the
-  // gradients it averages (train.lr_scaling: the linear scaling rule).
+  // gradients it averages (train.lr_scaling: the linear scaling rule),
+  // times the micro-batches each of them averages (train.accumulate_steps).
   bool lr_scaling = false;
+  std::uint32_t accumulate_steps = 1;
 };
 
 class DataHandlers {
@@ -139,6 +141,7 @@ class DataHandlers {
   std::optional<SspGate> ssp_;                               // mode ssp
   std::optional<BackupAggregator> backup_;                   // mode backup
   bool lr_scaling_ = false;                                  // mode backup
+  std::uint32_t accumulate_steps_ = 1;                       // mode backup
   std::uint64_t largest_staleness_ = 0;                      // mode ssp
   std::uint64_t steps_applied_ = 0, gradients_dropped_ = 0;  // mode backup
 };

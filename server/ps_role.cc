@@ -102,7 +102,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                          .workers = static_cast<std::uint32_t>(config.workers.size()),
                          .staleness_bound = config.train.staleness_bound,
                          .backup_workers = config.train.backup_workers,
-                         .lr_scaling = config.train.lr_scaling});
+                         .lr_scaling = config.train.lr_scaling,
+                         .accumulate_steps = config.train.accumulate_steps});
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
   stats.add_handler(loop.handlers(), loop, store, coordinator);

@@ -137,6 +137,9 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("local_steps", &TrainConfig::local_steps, at_least(1)),
     choice("on_worker_loss", &TrainConfig::on_worker_loss,
            {WorkerLoss::continue_, WorkerLoss::fail}),
+    bounded("accumulate_steps", &TrainConfig::accumulate_steps, at_least(1)),
+    choice("precision", &TrainConfig::precision,
+           {Precision::fp32, Precision::bf16, Precision::fp16}),
 };
 
 const std::vector<Field<FaultConfig>> kFaultFields = {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shared/fault.h"
@@ -57,14 +58,17 @@ enum class Mode { async, sync, ssp, backup, local };
 // with the ps holding only a copy worker 0 assigns: sync and local.
 bool allreduce_mode(Mode mode);
 
-// The arithmetic of a worker's GEMMs (train.precision): float32, or operands
-// rounded to bfloat16 or fp16 (shared/low_precision.h) with float32
-// accumulation and outputs.
-enum class Precision { fp32, bf16, fp16 };
-
 // What a ps does when a worker that has not finished goes silent for
 // net.worker_timeout: go on with the live ones, or exit 3 naming it.
 enum class WorkerLoss { continue_, fail };
+
+// The arithmetic of a worker's GEMMs (dense layers and the convolutions'
+// products): operands rounded to this format (shared/low_precision.h), float32
+// accumulation and outputs, float32 master weights on the worker and the ps.
+// fp16 also scales the loss (client/loss_scaler.h). A backend that cannot
+// compute at the chosen precision says why (Backend::precision_unavailable),
+// and the worker trains in fp32, saying so.
+enum class Precision { fp32, bf16, fp16 };
 
 struct ModelLayer {  // one entry of a model given as a list of layers
   std::string type;  // dense, relu, conv2d, maxpool2d, flatten
@@ -110,6 +114,12 @@ struct TrainConfig {
   std::uint32_t staleness_bound = 1;  // ssp: steps a worker may run ahead of the slowest
   std::uint32_t backup_workers = 1;   // backup: gradients of a step the ps does not wait for
   std::uint32_t local_steps = 8;      // local: steps between weight averages
+  // Micro-batches of batch_size whose gradients a worker averages before one
+  // push (async modes) or one all-reduce and optimizer step (sync, local):
+  // the effective batch is accumulate_steps x batch_size. Steps count these
+  // optimizer steps everywhere (sync_every, local_steps, warm-up, ssp clocks).
+  std::uint32_t accumulate_steps = 1;
+  Precision precision = Precision::fp32;
   // Follows the mode unless given (the mode's field sets it): an async run
   // can finish without a worker, a sync one cannot.
   WorkerLoss on_worker_loss = WorkerLoss::continue_;
@@ -230,5 +240,18 @@ std::vector<std::string> config_keys();
 std::string_view to_string(Mode mode);
 std::string_view to_string(Device device);
 std::string_view to_string(WorkerLoss loss);
+// Inline: libpstrain_cuda.so, which links none of pstrain_shared, names
+// precisions in its messages (client/backend.h).
+inline std::string_view to_string(Precision precision) {
+  switch (precision) {
+    case Precision::fp32:
+      return "fp32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
+  }
+  return "unknown";
+}
 
 }  // namespace pstrain

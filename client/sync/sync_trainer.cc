@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <span>
 
 #include "client/model.h"
@@ -22,7 +23,9 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
-  const double target = train.lr_scaling ? workers : 1.0;
+  // The rule scales with the effective batch: workers x accumulated micro-batches.
+  const double target =
+      train.lr_scaling ? static_cast<double>(workers) * train.accumulate_steps : 1.0;
   if (step >= train.warmup_steps) return static_cast<float>(target);
   const double start = train.lr_scaling ? 1.0 : 0.0;
   return static_cast<float>(start + (target - start) * static_cast<double>(step) /
@@ -31,7 +34,7 @@ float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
 
 SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
                          const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
-                         std::uint32_t local_steps)
+                         std::uint32_t local_steps, std::uint32_t accumulate_steps)
     : backend_(backend),
       model_(model),
       comm_(comm),
@@ -39,7 +42,8 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
       slots_(Optimizer(optimizer).state_slots()),
       packed_(backend.host_accessible()),
       overlap_(overlap && backend.host_accessible() && local_steps == 0),
-      local_steps_(local_steps) {
+      local_steps_(local_steps),
+      accumulator_(backend, model, accumulate_steps) {
   const auto& vars = model.variables();
   std::size_t total = 0;
   for (const auto& v : vars) {
@@ -120,18 +124,30 @@ void SyncReplica::wait_reduced() {
   if (error_) std::rethrow_exception(error_);
 }
 
+void SyncReplica::accumulate(int n) {
+  if (scaler_) model_.set_loss_scale(scaler_->scale());
+  accumulator_.add(n);
+}
+
 SyncStepTimes SyncReplica::local_step(int n, float lr_scale) {
   SyncStepTimes times;
   const auto& vars = model_.variables();
   const auto t_compute = Clock::now();
-  model_.forward_backward(n, [](std::size_t) {});
+  if (scaler_) model_.set_loss_scale(scaler_->scale());
+  accumulator_.finish(n, [](std::size_t) {});
   const auto t_optimizer = Clock::now();
   times.compute_ms = ms_between(t_compute, t_optimizer);
+  bool finite = true;
+  for (std::size_t i = 0; scaler_ && i < vars.size() && finite; ++i)
+    finite = backend_.all_finite(model_.grad(i).data(), vars[i].size);
+  // A skipped step still counts towards the average, which every replica
+  // must reach at the same step.
   steps_ += 1;
-  for (std::size_t i = 0; i < vars.size(); ++i)
-    backend_.apply_optimizer(optimizer_, model_.param(i).data(), model_.grad(i).data(),
-                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
-                             vars[i].size, steps_, lr_scale);
+  if (!scaler_ || scaler_->update(finite))
+    for (std::size_t i = 0; i < vars.size(); ++i)
+      backend_.apply_optimizer(optimizer_, model_.param(i).data(), model_.grad(i).data(),
+                               slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
+                               vars[i].size, steps_, lr_scale);
   const auto t_average = Clock::now();
   times.optimizer_ms = ms_between(t_optimizer, t_average);
   if (steps_ % local_steps_ == 0) {
@@ -161,7 +177,8 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
     allreduce_ms_ = 0;
   }
   const auto t_compute = Clock::now();
-  model_.forward_backward(n, [&](std::size_t i) {
+  if (scaler_) model_.set_loss_scale(scaler_->scale());
+  accumulator_.finish(n, [&](std::size_t i) {
     if (packed_)
       std::memcpy(flat_.data() + offset_[i], model_.grad(i).data(), vars[i].size * sizeof(float));
     const std::size_t b = bucket_of_[i];
@@ -185,6 +202,12 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   }
   const auto t_reduced = Clock::now();
   times.wait_ms = ms_between(t_backward, t_reduced);
+  if (scaler_) {
+    bool finite = true;
+    for (std::size_t b = 0; b < buckets_.size() && finite; ++b)
+      finite = backend_.all_finite(buckets_[b].data, buckets_[b].count);
+    if (!scaler_->update(finite)) return times;
+  }
 
   steps_ += 1;
   const float average = 1.0f / static_cast<float>(comm_.size());
@@ -231,8 +254,11 @@ TrainSummary train_sync(const TrainContext& context) {
     record_sync_step(ps, config, step);
   };
 
-  const std::uint64_t steps = total_steps(config, shard);
+  const std::uint64_t steps = optimizer_steps(config, shard);
+  const std::uint32_t accumulate_steps = config.train.accumulate_steps;
   ProgressReporter reporter(context);
+  std::optional<LossScaler> scaler;
+  if (scales_loss(config, backend)) scaler.emplace(registry);
   auto& allreduce = reporter.mean_ms("allreduce_ms", "pstrain_worker_allreduce_seconds",
                                      "Time per step in all-reduce calls.");
   auto& wait = reporter.mean_ms("wait_ms", "pstrain_worker_wait_seconds",
@@ -256,10 +282,11 @@ TrainSummary train_sync(const TrainContext& context) {
   std::uint64_t done = 0;  // the last step this process completed
   const auto train_attempt = [&](const SyncAttempt& attempt, Communicator& comm) {
     read_from_ps();
-    shard.seek(attempt.step, config.train.batch_size);
+    shard.seek(attempt.step * accumulate_steps, config.train.batch_size);
     const std::uint32_t local_steps = config.mode == Mode::local ? config.train.local_steps : 0;
     SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes, true,
-                        local_steps);
+                        local_steps, accumulate_steps);
+    if (scaler) replica.scale_loss(&*scaler);
     BatchFeeder feeder(backend, model, shard, config.train.batch_size);
     if (local_steps > 0)
       log("local SGD: weights averaged every ", local_steps, " steps by ", comm.name(),
@@ -270,6 +297,22 @@ TrainSummary train_sync(const TrainContext& context) {
           replica.buckets(), " buckets, ", steps, " steps; attempt ", attempt.number,
           " starts at step ", attempt.step + 1);
     for (std::uint64_t step = attempt.step + 1; step <= steps; ++step) {
+      // The micro-batches before the last only add to this worker's
+      // gradient (their losses readable once their work is done).
+      std::size_t samples = 0;
+      double loss_sum = 0;
+      double accumulate_ms = 0;
+      for (std::uint32_t m = micro_batches(config, shard, step - 1); m > 1; --m) {
+        const auto t = Clock::now();
+        const Batch b = feeder.load();
+        replica.accumulate(static_cast<int>(b.size));
+        feeder.fetch_losses();
+        feeder.stage_next();
+        backend.synchronize();
+        accumulate_ms += ms_between(t, Clock::now());
+        samples += b.size;
+        loss_sum += feeder.mean_loss() * static_cast<double>(b.size);
+      }
       const Batch b = feeder.load();
       const float lr_scale = sync_lr_scale(config.train, comm.size(), step);
       SyncStepTimes t = replica.step(static_cast<int>(b.size), lr_scale);
@@ -288,7 +331,10 @@ TrainSummary train_sync(const TrainContext& context) {
       if (index == 0 && (step % config.train.sync_every == 0 || step == steps)) write_to_ps(step);
 
       // The registry keeps seconds.
-      reporter.step(b.size, feeder.mean_loss(), t.compute_ms / 1e3);
+      samples += b.size;
+      loss_sum += feeder.mean_loss() * static_cast<double>(b.size);
+      reporter.step(samples, loss_sum / static_cast<double>(samples),
+                    (accumulate_ms + t.compute_ms) / 1e3);
       allreduce.observe(t.allreduce_ms / 1e3);
       wait.observe(t.wait_ms / 1e3);
       optimizer.observe(t.optimizer_ms / 1e3);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "client/backend.h"
+#include "client/loss_scaler.h"
 #include "client/sync/communicator.h"
 #include "client/train_loop.h"
 #include "shared/config.h"
@@ -63,18 +64,31 @@ class SyncReplica {
   // (host-accessible backends); otherwise after backward, on the caller's
   // thread.
   // `local_steps`: 0 for sync; H > 0 for local SGD (no gradient all-reduce,
-  // weights averaged every H steps).
+  // weights averaged every H steps). `accumulate_steps` > 1: room for the
+  // gradient sum of accumulate() (train.accumulate_steps).
   SyncReplica(Backend& backend, Model& model, Communicator& comm, const OptimizerConfig& optimizer,
-              std::size_t bucket_bytes, bool overlap, std::uint32_t local_steps = 0);
+              std::size_t bucket_bytes, bool overlap, std::uint32_t local_steps = 0,
+              std::uint32_t accumulate_steps = 1);
   SyncReplica(const SyncReplica&) = delete;
   SyncReplica& operator=(const SyncReplica&) = delete;
 
-  // forward_backward on the first n samples of the model's input, all-reduce,
-  // average, and the optimizer step. Throws CommError when a peer fails.
+  // Gradient accumulation: forward_backward on the first n samples of the
+  // model's input, a micro-batch before a step's last; its gradients join
+  // the step's (on this worker only: nothing is exchanged).
+  void accumulate(int n);
+  // forward_backward on the first n samples of the model's input (with the
+  // micro-batches accumulated since the last step: their size-weighted mean
+  // gradient), all-reduce, average, and the optimizer step. Throws CommError
+  // when a peer fails.
   // Local SGD: the step averages the weights every local_steps steps
   // (allreduce_ms times it).
   SyncStepTimes step(int n, float lr_scale);
   std::size_t buckets() const { return buckets_.size(); }
+  // fp16 (train.precision): steps scale the loss by scaler's scale and skip
+  // the optimizer when a gradient overflowed. In sync mode the check is on
+  // the all-reduced sums, so every replica skips alike; in local SGD each
+  // checks its own. Null: no scaling. The scaler must outlive the replica.
+  void scale_loss(LossScaler* scaler) { scaler_ = scaler; }
   // Local SGD: averages the weights over the workers now (every worker must
   // call it at the same step: a run's last, so all end alike).
   void average_weights();
@@ -104,6 +118,8 @@ class SyncReplica {
   std::vector<std::size_t> bucket_of_;
   std::vector<Bucket> buckets_;
   DeviceMemory flat_, state_;
+  GradAccumulator accumulator_;
+  LossScaler* scaler_ = nullptr;
   std::uint64_t steps_ = 0;
 
   // The communication thread's queue; it alone calls comm_ during a step.

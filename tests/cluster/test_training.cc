@@ -1,6 +1,6 @@
 // Asynchronous training end to end with the real binary: accuracy on
-// Fashion-MNIST, determinism of a single worker, a missing data directory,
-// a worker killed mid-run (train.on_worker_loss continue and fail), steps
+// Fashion-MNIST (at fp32 and bf16; fp16's fallback on the CPU), determinism of a single worker, a
+// missing data directory, a worker killed mid-run (train.on_worker_loss continue and fail), steps
 // and a final evaluation longer than net.worker_timeout, and restarts: a ps
 // restored from its checkpoint, one restarted without it, and a worker
 // that resumes its shard.
@@ -121,6 +121,33 @@ TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") 
   const std::string out = eval.log_text();
   REQUIRE_MESSAGE(std::regex_search(out, m, std::regex("test accuracy ([0-9.]+)")), out);
   CHECK(std::abs(std::stod(m[1]) - accuracy) < 1e-4);
+}
+
+TEST_CASE("async: the default job at train.precision bf16 reaches 85% in its 3 epochs") {
+  // cluster.yaml's training; the CPU computes bf16 everywhere (emulated
+  // where OpenBLAS lacks cblas_sbgemm), so this never skips.
+  Run run(2, 2,
+          "model: mlp\n"
+          "optimizer: {name: momentum, lr: 0.02, momentum: 0.9, nesterov: true}\n"
+          "train: {batch_size: 64, epochs: 3, eval_every: 0, precision: bf16}\n");
+  const std::string logs = run.train(300s);
+  for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+  const std::string worker0 = run.workers[0]->log_text();
+  CHECK_MESSAGE(worker0.find("cpu: bf16 GEMMs") != std::string::npos, worker0);
+  CHECK_MESSAGE(worker0.find("precision bf16") != std::string::npos, worker0);
+  const double accuracy = final_accuracy(worker0);
+  MESSAGE("final test accuracy at bf16 ", accuracy);
+  CHECK_MESSAGE(accuracy >= 0.85, logs);
+}
+
+TEST_CASE("async: train.precision fp16 on the CPU says it is unavailable and trains in fp32") {
+  Run run(1, 1, "data: {name: synthetic}\ntrain: {epochs: 1, eval_every: 0, precision: fp16}\n");
+  const std::string logs = run.train(120s);
+  const std::string worker0 = run.workers[0]->log_text();
+  CHECK_MESSAGE(worker0.find("train.precision=fp16 is not available on cpu") != std::string::npos,
+                worker0);
+  CHECK_MESSAGE(worker0.find("; training in fp32") != std::string::npos, worker0);
+  CHECK_MESSAGE(worker0.find("precision fp32") != std::string::npos, worker0);
 }
 
 TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alone") {

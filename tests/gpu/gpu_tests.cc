@@ -192,73 +192,6 @@ TEST_CASE("dense forward and backward match the reference") {
   }
 }
 
-std::vector<double> rounded(const std::vector<float>& v, pstrain::HalfFormat format) {
-  std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = pstrain::round_to_half(format, v[i]);
-  return out;
-}
-
-double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want) {
-  double m = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) m = std::max(m, std::abs(got[i] - want[i]));
-  return m;
-}
-
-// The GEMMs' operands are rounded exactly as the CPU rounds them, so the
-// results match a reference on rounded operands to float accumulation, and
-// differ visibly from one on the unrounded operands (a backend that ignored
-// set_precision would match that one instead).
-TEST_CASE("mixed precision: GEMMs on operands rounded as shared/low_precision.h rounds them") {
-  using pstrain::HalfFormat;
-  using pstrain::Precision;
-  auto b = make_backend();
-  CHECK(b->precision_unavailable(Precision::fp32).empty());
-  std::mt19937 rng(9);
-  const int n = 33, in = 70, out = 20;
-  const auto x = random_vector(std::size_t(n) * in, rng);
-  const auto w = random_vector(std::size_t(in) * out, rng);
-  const auto bias = random_vector(out, rng);
-  const auto dy = random_vector(std::size_t(n) * out, rng);
-  Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
-  Buffer<> y(*b, std::size_t(n) * out), dx(*b, x.size()), dw(*b, w.size()), db(*b, out);
-  for (auto [precision, format] : {std::pair{Precision::bf16, HalfFormat::bf16},
-                                   std::pair{Precision::fp16, HalfFormat::fp16}}) {
-    INFO(pstrain::half_format_name(format));
-    if (const auto why = b->precision_unavailable(precision); !why.empty()) {
-      MESSAGE("skipped: " << why);
-      continue;
-    }
-    b->set_precision(precision);
-    const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
-    b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
-    std::vector<double> ry(y.size), exact(y.size);
-    ref::dense_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), n, in, out);
-    ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), exact.data(), n, in,
-                       out);
-    const auto gy = y.read();
-    check_close(gy, ry, "y on rounded operands");
-    CHECK(max_abs_diff(gy, exact) > 1e-4);
-
-    b->dense_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(), n, in,
-                      out);
-    std::vector<double> rdx(x.size()), rdw(w.size()), rdb(out), edx(x.size()), edw(w.size());
-    ref::dense_backward(rx.data(), rw.data(), rdy.data(), rdx.data(), rdw.data(), rdb.data(), n, in,
-                        out);
-    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), edx.data(), edw.data(),
-                        rdb.data(), n, in, out);  // db is a sum, not a GEMM: unrounded
-    check_close(dx.read(), rdx, "dx on rounded operands");
-    check_close(dw.read(), rdw, "dw on rounded operands");
-    check_close(db.read(), rdb, "db");
-    CHECK(max_abs_diff(dw.read(), edw) > 1e-4);
-  }
-  b->set_precision(Precision::fp32);
-  b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
-  std::vector<double> exact(y.size);
-  ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), exact.data(), n, in,
-                     out);
-  check_close(y.read(), exact, "y back in fp32");
-}
-
 TEST_CASE("all_finite finds a NaN or an infinity anywhere, after the work that wrote it") {
   auto b = make_backend();
   const std::size_t n = 1 << 20;
@@ -417,6 +350,174 @@ TEST_CASE("softmax cross-entropy matches the reference") {
     check_close(loss.read(), rloss, "loss");
     check_close(correct.read(), rcorrect, "correct", 0);
   }
+}
+
+// Mixed precision (train.precision, client/backend.h): a backend's GEMMs at
+// bf16 and fp16 against the double reference on operands rounded with
+// shared/low_precision.h, the rounding the CPU backend is tested with. Each
+// precision the backend reports unavailable is skipped, saying why.
+std::vector<double> rounded(const std::vector<float>& v, pstrain::HalfFormat format) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = pstrain::round_to_half(format, v[i]);
+  return out;
+}
+
+std::vector<double> rounded(const std::vector<double>& v, pstrain::HalfFormat format) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out[i] = pstrain::round_to_half(format, static_cast<float>(v[i]));
+  return out;
+}
+
+struct LowPrecision {
+  pstrain::Precision precision;
+  pstrain::HalfFormat format;
+};
+constexpr LowPrecision kLowPrecisions[] = {{pstrain::Precision::bf16, pstrain::HalfFormat::bf16},
+                                           {pstrain::Precision::fp16, pstrain::HalfFormat::fp16}};
+
+// Whether `b` computes at p; when not, says so.
+bool computes_at(Backend& b, pstrain::Precision p) {
+  const std::string why = b.precision_unavailable(p);
+  if (!why.empty()) MESSAGE(to_string(p) << " skipped: " << why);
+  return why.empty();
+}
+
+// The products are exact in float32 and summed in float32 (tensor cores
+// included), so the results differ from the reference by float32
+// accumulation only: 1e-4 of the largest term, as check_close measures, for
+// the sizes here (k <= 784); rounding the operands alone moves results by
+// about 2^-9 (bf16) or 2^-12 (fp16) relative, well above it.
+constexpr double kLowPrecisionTolerance = 1e-4;
+
+TEST_CASE("bf16 and fp16 dense GEMMs equal the reference on rounded operands") {
+  auto b = make_backend();
+  std::mt19937 rng(11);
+  for (const auto [precision, format] : kLowPrecisions) {
+    if (!computes_at(*b, precision)) continue;
+    b->set_precision(precision);
+    for (auto [n, in, out] : {std::array{33, 17, 10}, std::array{64, 784, 128},
+                              std::array{256, 128, 10}, std::array{1024, 784, 256}}) {
+      INFO(to_string(precision) << " n=" << n << " in=" << in << " out=" << out);
+      const auto x = random_vector(std::size_t(n) * in, rng);
+      const auto w = random_vector(std::size_t(in) * out, rng);
+      const auto bias = random_vector(out, rng);
+      const auto dy = random_vector(std::size_t(n) * out, rng);
+      Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+      Buffer<> y(*b, std::size_t(n) * out), dx(*b, x.size()), dw(*b, w.size()), db(*b, out);
+      b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
+      const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
+      std::vector<double> ry(y.size), rdx(x.size()), rdw(w.size()), rdb(out);
+      ref::dense_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), n, in, out);
+      check_close(y.read(), ry, "dense y", kLowPrecisionTolerance);
+      b->dense_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(), n, in,
+                        out);
+      ref::dense_backward(rx.data(), rw.data(), rdy.data(), rdx.data(), rdw.data(), rdb.data(), n,
+                          in, out);
+      check_close(dx.read(), rdx, "dense dx", kLowPrecisionTolerance);
+      check_close(dw.read(), rdw, "dense dw", kLowPrecisionTolerance);
+      // The bias gradient is a float32 sum of dy, not a GEMM.
+      std::vector<double> fdx(x.size()), fdw(w.size()), fdb(out);
+      ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), fdx.data(),
+                          fdw.data(), fdb.data(), n, in, out);
+      check_close(db.read(), fdb, "dense db");
+    }
+    b->set_precision(pstrain::Precision::fp32);
+  }
+}
+
+TEST_CASE("bf16 and fp16 convolutions equal the reference on rounded operands") {
+  auto b = make_backend();
+  std::mt19937 rng(12);
+  for (const auto [precision, format] : kLowPrecisions) {
+    if (!computes_at(*b, precision)) continue;
+    b->set_precision(precision);
+    for (ConvShape s : {ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{16, 1, 28, 28, 32, 3},
+                        ConvShape{16, 32, 13, 13, 64, 3}}) {
+      INFO(to_string(precision) << " n=" << s.n << " c=" << s.c << " filters=" << s.filters);
+      const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+      const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+      const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+      const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
+      const auto bias = random_vector(s.filters, rng), dy = random_vector(yn, rng);
+      Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+      Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
+      Buffer<> workspace(*b, b->conv2d_workspace(s));
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), s);
+      const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
+      std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
+      ref::conv2d_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), s);
+      ref::conv2d_backward(rx.data(), rw.data(), rdy.data(), rdx.data(), rdw.data(), rdb.data(), s);
+      check_close(y.read(), ry, "conv y", kLowPrecisionTolerance);
+      check_close(dx.read(), rdx, "conv dx", kLowPrecisionTolerance);
+      check_close(dw.read(), rdw, "conv dw", kLowPrecisionTolerance);
+    }
+    b->set_precision(pstrain::Precision::fp32);
+  }
+}
+
+TEST_CASE("a bf16 and fp16 training step equals the reference step on rounded operands") {
+  // Dense forward, softmax cross-entropy, dense backward, SGD: the GEMMs'
+  // operands rounded (the loss gradient too, as the backward GEMM reads
+  // it), everything else float32, the weights float32 masters.
+  auto b = make_backend();
+  std::mt19937 rng(13);
+  constexpr int kN = 256, kIn = 784, kClasses = 10;
+  const auto x = random_vector(std::size_t(kN) * kIn, rng);
+  const auto w = random_vector(std::size_t(kIn) * kClasses, rng, -0.05f, 0.05f);
+  const std::vector<float> bias(kClasses, 0.0f);
+  std::vector<std::int32_t> labels(kN);
+  for (int i = 0; i < kN; ++i) labels[i] = i % kClasses;
+  pstrain::OptimizerConfig sgd;
+  sgd.kind = pstrain::OptimizerKind::sgd;
+  sgd.lr = 0.5f;
+  for (const auto [precision, format] : kLowPrecisions) {
+    if (!computes_at(*b, precision)) continue;
+    INFO(to_string(precision));
+    b->set_precision(precision);
+    Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), logits(*b, std::size_t(kN) * kClasses);
+    Buffer<> dlogits(*b, logits.size), loss(*b, kN), correct(*b, kN);
+    Buffer<> dw(*b, w.size()), db(*b, kClasses);
+    Buffer<std::int32_t> blabels(*b, labels);
+    b->dense_forward(bx.data(), bw.data(), bb.data(), logits.data(), kN, kIn, kClasses);
+    b->softmax_xent(logits.data(), blabels.data(), dlogits.data(), loss.data(), correct.data(), kN,
+                    kClasses);
+    b->dense_backward(bx.data(), bw.data(), dlogits.data(), nullptr, dw.data(), db.data(), kN, kIn,
+                      kClasses);
+    b->apply_optimizer(sgd, bw.data(), dw.data(), nullptr, w.size(), 1, 1.0f);
+
+    const auto rx = rounded(x, format), rw = rounded(w, format);
+    std::vector<double> rlogits(logits.size), rdlogits(logits.size), rloss(kN), rcorrect(kN);
+    ref::dense_forward(rx.data(), rw.data(), widen(bias).data(), rlogits.data(), kN, kIn, kClasses);
+    ref::softmax_xent(rlogits.data(), labels.data(), rdlogits.data(), rloss.data(), rcorrect.data(),
+                      kN, kClasses);
+    std::vector<double> rdx(x.size()), rdw(w.size()), rdb(kClasses);
+    ref::dense_backward(rx.data(), rw.data(), rounded(rdlogits, format).data(), rdx.data(),
+                        rdw.data(), rdb.data(), kN, kIn, kClasses);
+    std::vector<double> want(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) want[i] = w[i] - sgd.lr * rdw[i];
+    check_close(bw.read(), want, "weights after the step", kLowPrecisionTolerance);
+    b->set_precision(pstrain::Precision::fp32);
+  }
+}
+
+TEST_CASE("all_finite and axpby") {
+  auto b = make_backend();
+  Buffer<> x(*b, 100000), y(*b, 100000);
+  b->fill(x.data(), 2.0f, x.size);
+  b->fill(y.data(), std::nanf(""), y.size);
+  CHECK(b->all_finite(x.data(), x.size));
+  CHECK_FALSE(b->all_finite(y.data(), y.size));
+  b->axpby(0.5f, x.data(), 0.0f, y.data(), y.size);  // b == 0 ignores the NaNs
+  CHECK(b->all_finite(y.data(), y.size));
+  b->axpby(3.0f, x.data(), 2.0f, y.data(), y.size);  // 3 * 2 + 2 * 1
+  for (float v : y.read())
+    if (v != 8.0f) FAIL("axpby gave " << v);
+  b->fill(x.data() + 77777, INFINITY, 1);
+  CHECK_FALSE(b->all_finite(x.data(), x.size));
+  CHECK(b->all_finite(x.data(), 77777));
 }
 
 TEST_CASE("fill and scale") {

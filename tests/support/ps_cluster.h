@@ -37,6 +37,7 @@ struct ClusterSpec {
   std::string mode = {};            // empty: the default (async)
   std::string model = {};           // model preset; empty: the default (mlp)
   double epochs = 0;                // train.epochs; 0: the default
+  std::string train = {};           // more train.* entries, as "key: value, key: value"
   double checkpoint_every_s = 60;
   std::uint32_t checkpoint_keep = 3;
   double request_timeout = 10;
@@ -59,6 +60,7 @@ class PsCluster {
     if (!spec.mode.empty()) y << "mode: " << spec.mode << "\n";
     if (!spec.model.empty()) y << "model: " << spec.model << "\n";
     std::vector<std::string> train;
+    if (!spec.train.empty()) train.push_back(spec.train);
     if (!spec.on_worker_loss.empty()) train.push_back("on_worker_loss: " + spec.on_worker_loss);
     if (spec.epochs > 0) train.push_back("epochs: " + std::to_string(spec.epochs));
     if (!train.empty()) {

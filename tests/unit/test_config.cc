@@ -64,6 +64,22 @@ TEST_CASE("config: unset keys take the documented defaults") {
   CHECK(c.net.chunk_bytes == 256 * 1024);
 }
 
+TEST_CASE("config: train.accumulate_steps and train.precision parse, print and reject bad values") {
+  const auto base = parse(kMinimal);
+  CHECK(base.train.accumulate_steps == 1);
+  CHECK(base.train.precision == Precision::fp32);
+  const auto c = parse(kMinimal, {"train.accumulate_steps=4", "train.precision=bf16"});
+  CHECK(c.train.accumulate_steps == 4);
+  CHECK(c.train.precision == Precision::bf16);
+  CHECK(c.to_yaml().find("precision: bf16") != std::string::npos);
+  CHECK(parse(c.to_yaml()).train.accumulate_steps == 4);
+  CHECK(parse(kMinimal, {"train.precision=fp16"}).train.precision == Precision::fp16);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"train.accumulate_steps=0"}),
+                       doctest::Contains("train.accumulate_steps"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"train.precision=fp8"}),
+                       doctest::Contains("train.precision"), ConfigError);
+}
+
 TEST_CASE("config: train.on_worker_loss defaults by mode, a given value wins") {
   CHECK(parse(kMinimal).train.on_worker_loss == WorkerLoss::continue_);
   CHECK(parse(kMinimal, {"mode=sync"}).train.on_worker_loss == WorkerLoss::fail);
@@ -261,6 +277,8 @@ TEST_CASE("config: the hash is stable and covers every value") {
       "train.straggler_pause_probability=0.5",
       "train.straggler_pause_ms=1",
       "train.bucket_bytes=1024",
+      "train.accumulate_steps=2",
+      "train.precision=bf16",
       "net.chunk_bytes=1024",
       "net.request_timeout=1",
       "net.worker_timeout=2",

@@ -10,11 +10,14 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <limits>
+#include <mutex>
 #include <string_view>
 #include <thread>
 
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
+#include "client/loss_scaler.h"
 #include "client/model.h"
 #include "client/sync/gloo_communicator.h"
 #include "client/sync/sync_trainer.h"
@@ -62,7 +65,7 @@ ModelConfig mlp() {
 struct Worker {
   Worker(int rank, const Dataset& data, std::shared_ptr<gloo::rendezvous::Store> store,
          const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
-         std::uint32_t local_steps)
+         std::uint32_t local_steps, std::uint32_t accumulate_steps)
       : backend(make_cpu_backend(1)),
         shard(data, static_cast<std::uint32_t>(rank), 2, 7),
         model(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
@@ -70,7 +73,7 @@ struct Worker {
     model.initialize(42);
     comm = std::make_unique<GlooCommunicator>(two_workers(rank), std::move(store));
     replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
-                                            overlap, local_steps);
+                                            overlap, local_steps, accumulate_steps);
   }
   int step(float lr_scale = 1) {
     const Batch b = shard.next_batch(kBatch, model.input_buffer(), model.label_buffer());
@@ -86,13 +89,13 @@ struct Worker {
 
 // Builds both workers concurrently (the mesh needs both) and runs
 // body(worker) on each, on its own thread. `local_steps`: local SGD's H
-// (0: sync).
+// (0: sync); `accumulate_steps`: train.accumulate_steps.
 void run_pair(const Dataset& data, const OptimizerConfig& optimizer, std::size_t bucket_bytes,
-              bool overlap, const std::function<void(Worker&)>& body,
-              std::uint32_t local_steps = 0) {
+              bool overlap, const std::function<void(Worker&)>& body, std::uint32_t local_steps = 0,
+              std::uint32_t accumulate_steps = 1) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   auto run = [&](int rank) {
-    Worker w(rank, data, store, optimizer, bucket_bytes, overlap, local_steps);
+    Worker w(rank, data, store, optimizer, bucket_bytes, overlap, local_steps, accumulate_steps);
     body(w);
   };
   auto other = std::async(std::launch::async, run, 1);
@@ -170,6 +173,103 @@ TEST_CASE("sync: one step equals one worker's step on both batches with the aver
   CHECK(mismatched == 0);
 }
 
+TEST_CASE("sync: 2 accumulated micro-batches per worker equal one step on all 4 batches") {
+  const Dataset data = make_synthetic(256, true);
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::sgd;
+  sgd.lr = 0.5f;
+  // Each worker's first two batches, side by side in one batch of 4 x kBatch.
+  auto backend = make_cpu_backend(1);
+  Model single(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
+               4 * kBatch);
+  single.initialize(42);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    WorkerShard shard(data, r, 2, 7);
+    for (std::uint32_t j = 0; j < 2; ++j) {
+      const std::size_t at = (2 * r + j) * kBatch;
+      shard.next_batch(kBatch, single.input_buffer() + at * data.sample_floats(),
+                       single.label_buffer() + at);
+    }
+  }
+  single.forward_backward(4 * kBatch, [](std::size_t) {});
+  const Optimizer optimizer(sgd);
+  for (std::size_t i = 0; i < single.variables().size(); ++i) {
+    const std::size_t n = single.variables()[i].size;
+    optimizer.apply({single.param(i).data(), n}, {single.grad(i).data(), n}, {}, 1);
+  }
+  const std::vector<float> expected = weights(single);
+
+  for (const bool overlap : {true, false}) {
+    INFO("overlap ", overlap);
+    std::vector<float> replica;
+    run_pair(
+        data, sgd, 64 * 1024, overlap,
+        [&](Worker& w) {
+          const Batch first =
+              w.shard.next_batch(kBatch, w.model.input_buffer(), w.model.label_buffer());
+          w.replica->accumulate(static_cast<int>(first.size));
+          w.step();
+          if (w.comm->rank() == 0) replica = weights(w.model);
+        },
+        0, 2);
+    REQUIRE(replica.size() == expected.size());
+    std::size_t mismatched = 0;
+    for (std::size_t k = 0; k < expected.size(); ++k)
+      if (std::abs(replica[k] - expected[k]) > 1e-5f + 1e-4f * std::abs(expected[k])) ++mismatched;
+    CHECK(mismatched == 0);
+  }
+}
+
+TEST_CASE(
+    "sync fp16 loss scaling: the scale is divided out; an overflow skips the step everywhere") {
+  // The scaler works on any backend; fp16 GEMMs only make overflows likely.
+  // A power-of-two scale is exact, so the step equals the unscaled one; a
+  // scale beyond float's range makes every gradient non-finite.
+  const Dataset data = make_synthetic(256, true);
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::sgd;
+  sgd.lr = 0.5f;
+  std::mutex mutex;
+  std::vector<std::vector<float>> unscaled(2), scaled(2), before(2), overflowed(2);
+  std::vector<std::uint64_t> skipped(2);
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    w.step();
+    std::lock_guard lock(mutex);
+    unscaled[w.comm->rank()] = weights(w.model);
+  });
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    MetricsRegistry registry;
+    LossScaler scaler(registry, {.initial = 1024});
+    w.replica->scale_loss(&scaler);
+    w.step();
+    std::lock_guard lock(mutex);
+    scaled[w.comm->rank()] = weights(w.model);
+  });
+  run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
+    MetricsRegistry registry;
+    LossScaler scaler(registry, {.initial = std::numeric_limits<double>::max()});
+    w.replica->scale_loss(&scaler);
+    const std::vector<float> start = weights(w.model);
+    w.step();
+    std::lock_guard lock(mutex);
+    before[w.comm->rank()] = start;
+    overflowed[w.comm->rank()] = weights(w.model);
+    skipped[w.comm->rank()] = scaler.skipped();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank ", r);
+    REQUIRE(scaled[r].size() == unscaled[r].size());
+    std::size_t mismatched = 0;
+    for (std::size_t k = 0; k < scaled[r].size(); ++k)
+      mismatched +=
+          std::abs(scaled[r][k] - unscaled[r][k]) > 1e-6f * (1 + std::abs(unscaled[r][k]));
+    CHECK(mismatched == 0);
+    CHECK(unscaled[r] != before[r]);    // a step moves the weights...
+    CHECK(overflowed[r] == before[r]);  // ... an overflowed one does not
+    CHECK(skipped[r] == 1);
+  }
+}
+
 TEST_CASE("local SGD: H = 1 equals sync's step; H = 3 replicas part, then agree at each average") {
   const Dataset data = make_synthetic(512, true);
   OptimizerConfig momentum;  // linear in the gradient, state kept per worker
@@ -223,6 +323,12 @@ TEST_CASE("sync: the learning-rate factor warms up linearly to the scaled rate")
   t.lr_scaling = false;
   CHECK(sync_lr_scale(t, 4, 5) == doctest::Approx(0.5));
   CHECK(sync_lr_scale(t, 4, 10) == 1.0f);
+  // Accumulation makes the effective batch, and the scaled rate, 3 x larger.
+  t.accumulate_steps = 3;
+  CHECK(sync_lr_scale(t, 4, 10) == 1.0f);
+  t.lr_scaling = true;
+  CHECK(sync_lr_scale(t, 4, 10) == 12.0f);
+  CHECK(sync_lr_scale(t, 4, 5) == doctest::Approx(6.5));
 }
 
 TEST_CASE("sync: a peer that goes away is named in the error, and the communicator stays broken") {
