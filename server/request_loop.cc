@@ -60,6 +60,9 @@ std::span<const std::uint8_t> bytes_of(const SharedBytes& b) { return *b; }
 std::span<const std::uint8_t> bytes_of(const ValueBuffer& v) {
   return {reinterpret_cast<const std::uint8_t*>(v->data()), v->size() * sizeof(float)};
 }
+std::span<const std::uint8_t> bytes_of(const std::shared_ptr<const std::vector<std::uint16_t>>& v) {
+  return {reinterpret_cast<const std::uint8_t*>(v->data()), v->size() * sizeof(std::uint16_t)};
+}
 
 // A frame ZeroMQ sends straight from `keep`'s bytes, without a copy. It holds
 // `keep` and the reply's claim on the send budget until ZeroMQ drops it, on
@@ -190,6 +193,9 @@ struct RequestLoop::Impl final : ReplySink {
     } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
       h.dtype = wire::DType::bytes;
       h.elements = (*bytes)->size();
+    } else if (const auto* halves = std::get_if<HalfValues>(&reply.payload)) {
+      h.dtype = halves->dtype;
+      h.elements = halves->bits->size();
     }
     const bool has_payload = !std::holds_alternative<std::monostate>(reply.payload);
     h.payload_frames = has_payload ? 1 : 0;
@@ -208,6 +214,9 @@ struct RequestLoop::Impl final : ReplySink {
     } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
       stats.sent(h.op, (*bytes)->size());
       socket.send(held_frame(*bytes, claim), zmq::send_flags::none);
+    } else if (const auto* halves = std::get_if<HalfValues>(&reply.payload)) {
+      stats.sent(h.op, halves->bits->size() * sizeof(std::uint16_t));
+      socket.send(held_frame(halves->bits, claim), zmq::send_flags::none);
     }
   }
 

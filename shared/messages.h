@@ -22,7 +22,11 @@
 namespace pstrain::wire {
 
 // init, pull, push, push_pull, assign: one chunk of a variable. init, push,
-// push_pull and assign carry one f32 payload frame (values or gradient).
+// push_pull and assign carry one payload frame (values or gradient): f32 for
+// init and assign, whose values are stored exactly; f32, bf16 or fp16 for
+// push and push_pull (net.wire_dtype), which the ps widens to f32 before its
+// optimizer sees them. A pull's or push_pull's dtype is also the one its
+// reply's values travel in: the ps rounds its f32 values for the reply.
 // pull, push and push_pull also carry the sender's clock: the steps it
 // completed before the one it pulls for or pushes from (mode ssp holds a
 // pull of a worker too far ahead, server/ssp_gate.h); push and push_pull
@@ -46,7 +50,7 @@ struct ChunkRequest {
 };
 
 // Their replies: the chunk's version after the op; pull and push_pull also
-// carry the chunk's values as one f32 payload frame.
+// carry the chunk's values as one payload frame of the request's dtype.
 struct ChunkReply {
   std::uint64_t version = 0;
   void write(Header& h) const { h.version = version; }

@@ -3,7 +3,8 @@
 // update is exact, so the final values must equal initial - sum of all pushes
 // bit for bit (no update lost or applied twice). The staleness a client
 // reports, from versions the test controls. Also snapshot and restore with
-// Adam, whose state makes any difference visible in later updates.
+// Adam, whose state makes any difference visible in later updates. And
+// net.wire_dtype: 16-bit gradients widened, 16-bit replies rounded, f32 kept.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -11,6 +12,8 @@
 #include <cstring>
 
 #include "client/ps_client.h"
+#include "shared/low_precision.h"
+#include "shared/optimizer.h"
 #include "shared/snapshot.h"
 #include "tests/support/exact_pushes.h"
 #include "tests/support/ps_cluster.h"
@@ -152,4 +155,60 @@ TEST_CASE("ps: a snapshot written by another number of servers is refused, sayin
   CHECK_MESSAGE(ps.log_text().find("holds 2 ps files, this cluster has 1 parameter servers") !=
                     std::string::npos,
                 ps.log_text());
+}
+
+TEST_CASE("ps: bf16 and fp16 on the wire round bit-exactly each way; the ps keeps f32") {
+  PsCluster cluster({.ps = 2, .workers = 1, .optimizer = "momentum", .lr = 0.05});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  constexpr std::size_t n = 40000;
+  PsClient exact(config, 0, shard_map(config));
+  exact.hello();
+  exact.init(5);
+  // The ps's update, replayed here on the values it should have received.
+  OptimizerConfig momentum;
+  momentum.kind = OptimizerKind::momentum;
+  momentum.lr = 0.05f;
+  const Optimizer optimizer(momentum);
+  std::vector<float> w = pull_all(exact, "w", n), velocity(n, 0.0f);
+  std::uint64_t step = 0;
+  for (const auto format : {HalfFormat::bf16, HalfFormat::fp16}) {
+    CAPTURE(half_format_name(format));
+    auto options = client_options(config, 0);
+    options.wire_dtype = format == HalfFormat::bf16 ? WireDType::bf16 : WireDType::fp16;
+    PsClient half(ps_addresses(config), shard_map(config), config.run_id(), options);
+    half.hello();
+    // Values with more mantissa bits than 16-bit formats hold, so every
+    // gradient is rounded.
+    std::vector<float> grad(n), rounded(n), out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      grad[i] = std::sin(0.731f * static_cast<float>(i)) * 1.37f;
+      rounded[i] = round_to_half(format, grad[i]);
+    }
+    const auto before = grad;
+    half.wait(half.push("w", grad));
+    CHECK(bit_equal(grad, before));  // the caller's buffer is not rounded in place
+    optimizer.apply(w, rounded, velocity, ++step);
+    // The ps holds f32 values: those of the widened gradient, not rounded.
+    const auto held = pull_all(exact, "w", n);
+    CHECK(bit_equal(held, w));
+    std::size_t not_representable = 0;
+    for (const float v : held) not_representable += round_to_half(format, v) != v ? 1 : 0;
+    CHECK(not_representable > n / 2);
+    // A 16-bit pull and push_pull answer the f32 values rounded.
+    auto expect_rounded = [&](const std::vector<float>& got) {
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float want = round_to_half(format, w[i]);
+        wrong += std::memcmp(&got[i], &want, sizeof(float)) != 0 ? 1 : 0;
+      }
+      CHECK(wrong == 0);
+    };
+    half.wait(half.pull("w", out));
+    expect_rounded(out);
+    half.wait(half.push_pull("w", grad, out));
+    optimizer.apply(w, rounded, velocity, ++step);
+    expect_rounded(out);
+    CHECK(bit_equal(pull_all(exact, "w", n), w));
+  }
 }
