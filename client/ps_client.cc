@@ -330,7 +330,7 @@ struct PsClient::Impl {
       h.op = op;
       h.dtype = wire_dtype;
       const auto g = static_cast<std::size_t>(&c - map.all_chunks().data());
-      wire::ChunkRequest{map.variables()[v].name, c.index, clock, pulled_version[g]}.write(h);
+      wire::ChunkRequest{map.variables()[v].name, c.index, clock, pulled_version[g], v}.write(h);
       std::span<const std::uint8_t> payload;
       if (half && !grad.empty()) {
         payload = bytes_of(std::span<const std::uint16_t>(t.halves).subspan(c.offset, c.count));

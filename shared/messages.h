@@ -34,19 +34,27 @@ namespace pstrain::wire {
 // last pulled: the ps counts the updates applied since as the update's
 // staleness (0 from a sender that never pulled, such as a tool), and mode
 // backup drops a gradient of a step already applied
-// (server/backup_aggregator.h).
+// (server/backup_aggregator.h). `priority`: the variable's place in the
+// model, layer 0's first (P3's priority order): a ps serves what it finds
+// queued together lowest first, so the weights the next forward pass needs
+// first leave first and the gradients of the last layers, sent first in
+// backward, do not wait behind the rest.
 struct ChunkRequest {
   std::string variable;
   std::uint32_t chunk = 0;
   std::uint64_t clock = 0;
   std::uint64_t base_version = 0;
+  std::uint32_t priority = 0;
   void write(Header& h) const {
     h.name = variable;
     h.chunk = chunk;
     h.arg = clock;
     h.version = base_version;
+    h.priority = priority;
   }
-  static ChunkRequest read(const Header& h) { return {h.name, h.chunk, h.arg, h.version}; }
+  static ChunkRequest read(const Header& h) {
+    return {h.name, h.chunk, h.arg, h.version, h.priority};
+  }
 };
 
 // Their replies: the chunk's version after the op; pull and push_pull also

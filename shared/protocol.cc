@@ -118,6 +118,7 @@ void Header::serialize(Archive& ar) {
   ar(elements, payload_frames);
   detail::enum_field(ar, status);
   detail::string_field(ar, text, kMaxTextBytes, "text");
+  ar(priority);
 }
 
 template void Header::serialize(detail::VectorOutputArchive&);

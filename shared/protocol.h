@@ -43,7 +43,7 @@ namespace pstrain::wire {
 // 4: pull, push and push_pull carry the sender's clock (`arg`), push and
 // push_pull the chunk version their gradient was computed on (`version`).
 // 5: dtypes bf16 and fp16: pull, push and push_pull may carry values and
-// gradients in 16 bits, and a pull's dtype names its reply's.
+// gradients in 16 bits, and a pull's dtype names its reply's; `priority`.
 inline constexpr std::uint32_t kProtocolVersion = 5;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
@@ -121,6 +121,9 @@ struct Header {
   std::uint32_t payload_frames = 0;
   Status status = Status::ok;
   std::string text;  // error text, or the op's text (config, path, JSON)
+  // The order a ps serves the requests it finds queued together: lower
+  // first, equal ones in arrival order (server/request_loop.h).
+  std::uint32_t priority = 0;
 
   template <class Archive>
   void serialize(Archive& ar);  // defined in protocol.cc (bounded strings)

@@ -30,6 +30,7 @@ Header full_header() {
   h.payload_frames = 2;
   h.status = Status::error;
   h.text = std::string("text with \0 inside", 18);
+  h.priority = 0x5a5b5c5d;
   return h;
 }
 
@@ -50,6 +51,7 @@ void check_equal(const Header& a, const Header& b) {
   CHECK(a.payload_frames == b.payload_frames);
   CHECK(a.status == b.status);
   CHECK(a.text == b.text);
+  CHECK(a.priority == b.priority);
 }
 
 Header decode(const std::vector<std::uint8_t>& bytes) { return decode_header(bytes); }
@@ -120,7 +122,8 @@ TEST_CASE("protocol: string lengths are checked against limits and remaining byt
     CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("remain"), ProtocolError);
   }
   SUBCASE("text length of 4 GiB") {
-    put_u32(bytes, bytes.size() - 4, 0xffffffffu);
+    // An empty text's u32 length, then the u32 priority, end the frame.
+    put_u32(bytes, bytes.size() - 8, 0xffffffffu);
     CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("text declares"), ProtocolError);
   }
 }
