@@ -40,7 +40,12 @@ Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset 
   model_ = std::make_unique<Model>(config.model, *backend_,
                                    InputShape{test_.channels, test_.height, test_.width},
                                    test_.classes, kEvalBatch);
-  ps_ = std::make_unique<PsClient>(config, sender, shard_map_for(config, model_->variables()));
+  // The ps's f32 values, whatever net.wire_dtype: the evaluation (and the
+  // saved model) is of the model as trained, not of its rounded copy.
+  auto options = client_options(config, sender);
+  options.wire_dtype = WireDType::fp32;
+  ps_ = std::make_unique<PsClient>(ps_addresses(config), shard_map_for(config, model_->variables()),
+                                   config.run_id(), std::move(options));
   ps_->hello();
   thread_ = std::thread([this] { loop(); });
 }

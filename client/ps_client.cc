@@ -60,6 +60,23 @@ bool resendable(Op op) {
          op == Op::assign;
 }
 
+template <class T>
+std::span<const std::uint8_t> bytes_of(std::span<const T> values) {
+  return {reinterpret_cast<const std::uint8_t*>(values.data()), values.size_bytes()};
+}
+
+wire::DType wire_type(WireDType type) {
+  switch (type) {
+    case WireDType::bf16:
+      return wire::DType::bf16;
+    case WireDType::fp16:
+      return wire::DType::fp16;
+    case WireDType::fp32:
+      break;
+  }
+  return wire::DType::f32;
+}
+
 // An error reply that said when to ask again (wire::ErrorReply).
 struct RetryLater : PsError {
   RetryLater(const std::string& what, std::chrono::milliseconds wait)
@@ -90,6 +107,8 @@ struct PsClient::Impl {
     double staleness_sum = 0;
     std::size_t staleness_chunks = 0;
     std::vector<Reply> control;  // replies of control operations
+    // A push's gradient rounded to the wire dtype, sent from here.
+    std::vector<std::uint16_t> halves;
   };
 
   struct Request {
@@ -98,12 +117,12 @@ struct PsClient::Impl {
     const ChunkRef* chunk = nullptr;  // data operations
     float* out = nullptr;             // where pulled values of the variable go
     // What a resend needs (data operations only): the encoded header, the
-    // caller's payload (the library's until the ticket is waited for), and
-    // when it goes out again.
+    // payload (the caller's, or the ticket's rounded copy; the library's until
+    // the ticket is waited for), and when it goes out again.
     Op op = Op::hello;
     bool payload_frame = false;
     std::vector<std::uint8_t> header{};
-    std::span<const float> floats{};
+    std::span<const std::uint8_t> data{};
     Clock::duration interval{};
     Clock::time_point resend_at = Clock::time_point::max();
   };
@@ -120,6 +139,7 @@ struct PsClient::Impl {
   ShardMap map;
   std::uint64_t run_id;
   PsClientOptions options;
+  wire::DType wire_dtype;  // of pulls, pushes and their replies (options.wire_dtype)
   std::vector<std::uint64_t> pulled_version;  // per chunk of map.all_chunks()
   std::uint64_t clock = 0;                    // set_clock(): what data requests carry
   std::vector<double> staleness;              // per variable
@@ -141,6 +161,7 @@ struct PsClient::Impl {
         map(std::move(shard_map)),
         run_id(run),
         options(opts),
+        wire_dtype(wire_type(options.wire_dtype)),
         pulled_version(map.all_chunks().size(), 0),
         staleness(map.variables().size(), 0.0),
         generations(addresses.size(), 0),
@@ -201,25 +222,25 @@ struct PsClient::Impl {
     static_cast<std::atomic<std::uint64_t>*>(hint)->fetch_sub(1);
   }
 
-  // Sends one request; `floats` go out zero-copy from the caller's buffer,
-  // `bytes` (small control payloads) are copied. Data requests are resent
-  // from `requests` until their reply comes (resend_due).
-  void send(Ticket id, TicketState& t, Request r, Header h, std::span<const float> floats,
+  // Sends one request; `data` (values or a gradient, of h.dtype) goes out
+  // zero-copy, `bytes` (small control payloads) are copied. Data requests are
+  // resent from `requests` until their reply comes (resend_due).
+  void send(Ticket id, TicketState& t, Request r, Header h, std::span<const std::uint8_t> data,
             std::span<const std::uint8_t> bytes = {}) {
     h.request_id = next_sequence();
     h.sender = options.sender;
     h.incarnation = incarnation;
     h.run_id = run_id;
-    const bool has_payload = !floats.empty() || h.dtype == wire::DType::bytes;
+    const bool has_payload = !data.empty() || h.dtype == wire::DType::bytes;
     if (has_payload) {
       h.payload_frames = 1;
-      h.elements = floats.empty() ? bytes.size() : floats.size();
+      h.elements = data.empty() ? bytes.size() : data.size() / wire::element_bytes(h.dtype);
     }
     r.ticket = id;
     r.op = h.op;
     r.payload_frame = has_payload;
     r.header = wire::encode_header(h);
-    r.floats = floats;
+    r.data = data;
     if (resendable(h.op)) {
       r.interval = seconds(options.retry_interval_s);
       r.resend_at = Clock::now() + r.interval;
@@ -244,15 +265,14 @@ struct PsClient::Impl {
     auto& socket = sockets[r.server];
     const auto more = has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none;
     if (!socket.send(zmq::buffer(r.header), more | zmq::send_flags::dontwait)) return;
-    if (!r.floats.empty()) {
-      const auto data = const_cast<float*>(r.floats.data());
+    if (!r.data.empty()) {
+      const auto data = const_cast<std::uint8_t*>(r.data.data());
       if (zero_copy) {
         frames_held[r.server].fetch_add(1);
-        zmq::message_t payload(data, r.floats.size_bytes(), &Impl::release_send,
-                               &frames_held[r.server]);
+        zmq::message_t payload(data, r.data.size(), &Impl::release_send, &frames_held[r.server]);
         (void)socket.send(payload, zmq::send_flags::dontwait);
       } else {
-        zmq::message_t payload(data, r.floats.size_bytes());
+        zmq::message_t payload(data, r.data.size());
         (void)socket.send(payload, zmq::send_flags::dontwait);
       }
     } else if (has_payload) {
@@ -300,12 +320,23 @@ struct PsClient::Impl {
                                   " floats, the variable has " + std::to_string(size));
     auto [id, t] = start(op, std::string(name), options.timeout_s);
     t.variable = v;
+    const auto half = wire::half_format(wire_dtype);
+    if (half && !grad.empty()) {
+      t.halves.resize(grad.size());
+      encode_halves(*half, grad.data(), t.halves.data(), grad.size());
+    }
     for (const auto& c : map.chunks(v)) {
       Header h;
       h.op = op;
+      h.dtype = wire_dtype;
       const auto g = static_cast<std::size_t>(&c - map.all_chunks().data());
-      wire::ChunkRequest{map.variables()[v].name, c.index, clock, pulled_version[g]}.write(h);
-      const auto payload = grad.empty() ? grad : grad.subspan(c.offset, c.count);
+      wire::ChunkRequest{map.variables()[v].name, c.index, clock, pulled_version[g], v}.write(h);
+      std::span<const std::uint8_t> payload;
+      if (half && !grad.empty()) {
+        payload = bytes_of(std::span<const std::uint16_t>(t.halves).subspan(c.offset, c.count));
+      } else if (!grad.empty()) {
+        payload = bytes_of(grad.subspan(c.offset, c.count));
+      }
       send(id, t, {0, c.server, &c, out.empty() ? nullptr : out.data()}, std::move(h), payload);
     }
     return id;
@@ -522,10 +553,17 @@ struct PsClient::Impl {
       ++t.staleness_chunks;
     }
     if (t.op == Op::pull || t.op == Op::push_pull) {
-      if (h.payload_frames != 1 || h.dtype != wire::DType::f32 || h.elements != c.count)
+      if (h.payload_frames != 1 || h.dtype != wire_dtype || h.elements != c.count)
         throw PsError("chunk " + std::to_string(c.index) + " reply carries " +
-                      std::to_string(h.elements) + " values, expected " + std::to_string(c.count));
-      std::memcpy(r.out + c.offset, frames[1].data(), frames[1].size());
+                      std::to_string(h.elements) + " values of " +
+                      std::string(wire::to_string(h.dtype)) + ", expected " +
+                      std::to_string(c.count) + " of " + std::string(wire::to_string(wire_dtype)));
+      const std::span<const std::uint8_t> frame(frames[1].data<std::uint8_t>(), frames[1].size());
+      if (const auto half = wire::half_format(h.dtype)) {
+        wire::widen(*half, frame, r.out + c.offset);
+      } else {
+        std::memcpy(r.out + c.offset, frame.data(), frame.size());
+      }
       pulled_version[g] = version;
     }
   }
@@ -556,6 +594,7 @@ PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender
           .retry_interval_s = config.net.retry_interval,
           .config_yaml = config.to_yaml(),
           .takeover_grace_s = 2 * takeover_silence(config.net),
+          .wire_dtype = config.net.wire_dtype,
           .fault = config.net.fault,
           .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1)),
           .curve = std::move(curve)};
@@ -610,7 +649,8 @@ void PsClient::init(std::uint64_t seed) {
     Header h;
     h.op = Op::init;
     wire::ChunkRequest{var.name, c.index}.write(h);
-    impl_->send(id, t, {0, c.server, nullptr, nullptr}, std::move(h), v);
+    impl_->send(id, t, {0, c.server, nullptr, nullptr}, std::move(h),
+                bytes_of(std::span<const float>(v)));
   }
   impl_->finish(id, t);
 }

@@ -65,6 +65,10 @@ struct PsClientOptions {
   // whose previous process the ps has not yet seen silent: a restart right
   // after a crash), counted from the first; 0: it does not.
   double takeover_grace_s = 0;
+  // net.wire_dtype: what pull, push and push_pull carry. bf16 or fp16: the
+  // client rounds gradients before it sends them (into a buffer of its own,
+  // the caller's stays as it was) and widens the values it receives.
+  WireDType wire_dtype = WireDType::fp32;
   FaultConfig fault;  // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;
   // security.curve: this client's key pair and every ps's public key (by ps

@@ -12,7 +12,13 @@ std::string describe(std::string_view name, std::uint32_t chunk) {
 
 }  // namespace
 
-ChunkStore::ChunkStore(OptimizerConfig optimizer) : optimizer_(optimizer) {}
+ChunkStore::ChunkStore(OptimizerConfig optimizer, std::uint32_t apply_threads)
+    : optimizer_(optimizer),
+      pool_(apply_threads > 1 ? std::make_unique<TaskPool>(apply_threads) : nullptr) {}
+
+std::uint32_t ChunkStore::apply_threads() const {
+  return pool_ ? static_cast<std::uint32_t>(pool_->threads()) : 1;
+}
 
 bool ChunkStore::init(std::string_view name, std::uint32_t chunk, std::span<const float> values) {
   if (auto it = chunks_.find(KeyView{name, chunk}); it != chunks_.end()) {
@@ -73,7 +79,8 @@ const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
                               std::span<const float> grad, float lr_scale) {
   Chunk& c = existing(name, chunk, grad.size());
   const auto start = std::chrono::steady_clock::now();
-  optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1, lr_scale);
+  optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1, lr_scale,
+                   pool_.get());
   stats_.last_optimizer_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_.optimizer_seconds += stats_.last_optimizer_seconds;

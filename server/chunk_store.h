@@ -9,6 +9,10 @@
 // it first (copy-on-write), so a reader sees either the old or the new
 // values, never a half-applied update. When nobody else holds the buffers
 // the update happens in place.
+//
+// With apply_threads > 1 a push to a large chunk runs its optimizer on that
+// many threads at once (Optimizer::apply, shared/task_pool.h), each on its
+// own range; the store is still used by one thread, which waits for them.
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -20,6 +24,7 @@
 
 #include "shared/optimizer.h"
 #include "shared/snapshot.h"
+#include "shared/task_pool.h"
 
 namespace pstrain {
 
@@ -54,7 +59,9 @@ struct ChunkStoreStats {
 
 class ChunkStore {
  public:
-  explicit ChunkStore(OptimizerConfig optimizer);
+  // `apply_threads` >= 1 (ps_apply_threads in shared/config.h).
+  explicit ChunkStore(OptimizerConfig optimizer, std::uint32_t apply_threads = 1);
+  std::uint32_t apply_threads() const;
 
   // Creates the chunk from `values` if absent. Returns false when it existed
   // with the same size; throws std::invalid_argument when the size differs.
@@ -100,6 +107,7 @@ class ChunkStore {
   std::span<float> writable(ValueBuffer& buffer);
 
   Optimizer optimizer_;
+  std::unique_ptr<TaskPool> pool_;  // with apply_threads > 1
   std::map<Key, Chunk, KeyLess> chunks_;
   ChunkStoreStats stats_;
 };

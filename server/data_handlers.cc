@@ -18,12 +18,27 @@ using wire::Op;
 // through made-up sender ids cannot grow the set beyond this.
 constexpr std::size_t kMaxLoggedPoisoners = 1024;
 
-// The float payload of a request, read in place when the frame is suitably
-// aligned (ZeroMQ's buffers are, for every frame but the tiny inline ones).
+// The float payload of a request: an f32 frame read in place when suitably
+// aligned (ZeroMQ's buffers are, for every frame but the tiny inline ones),
+// else copied; a bf16 or fp16 frame (push and push_pull, net.wire_dtype)
+// widened to f32, so the optimizer and the stored values only see f32.
 class FloatPayload {
  public:
-  explicit FloatPayload(const Request& request) {
-    const auto bytes = request.payload_of(wire::DType::f32);
+  FloatPayload(const Request& request, bool halves_allowed) {
+    const auto type = request.header.dtype;
+    const auto half = wire::half_format(type);
+    if (!wire::is_float(type) || (half && !halves_allowed))
+      throw wire::ProtocolError(std::string(wire::to_string(request.header.op)) +
+                                " carries values as " +
+                                (halves_allowed ? "f32, bf16 or fp16" : "f32 (stored exactly)") +
+                                ", not " + std::string(wire::to_string(type)));
+    const auto bytes = request.payload_of(type);
+    if (half) {
+      copy_.resize(bytes.size() / sizeof(std::uint16_t));
+      wire::widen(*half, bytes, copy_.data());
+      view_ = copy_;
+      return;
+    }
     const auto n = bytes.size() / sizeof(float);
     if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0) {
       view_ = {reinterpret_cast<const float*>(bytes.data()), n};
@@ -41,6 +56,16 @@ class FloatPayload {
   std::vector<float> copy_;
   std::span<const float> view_;
 };
+
+// A chunk's values as a reply to `request` carries them: its dtype's. f32
+// goes out as the chunk's own buffer; bf16 and fp16 as a rounded copy.
+ReplyPayload values_for(const Request& request, const ValueBuffer& values) {
+  const auto half = wire::half_format(request.header.dtype);
+  if (!half) return values;
+  auto bits = std::make_shared<std::vector<std::uint16_t>>(values->size());
+  encode_halves(*half, values->data(), bits->data(), values->size());
+  return HalfValues{request.header.dtype, std::move(bits)};
+}
 
 }  // namespace
 
@@ -76,14 +101,14 @@ void DataHandlers::reply_version(const Request& request, const Chunk& chunk) {
 }
 
 void DataHandlers::reply_values(const Request& request, const Chunk& chunk) {
-  Reply reply{wire::reply_to(request.header), chunk.values};
+  Reply reply{wire::reply_to(request.header), values_for(request, chunk.values)};
   wire::ChunkReply{chunk.version}.write(reply.header);
   sink_.send(request.from, std::move(reply));
 }
 
 void DataHandlers::init(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload values(request);
+  const FloatPayload values(request, false);
   store_.init(id.variable, id.chunk, values.get());
   reply_version(request, *store_.find(id.variable, id.chunk));
 }
@@ -103,6 +128,10 @@ const Chunk& DataHandlers::chunk_of(const wire::ChunkRequest& id) const {
 // Dispatcher::answer_resend).
 void DataHandlers::pull(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
+  if (!wire::is_float(request.header.dtype))
+    throw wire::ProtocolError("pull asks for values as " +
+                              std::string(wire::to_string(request.header.dtype)) +
+                              "; they travel as f32, bf16 or fp16");
   const Chunk& c = chunk_of(id);
   if ((ssp_ && ssp_->retarget(request)) || (backup_ && backup_->retarget(request))) return;
   if (ssp_) {
@@ -118,7 +147,7 @@ void DataHandlers::pull(const Request& request) {
 
 void DataHandlers::push(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload grad(request);
+  const FloatPayload grad(request, true);
   refuse_nonfinite(request, grad.get());
   if (backup_) return push_backup(request, id, grad.get());
   const Chunk& c = store_.push(id.variable, id.chunk, grad.get());
@@ -188,7 +217,7 @@ void DataHandlers::count_held() {
 
 void DataHandlers::assign(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload values(request);
+  const FloatPayload values(request, false);
   refuse_nonfinite(request, values.get());
   const Chunk& c = store_.assign(id.variable, id.chunk, values.get());
   coordinator_.applied_update(request.header);

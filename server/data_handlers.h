@@ -11,6 +11,9 @@
 //
 // Pulled values go out without a copy (ReplyPayload holds the chunk's
 // buffer); incoming values and gradients are read in place from the frame.
+// Under net.wire_dtype bf16 or fp16, gradients arrive in 16 bits and are
+// widened, and values leave as a copy rounded to the request's dtype: the
+// store, its optimizer state and snapshots stay f32 (shared/messages.h).
 //
 // In modes ssp and backup pushes and pulls are answered as those modes say
 // (server/ssp_gate.h, server/backup_aggregator.h): a reply may be held

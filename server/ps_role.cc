@@ -1,6 +1,7 @@
 #include "server/ps_role.h"
 
 #include <random>
+#include <thread>
 
 #include "server/checkpointer.h"
 #include "server/chunk_store.h"
@@ -59,7 +60,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   ProcessMetrics metrics(config, Role::ps, index);
   const auto address = config.ps[index].bind_address();
   const auto hash = config.hash();
-  ChunkStore store(config.optimizer);
+  ChunkStore store(config.optimizer,
+                   ps_apply_threads(config, index, std::thread::hardware_concurrency()));
   std::optional<ps::RestoredShard> restored;
   try {
     if (restore == "latest")
@@ -114,8 +116,9 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     return 2;
   }
   log("serving on ", address, " (", config.workers.size(), " workers, optimizer ",
-      to_string(config.optimizer.kind), ", restored_from ", restored_from, ", generation ",
-      generation, config.security.curve ? ", CURVE" : "", ")");
+      to_string(config.optimizer.kind), " on ", store.apply_threads(),
+      " thread(s) per large chunk, restored_from ", restored_from, ", generation ", generation,
+      config.security.curve ? ", CURVE" : "", ")");
   std::optional<ps::Checkpointer> checkpointer;
   if (config.checkpoint.every_s > 0)
     checkpointer.emplace(

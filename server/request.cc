@@ -7,8 +7,7 @@ namespace pstrain::ps {
 std::span<const std::uint8_t> Request::payload_of(wire::DType type) const {
   if (header.payload_frames != 1 || header.dtype != type)
     throw wire::ProtocolError(std::string(wire::to_string(header.op)) +
-                              " needs one payload frame of " +
-                              (type == wire::DType::f32 ? "f32" : "bytes"));
+                              " needs one payload frame of " + std::string(wire::to_string(type)));
   return payload;
 }
 

@@ -54,10 +54,17 @@ bool repeats(const Request& resend, const Request& held);
 // kv_gets with one copy, held by the store and the replies in flight.
 using SharedBytes = std::shared_ptr<const std::vector<std::uint8_t>>;
 
-// A reply's payload frame: none, a chunk's values, or bytes. Both are sent
-// without a copy: the frame holds a reference to the buffer until ZeroMQ has
-// sent it (which is what ChunkStore's copy-on-write looks at).
-using ReplyPayload = std::variant<std::monostate, ValueBuffer, SharedBytes>;
+// A chunk's values rounded to bf16 or fp16 for one reply (net.wire_dtype).
+struct HalfValues {
+  wire::DType dtype = wire::DType::bf16;
+  std::shared_ptr<const std::vector<std::uint16_t>> bits;
+};
+
+// A reply's payload frame: none, a chunk's values, bytes, or a chunk's values
+// in 16 bits. All are sent without a copy: the frame holds a reference to the
+// buffer until ZeroMQ has sent it (which is what ChunkStore's copy-on-write
+// looks at).
+using ReplyPayload = std::variant<std::monostate, ValueBuffer, SharedBytes, HalfValues>;
 
 struct Reply {
   wire::Header header;  // from wire::reply_to / error_reply, plus its op's view

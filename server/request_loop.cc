@@ -27,8 +27,22 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
 // Requests handled per wake-up at most, so that signals, kv_get deadlines
-// and the worker timeout are looked at under steady traffic too.
-constexpr int kBatch = 256;
+// and the worker timeout are looked at under steady traffic too; and the
+// bytes a batch takes off the socket before it is served (a batch holds its
+// messages until it is done).
+constexpr std::size_t kBatch = 256;
+constexpr std::size_t kBatchBytes = 64 * 1024 * 1024;
+
+// A request's priority: its header's, or 0 when the header does not decode
+// (the dispatcher then answers it with the error).
+std::uint32_t priority_of(const std::vector<zmq::message_t>& messages) {
+  if (messages.size() < 2) return 0;
+  try {
+    return wire::decode_header({messages[1].data<std::uint8_t>(), messages[1].size()}).priority;
+  } catch (const wire::ProtocolError&) {
+    return 0;
+  }
+}
 
 // Installs the stop handlers for the lifetime of the loop and puts the
 // previous ones back afterwards (a forked test or bench child may go on).
@@ -59,6 +73,9 @@ std::span<const std::uint8_t> bytes_of(const std::vector<std::uint8_t>& b) { ret
 std::span<const std::uint8_t> bytes_of(const SharedBytes& b) { return *b; }
 std::span<const std::uint8_t> bytes_of(const ValueBuffer& v) {
   return {reinterpret_cast<const std::uint8_t*>(v->data()), v->size() * sizeof(float)};
+}
+std::span<const std::uint8_t> bytes_of(const std::shared_ptr<const std::vector<std::uint16_t>>& v) {
+  return {reinterpret_cast<const std::uint8_t*>(v->data()), v->size() * sizeof(std::uint16_t)};
 }
 
 // A frame ZeroMQ sends straight from `keep`'s bytes, without a copy. It holds
@@ -155,14 +172,27 @@ struct RequestLoop::Impl final : ReplySink {
     return timeout;
   }
 
-  // Handles the requests that have arrived, without blocking, at most a batch.
+  // Handles the requests that have arrived, without blocking, at most a
+  // batch: taken off the socket first, then served in priority order
+  // (wire::Header::priority; equal ones, and so one sender's requests of one
+  // variable, in arrival order).
   void drain(Coordinator& coordinator) {
-    std::vector<zmq::message_t> messages;
-    std::vector<Frame> frames;
-    for (int n = 0; n < kBatch && !coordinator.exit_code(); ++n) {
-      messages.clear();
+    std::vector<std::vector<zmq::message_t>> batch;
+    std::vector<std::pair<std::uint32_t, std::size_t>> order;  // (priority, index in batch)
+    std::size_t bytes = 0;
+    while (batch.size() < kBatch && bytes < kBatchBytes) {
+      std::vector<zmq::message_t> messages;
       if (!zmq::recv_multipart(socket, std::back_inserter(messages), zmq::recv_flags::dontwait))
-        return;
+        break;
+      for (const auto& m : messages) bytes += m.size();
+      order.emplace_back(priority_of(messages), batch.size());
+      batch.push_back(std::move(messages));
+    }
+    std::ranges::stable_sort(order, {}, &std::pair<std::uint32_t, std::size_t>::first);
+    std::vector<Frame> frames;
+    for (const auto& [priority, index] : order) {
+      if (coordinator.exit_code()) return;
+      const auto& messages = batch[index];
       frames.clear();
       for (const auto& m : messages) frames.emplace_back(m.data<std::uint8_t>(), m.size());
       current_peer = messages[0].to_string_view();
@@ -190,6 +220,9 @@ struct RequestLoop::Impl final : ReplySink {
     } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
       h.dtype = wire::DType::bytes;
       h.elements = (*bytes)->size();
+    } else if (const auto* halves = std::get_if<HalfValues>(&reply.payload)) {
+      h.dtype = halves->dtype;
+      h.elements = halves->bits->size();
     }
     const bool has_payload = !std::holds_alternative<std::monostate>(reply.payload);
     h.payload_frames = has_payload ? 1 : 0;
@@ -208,6 +241,9 @@ struct RequestLoop::Impl final : ReplySink {
     } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
       stats.sent(h.op, (*bytes)->size());
       socket.send(held_frame(*bytes, claim), zmq::send_flags::none);
+    } else if (const auto* halves = std::get_if<HalfValues>(&reply.payload)) {
+      stats.sent(h.op, halves->bits->size() * sizeof(std::uint16_t));
+      socket.send(held_frame(halves->bits, claim), zmq::send_flags::none);
     }
   }
 

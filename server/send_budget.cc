@@ -21,6 +21,10 @@ std::size_t SendBudget::cost(std::size_t header_bytes, const ReplyPayload& paylo
   std::size_t bytes = header_bytes + 2 * kFrameOverhead;
   if (std::holds_alternative<ValueBuffer>(payload)) bytes += kFrameOverhead;
   if (const auto* b = std::get_if<SharedBytes>(&payload)) bytes += kFrameOverhead + (*b)->size();
+  // A reply's own copy in 16 bits, unlike a chunk's buffer, is memory the
+  // peer's reading holds.
+  if (const auto* h = std::get_if<HalfValues>(&payload))
+    bytes += kFrameOverhead + h->bits->size() * sizeof(std::uint16_t);
   return bytes;
 }
 

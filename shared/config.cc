@@ -58,6 +58,18 @@ std::string_view to_string(WorkerLoss loss) {
   return loss == WorkerLoss::fail ? "fail" : "continue";
 }
 
+std::string_view to_string(WireDType type) {
+  switch (type) {
+    case WireDType::fp32:
+      return "fp32";
+    case WireDType::bf16:
+      return "bf16";
+    case WireDType::fp16:
+      return "fp16";
+  }
+  return "unknown";
+}
+
 std::string_view to_string(Device device) {
   switch (device) {
     case Device::cpu:
@@ -76,6 +88,19 @@ using namespace config_detail;
 
 // ---- The field tables, one per section, in the order to_yaml writes them.
 
+// apply_threads: a number of threads, or auto (0): what the ps's host has
+// to spare.
+Field<OptimizerConfig> apply_threads_field() {
+  return scalar(
+      "apply_threads", &OptimizerConfig::apply_threads,
+      [](const Reader& r, const YAML::Node& node, const std::string& path) {
+        return node.IsScalar() && node.Scalar() == "auto"
+                   ? 0u
+                   : r.integer<std::uint32_t>(node, path, between(1, 256));
+      },
+      [](std::uint32_t threads) { return threads == 0 ? std::string("auto") : number(threads); });
+}
+
 // Keys of other optimizers are accepted so that --set optimizer.name=...
 // can switch without editing the file.
 const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
@@ -90,6 +115,7 @@ const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
     bounded("eps", &OptimizerConfig::eps, kPositive),
     bounded("initial_accumulator", &OptimizerConfig::initial_accumulator, kNonNegative),
     bounded("weight_decay", &OptimizerConfig::weight_decay, kNonNegative),
+    apply_threads_field(),
 };
 
 const std::vector<Field<DataConfig>> kDataFields = {
@@ -154,6 +180,8 @@ const std::vector<Field<NetConfig>> kNetFields = {
     bounded("worker_timeout", &NetConfig::worker_timeout, kPositive),
     // Shorter than worker_timeout: checked across sections.
     bounded("heartbeat", &NetConfig::heartbeat, kPositive),
+    choice("wire_dtype", &NetConfig::wire_dtype,
+           {WireDType::fp32, WireDType::bf16, WireDType::fp16}),
     section("fault", &NetConfig::fault, kFaultFields),
 };
 
@@ -700,5 +728,20 @@ double liveness_interval(const NetConfig& net) {
 }
 
 double takeover_silence(const NetConfig& net) { return 3 * liveness_interval(net); }
+
+std::uint32_t ps_apply_threads(const ClusterConfig& config, std::uint32_t ps_index,
+                               unsigned cores) {
+  if (config.optimizer.apply_threads != 0) return config.optimizer.apply_threads;
+  const std::string& host = config.ps.at(ps_index).host;
+  std::uint64_t busy = 0, servers = 0;
+  for (const auto& ps : config.ps) servers += ps.host == host ? 1 : 0;
+  for (const auto& w : config.workers) {
+    const std::string& at = w.host.empty() && !config.hosts_pending ? "127.0.0.1" : w.host;
+    if (at == host) busy += w.device == Device::cuda ? 1 : config.train.threads;
+  }
+  busy += servers;
+  const std::uint64_t spare = cores > busy ? cores - busy : 0;
+  return static_cast<std::uint32_t>(1 + spare / std::max<std::uint64_t>(servers, 1));
+}
 
 }  // namespace pstrain

@@ -70,6 +70,12 @@ enum class WorkerLoss { continue_, fail };
 // and the worker trains in fp32, saying so.
 enum class Precision { fp32, bf16, fp16 };
 
+// The element type of weights and gradients on the wire (net.wire_dtype).
+// The ps keeps float32 values and optimizer state whatever travels; a 16-bit
+// type halves the bytes each way at the cost of rounding what is sent
+// (shared/low_precision.h).
+enum class WireDType { fp32, bf16, fp16 };
+
 struct ModelLayer {  // one entry of a model given as a list of layers
   std::string type;  // dense, relu, conv2d, maxpool2d, flatten
   int units = 0;     // dense
@@ -131,7 +137,8 @@ struct NetConfig {
   double retry_interval = 1;    // s before a data request is first resent (doubling)
   double worker_timeout = 60;   // s: a ps exits when no worker was heard for this long
   double heartbeat = 1;         // s between worker heartbeats
-  FaultConfig fault;            // for testing only
+  WireDType wire_dtype = WireDType::fp32;
+  FaultConfig fault;  // for testing only
 };
 
 // Seconds between a worker's liveness heartbeats (client/heartbeat.h):
@@ -239,6 +246,13 @@ std::vector<std::string> config_keys();
 
 std::string_view to_string(Mode mode);
 std::string_view to_string(Device device);
+// The threads ps `ps_index` applies a large chunk's update with:
+// optimizer.apply_threads, or under auto the cores of its host (`cores`)
+// that the run's processes there leave over (each worker on the host takes
+// train.threads of them, or one with a GPU, and each ps one), shared out among
+// the ps on it, plus its own; at least 1. Hosts are compared as the file
+// spells them; a worker whose host the scheduler gives counts as elsewhere.
+std::uint32_t ps_apply_threads(const ClusterConfig& config, std::uint32_t ps_index, unsigned cores);
 std::string_view to_string(WorkerLoss loss);
 // Inline: libpstrain_cuda.so, which links none of pstrain_shared, names
 // precisions in its messages (client/backend.h).
@@ -253,5 +267,6 @@ inline std::string_view to_string(Precision precision) {
   }
   return "unknown";
 }
+std::string_view to_string(WireDType type);
 
 }  // namespace pstrain

@@ -22,7 +22,11 @@
 namespace pstrain::wire {
 
 // init, pull, push, push_pull, assign: one chunk of a variable. init, push,
-// push_pull and assign carry one f32 payload frame (values or gradient).
+// push_pull and assign carry one payload frame (values or gradient): f32 for
+// init and assign, whose values are stored exactly; f32, bf16 or fp16 for
+// push and push_pull (net.wire_dtype), which the ps widens to f32 before its
+// optimizer sees them. A pull's or push_pull's dtype is also the one its
+// reply's values travel in: the ps rounds its f32 values for the reply.
 // pull, push and push_pull also carry the sender's clock: the steps it
 // completed before the one it pulls for or pushes from (mode ssp holds a
 // pull of a worker too far ahead, server/ssp_gate.h); push and push_pull
@@ -30,23 +34,31 @@ namespace pstrain::wire {
 // last pulled: the ps counts the updates applied since as the update's
 // staleness (0 from a sender that never pulled, such as a tool), and mode
 // backup drops a gradient of a step already applied
-// (server/backup_aggregator.h).
+// (server/backup_aggregator.h). `priority`: the variable's place in the
+// model, layer 0's first (P3's priority order): a ps serves what it finds
+// queued together lowest first, so the weights the next forward pass needs
+// first leave first and the gradients of the last layers, sent first in
+// backward, do not wait behind the rest.
 struct ChunkRequest {
   std::string variable;
   std::uint32_t chunk = 0;
   std::uint64_t clock = 0;
   std::uint64_t base_version = 0;
+  std::uint32_t priority = 0;
   void write(Header& h) const {
     h.name = variable;
     h.chunk = chunk;
     h.arg = clock;
     h.version = base_version;
+    h.priority = priority;
   }
-  static ChunkRequest read(const Header& h) { return {h.name, h.chunk, h.arg, h.version}; }
+  static ChunkRequest read(const Header& h) {
+    return {h.name, h.chunk, h.arg, h.version, h.priority};
+  }
 };
 
 // Their replies: the chunk's version after the op; pull and push_pull also
-// carry the chunk's values as one f32 payload frame.
+// carry the chunk's values as one payload frame of the request's dtype.
 struct ChunkReply {
   std::uint64_t version = 0;
   void write(Header& h) const { h.version = version; }

@@ -1,8 +1,10 @@
 #include "shared/optimizer.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "shared/optimizer_loops.h"
+#include "shared/task_pool.h"
 
 namespace pstrain {
 
@@ -41,15 +43,27 @@ void Optimizer::init_state(std::span<float> state) const {
 }
 
 void Optimizer::apply(std::span<float> values, std::span<const float> grad, std::span<float> state,
-                      std::uint64_t step, float lr_scale) const {
+                      std::uint64_t step, float lr_scale, TaskPool* pool) const {
   const std::size_t n = values.size();
   if (grad.size() != n || state.size() != n * state_slots()) {
     throw std::invalid_argument("optimizer: " + std::to_string(n) + " values, " +
                                 std::to_string(grad.size()) + " gradients and " +
                                 std::to_string(state.size()) + " state floats do not match");
   }
-  opt::best_update_loop().run(opt::OptimizerStep::make(config_, n, step, lr_scale), values.data(),
-                              grad.data(), state.data());
+  const auto s = opt::OptimizerStep::make(config_, n, step, lr_scale);
+  const auto& loop = opt::best_update_loop();
+  const std::size_t parts =
+      pool ? std::min(pool->threads(), std::max<std::size_t>(1, n / (kSplitElements / 2))) : 1;
+  if (parts <= 1 || n < kSplitElements)
+    return loop.run(s, values.data(), grad.data(), state.data(), 0, n);
+  // Ranges of whole 64-byte lines, so no two threads write one cache line.
+  constexpr std::size_t kLine = 64 / sizeof(float);
+  const std::size_t per_part = (n / parts + kLine - 1) / kLine * kLine;
+  pool->run(parts, [&](std::size_t part) {
+    const std::size_t begin = std::min(n, part * per_part);
+    const std::size_t end = part + 1 == parts ? n : std::min(n, begin + per_part);
+    loop.run(s, values.data(), grad.data(), state.data(), begin, end);
+  });
 }
 
 }  // namespace pstrain

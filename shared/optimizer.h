@@ -11,6 +11,8 @@
 
 namespace pstrain {
 
+class TaskPool;
+
 enum class OptimizerKind { sgd, momentum, adam, adagrad };
 
 struct OptimizerConfig {
@@ -23,6 +25,10 @@ struct OptimizerConfig {
   float eps = 1e-8f;                 // adam, adagrad
   float initial_accumulator = 0.1f;  // adagrad
   float weight_decay = 0.0f;
+  // Threads each ps applies one large chunk's update with (TaskPool); 0:
+  // auto, the cores its host has to spare (ps_apply_threads in
+  // shared/config.h).
+  std::uint32_t apply_threads = 0;
 };
 
 std::string_view to_string(OptimizerKind kind);
@@ -45,9 +51,16 @@ class Optimizer {
   // Applies one update w <- step(w, g). `step` is the 1-based number of this
   // update for these values (Adam's bias correction); `lr_scale` multiplies
   // the configured learning rate (warm-up and linear scaling in sync mode).
-  // Throws std::invalid_argument when the spans' sizes disagree.
+  // With a `pool`, values of at least kSplitElements are cut into ranges
+  // updated on its threads at once: the update is element-wise, so the bits
+  // are those of one thread. Throws std::invalid_argument when the spans'
+  // sizes disagree.
   void apply(std::span<float> values, std::span<const float> grad, std::span<float> state,
-             std::uint64_t step, float lr_scale = 1.0f) const;
+             std::uint64_t step, float lr_scale = 1.0f, TaskPool* pool = nullptr) const;
+
+  // Below this many elements a split costs more in waking threads than the
+  // update it shares out (a 64 KiB range takes a few microseconds).
+  static constexpr std::size_t kSplitElements = 32 * 1024;
 
  private:
   OptimizerConfig config_;

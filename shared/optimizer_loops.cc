@@ -10,10 +10,10 @@ namespace {
 // knows no store in the loop changes the other arrays or the
 // hyper-parameters, and vectorizes.
 void update(const OptimizerStep& step, float* __restrict w, const float* __restrict g,
-            float* __restrict state) {
+            float* __restrict state, std::size_t begin, std::size_t end) {
   const OptimizerStep s = step;
   dispatch(s.kind, [&](auto kind) {
-    for (std::size_t i = 0; i < s.n; ++i) s.apply(kind, i, w[i], g[i], state);
+    for (std::size_t i = begin; i < end; ++i) s.apply(kind, i, w[i], g[i], state);
   });
 }
 
@@ -21,18 +21,20 @@ void update(const OptimizerStep& step, float* __restrict w, const float* __restr
 // dispatch, the steps), so the whole loop is compiled with that level's
 // instructions rather than called out of line at the baseline.
 [[gnu::flatten, gnu::target("avx512f")]] void update_avx512f(const OptimizerStep& s, float* w,
-                                                             const float* g, float* state) {
-  update(s, w, g, state);
+                                                             const float* g, float* state,
+                                                             std::size_t begin, std::size_t end) {
+  update(s, w, g, state, begin, end);
 }
 
 [[gnu::flatten, gnu::target("avx2")]] void update_avx2(const OptimizerStep& s, float* w,
-                                                       const float* g, float* state) {
-  update(s, w, g, state);
+                                                       const float* g, float* state,
+                                                       std::size_t begin, std::size_t end) {
+  update(s, w, g, state, begin, end);
 }
 
 [[gnu::flatten]] void update_baseline(const OptimizerStep& s, float* w, const float* g,
-                                      float* state) {
-  update(s, w, g, state);
+                                      float* state, std::size_t begin, std::size_t end) {
+  update(s, w, g, state, begin, end);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // fuse multiply-adds into FMA while the AVX2 and baseline levels cannot, sync
 // replicas on different CPUs would drift apart. So every level computes the
 // same bits, which tests/unit/test_optimizer_bits.cc checks by running each.
+#include <cstddef>
 #include <span>
 #include <string_view>
 
@@ -16,8 +17,11 @@ namespace pstrain::opt {
 struct UpdateLoop {
   std::string_view name;  // "avx512f", "avx2" or "baseline"
   bool supported;         // whether this CPU can run it
-  // Applies `step` to w[0, step.n), with g and the slot-major state beside.
-  void (*run)(const OptimizerStep& step, float* w, const float* g, float* state);
+  // Applies `step` to w[begin, end) (end <= step.n), with g and the
+  // slot-major state beside: ranges that split [0, step.n) may run on
+  // different threads and give the bits one run over all of it gives.
+  void (*run)(const OptimizerStep& step, float* w, const float* g, float* state, std::size_t begin,
+              std::size_t end);
 };
 
 // Every compiled level, widest first; the last (baseline) runs everywhere.

@@ -118,6 +118,7 @@ void Header::serialize(Archive& ar) {
   ar(elements, payload_frames);
   detail::enum_field(ar, status);
   detail::string_field(ar, text, kMaxTextBytes, "text");
+  ar(priority);
 }
 
 template void Header::serialize(detail::VectorOutputArchive&);
@@ -163,8 +164,44 @@ std::size_t element_bytes(DType type) {
       return sizeof(float);
     case DType::bytes:
       return 1;
+    case DType::bf16:
+    case DType::fp16:
+      return 2;
   }
   throw ProtocolError("unknown dtype " + std::to_string(static_cast<int>(type)));
+}
+
+std::optional<HalfFormat> half_format(DType type) {
+  if (type == DType::bf16) return HalfFormat::bf16;
+  if (type == DType::fp16) return HalfFormat::fp16;
+  return std::nullopt;
+}
+
+DType dtype_of(HalfFormat format) { return format == HalfFormat::bf16 ? DType::bf16 : DType::fp16; }
+
+void widen(HalfFormat format, std::span<const std::uint8_t> frame, float* out) {
+  const std::size_t n = frame.size() / sizeof(std::uint16_t);
+  if (reinterpret_cast<std::uintptr_t>(frame.data()) % alignof(std::uint16_t) == 0) {
+    decode_halves(format, reinterpret_cast<const std::uint16_t*>(frame.data()), out, n);
+    return;
+  }
+  std::vector<std::uint16_t> aligned(n);
+  if (n > 0) std::memcpy(aligned.data(), frame.data(), n * sizeof(std::uint16_t));
+  decode_halves(format, aligned.data(), out, n);
+}
+
+std::string_view to_string(DType type) {
+  switch (type) {
+    case DType::f32:
+      return "f32";
+    case DType::bytes:
+      return "bytes";
+    case DType::bf16:
+      return "bf16";
+    case DType::fp16:
+      return "fp16";
+  }
+  return "unknown";
 }
 
 std::vector<std::uint8_t> encode_header(const Header& header) {
@@ -189,7 +226,7 @@ Header decode_header(std::span<const std::uint8_t> frame) {
   const auto op = static_cast<std::uint8_t>(h.op);
   if (op < static_cast<std::uint8_t>(Op::hello) || op > kMaxOp)
     throw ProtocolError("unknown op " + std::to_string(op));
-  if (static_cast<std::uint8_t>(h.dtype) > static_cast<std::uint8_t>(DType::bytes))
+  if (static_cast<std::uint8_t>(h.dtype) > static_cast<std::uint8_t>(DType::fp16))
     throw ProtocolError("unknown dtype " + std::to_string(static_cast<int>(h.dtype)));
   if (static_cast<std::uint8_t>(h.status) > static_cast<std::uint8_t>(Status::error))
     throw ProtocolError("unknown status " + std::to_string(static_cast<int>(h.status)));

@@ -25,11 +25,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "shared/low_precision.h"
 
 namespace pstrain::wire {
 
@@ -39,7 +42,9 @@ namespace pstrain::wire {
 // resend repeats.
 // 4: pull, push and push_pull carry the sender's clock (`arg`), push and
 // push_pull the chunk version their gradient was computed on (`version`).
-inline constexpr std::uint32_t kProtocolVersion = 4;
+// 5: dtypes bf16 and fp16: pull, push and push_pull may carry values and
+// gradients in 16 bits, and a pull's dtype names its reply's; `priority`.
+inline constexpr std::uint32_t kProtocolVersion = 5;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
@@ -70,11 +75,26 @@ enum class Op : std::uint8_t {
 };
 inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::done);
 
-enum class DType : std::uint8_t { f32 = 0, bytes = 1 };
+// bf16 and fp16 are the 16-bit bit patterns of shared/low_precision.h, which
+// only chunk values and gradients travel in (net.wire_dtype).
+enum class DType : std::uint8_t { f32 = 0, bytes = 1, bf16 = 2, fp16 = 3 };
 enum class Status : std::uint8_t { ok = 0, error = 1 };
 
 std::string_view to_string(Op op);
 std::size_t element_bytes(DType type);
+std::string_view to_string(DType type);
+// Whether chunk values and gradients may travel as `type`: f32, bf16, fp16.
+inline bool is_float(DType type) {
+  return type == DType::f32 || type == DType::bf16 || type == DType::fp16;
+}
+// The 16-bit format a dtype's frames hold; nullopt for f32 and bytes.
+std::optional<HalfFormat> half_format(DType type);
+DType dtype_of(HalfFormat format);
+// Widens the frame's bf16 or fp16 values, frame.size() / 2 of them, into
+// `out`. A received frame may sit at any address (ZeroMQ keeps tiny ones
+// inside its message struct), so this reads it through a copy when it is
+// not 2-byte aligned.
+void widen(HalfFormat format, std::span<const std::uint8_t> frame, float* out);
 
 struct Header {
   std::uint32_t protocol = kProtocolVersion;
@@ -101,6 +121,9 @@ struct Header {
   std::uint32_t payload_frames = 0;
   Status status = Status::ok;
   std::string text;  // error text, or the op's text (config, path, JSON)
+  // The order a ps serves the requests it finds queued together: lower
+  // first, equal ones in arrival order (server/request_loop.h).
+  std::uint32_t priority = 0;
 
   template <class Archive>
   void serialize(Archive& ar);  // defined in protocol.cc (bounded strings)

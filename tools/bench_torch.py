@@ -4,17 +4,20 @@ a process of its own so that an absent or broken PyTorch only costs its rows.
 
     bench_torch.py compute --model mlp|cnn [--batch 64] [--windows 7]
     bench_torch.py ddp [--batch 64] [--steps 200] [--bucket-bytes 262144]
-    bench_torch.py tta --data DIR [--target 0.85] [--epochs 3]
+    bench_torch.py tta --data DIR [--model mlp|cnn] [--target 0.85] [--epochs 3]
+                       [--eval-every 30000]
 
 Each prints one JSON object per line. The models have the shapes of pstrain's
 presets (client/model.cc): mlp 784-256-128-10, cnn conv 32 3x3, pool 2,
 conv 64 3x3, pool 2, dense 128, 10, on 1x28x28 inputs, ReLU after every
 hidden layer, softmax cross-entropy. `tta` trains pstrain's default job
-(cluster.yaml) with DDP instead: the MLP on Fashion-MNIST, 2 workers x 1
-thread, batch 64 each, Nesterov momentum 0.9, lr 0.02, an evaluation on the
-test set every 30000 global samples, time from the first step to the
-evaluation whose weights first reach the target, as tools/report.py times
-pstrain's runs. Exit status 3: PyTorch is not installed.
+(cluster.yaml) with DDP instead: the MLP (or --model cnn) on Fashion-MNIST,
+2 workers x 1 thread, batch 64 each, Nesterov momentum 0.9, lr 0.02, an
+evaluation on the test set every 30000 global samples, time from the first
+step to the evaluation whose weights first reach the target, as
+tools/report.py times pstrain's runs; and the training's samples/s (with
+--eval-every 0, evaluations off, training throughput on the real data,
+--epochs may be a fraction). Exit status 3: PyTorch is not installed.
 """
 
 import argparse
@@ -138,23 +141,24 @@ def tta_rank(rank, store_file, args):
     x, y = fashion(args.data, "train")
     x, y = x[rank::2], y[rank::2]
     test_x, test_y = fashion(args.data, "t10k")
-    net = nn.parallel.DistributedDataParallel(model("mlp"))
+    net = nn.parallel.DistributedDataParallel(model(args.model))
     opt = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9, nesterov=True)
     loss_fn = nn.CrossEntropyLoss()
     samples, next_eval, reached, stop = 0, args.eval_every, None, False
+    steps_per_epoch = len(y) // args.batch
+    steps_left = int(args.epochs * steps_per_epoch)
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(args.epochs):
-        if stop:
-            break
+    while steps_left > 0 and not stop:
         order = torch.randperm(len(y))
-        for at in range(0, len(y) - args.batch + 1, args.batch):
+        for at in range(0, min(steps_left, steps_per_epoch) * args.batch, args.batch):
+            steps_left -= 1
             pick = order[at:at + args.batch]
             opt.zero_grad(set_to_none=True)
             loss_fn(net(x[pick]), y[pick]).backward()
             opt.step()
             samples += 2 * args.batch
-            if samples < next_eval:
+            if args.eval_every == 0 or samples < next_eval:
                 continue
             next_eval += args.eval_every
             done = torch.zeros(1)
@@ -169,8 +173,10 @@ def tta_rank(rank, store_file, args):
             if done.item():
                 stop = True
                 break
+    took = time.perf_counter() - start
     if rank == 0:
-        print(json.dumps({"bench": "tta", "target": args.target, "samples": samples,
+        print(json.dumps({"bench": "tta", "model": args.model, "target": args.target,
+                          "samples": samples, "samples_per_s": samples / took,
                           "seconds": reached[0] if reached else None,
                           "accuracy": reached[1] if reached else None}), flush=True)
     dist.destroy_process_group()
@@ -207,8 +213,9 @@ def main():
     for name in ("tta", "tta-rank"):
         t = sub.add_parser(name)
         t.add_argument("--data", required=True)
+        t.add_argument("--model", default="mlp")
         t.add_argument("--target", type=float, default=0.85)
-        t.add_argument("--epochs", type=int, default=3)
+        t.add_argument("--epochs", type=float, default=3)
         t.add_argument("--batch", type=int, default=64)
         t.add_argument("--eval-every", type=int, default=30000)
         if name == "tta-rank":
@@ -221,7 +228,8 @@ def main():
         two_ranks("ddp-rank", args, ["--batch", str(args.batch), "--steps", str(args.steps),
                                      "--bucket-bytes", str(args.bucket_bytes)])
     elif args.command == "tta":
-        two_ranks("tta-rank", args, ["--data", args.data, "--target", str(args.target),
+        two_ranks("tta-rank", args, ["--data", args.data, "--model", args.model,
+                                     "--target", str(args.target),
                                      "--epochs", str(args.epochs), "--batch", str(args.batch),
                                      "--eval-every", str(args.eval_every)])
     elif args.command == "ddp-rank":

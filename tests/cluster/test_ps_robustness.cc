@@ -122,6 +122,36 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     cases.push_back({"push of bytes", {wire::encode_header(h), grad}, "f32"});
   }
   {
+    // net.wire_dtype bf16 declared, an f32 gradient sent: its size is checked
+    // against the declared dtype.
+    Header h = push;
+    h.dtype = wire::DType::bf16;
+    cases.push_back({"bf16 push with an f32 payload",
+                     {wire::encode_header(h), grad},
+                     "64 bytes, but the header declares 16 elements (32 bytes)"});
+    h.dtype = wire::DType::fp16;
+    h.elements = 32;
+    cases.push_back({"fp16 push of twice the chunk's values",
+                     {wire::encode_header(h), grad},
+                     "holds 16 elements, the request carries 32"});
+  }
+  {
+    Header h = push;
+    h.op = Op::init;
+    h.dtype = wire::DType::bf16;
+    cases.push_back({"init in bf16",
+                     {wire::encode_header(h), std::vector<std::uint8_t>(32, 0)},
+                     "f32 (stored exactly)"});
+  }
+  {
+    Header h = push;
+    h.op = Op::pull;
+    h.dtype = wire::DType::bytes;
+    h.elements = 0;
+    h.payload_frames = 0;
+    cases.push_back({"pull of bytes", {wire::encode_header(h)}, "travel as f32, bf16 or fp16"});
+  }
+  {
     Header h;
     h.op = Op::kv_get;
     h.request_id = 4242;

@@ -3,14 +3,21 @@
 // update is exact, so the final values must equal initial - sum of all pushes
 // bit for bit (no update lost or applied twice). The staleness a client
 // reports, from versions the test controls. Also snapshot and restore with
-// Adam, whose state makes any difference visible in later updates.
+// Adam, whose state makes any difference visible in later updates. And
+// net.wire_dtype: 16-bit gradients widened, 16-bit replies rounded, f32 kept.
+// Priority order: what a client stamps, and the order a ps serves a queue.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "client/ps_client.h"
+#include "shared/low_precision.h"
+#include "shared/optimizer.h"
 #include "shared/snapshot.h"
 #include "tests/support/exact_pushes.h"
 #include "tests/support/ps_cluster.h"
@@ -152,4 +159,129 @@ TEST_CASE("ps: a snapshot written by another number of servers is refused, sayin
   CHECK_MESSAGE(ps.log_text().find("holds 2 ps files, this cluster has 1 parameter servers") !=
                     std::string::npos,
                 ps.log_text());
+}
+
+TEST_CASE("ps: bf16 and fp16 on the wire round bit-exactly each way; the ps keeps f32") {
+  PsCluster cluster({.ps = 2, .workers = 1, .optimizer = "momentum", .lr = 0.05});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  constexpr std::size_t n = 40000;
+  PsClient exact(config, 0, shard_map(config));
+  exact.hello();
+  exact.init(5);
+  // The ps's update, replayed here on the values it should have received.
+  OptimizerConfig momentum;
+  momentum.kind = OptimizerKind::momentum;
+  momentum.lr = 0.05f;
+  const Optimizer optimizer(momentum);
+  std::vector<float> w = pull_all(exact, "w", n), velocity(n, 0.0f);
+  std::uint64_t step = 0;
+  for (const auto format : {HalfFormat::bf16, HalfFormat::fp16}) {
+    CAPTURE(half_format_name(format));
+    auto options = client_options(config, 0);
+    options.wire_dtype = format == HalfFormat::bf16 ? WireDType::bf16 : WireDType::fp16;
+    PsClient half(ps_addresses(config), shard_map(config), config.run_id(), options);
+    half.hello();
+    // Values with more mantissa bits than 16-bit formats hold, so every
+    // gradient is rounded.
+    std::vector<float> grad(n), rounded(n), out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      grad[i] = std::sin(0.731f * static_cast<float>(i)) * 1.37f;
+      rounded[i] = round_to_half(format, grad[i]);
+    }
+    const auto before = grad;
+    half.wait(half.push("w", grad));
+    CHECK(bit_equal(grad, before));  // the caller's buffer is not rounded in place
+    optimizer.apply(w, rounded, velocity, ++step);
+    // The ps holds f32 values: those of the widened gradient, not rounded.
+    const auto held = pull_all(exact, "w", n);
+    CHECK(bit_equal(held, w));
+    std::size_t not_representable = 0;
+    for (const float v : held) not_representable += round_to_half(format, v) != v ? 1 : 0;
+    CHECK(not_representable > n / 2);
+    // A 16-bit pull and push_pull answer the f32 values rounded.
+    auto expect_rounded = [&](const std::vector<float>& got) {
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float want = round_to_half(format, w[i]);
+        wrong += std::memcmp(&got[i], &want, sizeof(float)) != 0 ? 1 : 0;
+      }
+      CHECK(wrong == 0);
+    };
+    half.wait(half.pull("w", out));
+    expect_rounded(out);
+    half.wait(half.push_pull("w", grad, out));
+    optimizer.apply(w, rounded, velocity, ++step);
+    expect_rounded(out);
+    CHECK(bit_equal(pull_all(exact, "w", n), w));
+  }
+}
+
+TEST_CASE("ps client: a chunk request's priority is its variable's place, layer 0's first") {
+  // A stand-in ps that only reads what the client sends.
+  zmq::context_t context;
+  zmq::socket_t router(context, zmq::socket_type::router);
+  router.set(zmq::sockopt::rcvtimeo, 5000);
+  const auto address = "tcp://127.0.0.1:" + std::to_string(free_port());
+  router.bind(address);
+  const ShardMap map({{"dense0/w", 8, {}}, {"dense0/b", 4, {}}, {"dense1/w", 8, {}}}, 1);
+  PsClient client({address}, map, 1);
+  std::vector<float> w0(8), b0(4), w1(8);
+  // Issued last layer first, as backward sends its gradients.
+  client.push_pull("dense1/w", w1, w1);
+  client.pull("dense0/b", b0);
+  client.pull("dense0/w", w0);
+  std::vector<std::pair<std::string, std::uint32_t>> seen;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<zmq::message_t> frames;
+    REQUIRE(zmq::recv_multipart(router, std::back_inserter(frames)));
+    const auto h = wire::decode_header({frames[1].data<std::uint8_t>(), frames[1].size()});
+    seen.emplace_back(h.name, wire::ChunkRequest::read(h).priority);
+  }
+  const std::vector<std::pair<std::string, std::uint32_t>> expect{
+      {"dense1/w", 2}, {"dense0/b", 1}, {"dense0/w", 0}};
+  CHECK(seen == expect);
+}
+
+TEST_CASE("ps: requests found queued together are served in priority order") {
+  // Every reply holds the ps's loop for 400 ms (net.fault.delay_ms), so what
+  // is sent meanwhile queues up and is taken off the socket as one batch.
+  PsCluster cluster({.ps = 1, .workers = 1, .fault_delay_ms = 400});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  const ShardMap map({{"w", 16, {InitKind::uniform, 1.0f}}}, 1);
+  {
+    PsClient init(config, kTool, map);
+    init.hello();
+    init.init(1);
+  }
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvtimeo, 10000);
+  dealer.connect(config.ps[0].connect_address());
+  auto pull = [&](std::uint64_t id, std::uint32_t priority) {
+    wire::Header h;
+    h.op = wire::Op::pull;
+    h.request_id = id;
+    h.run_id = config.run_id();
+    wire::ChunkRequest{"w", 0, 0, 0, priority}.write(h);
+    dealer.send(zmq::buffer(wire::encode_header(h)), zmq::send_flags::none);
+  };
+  pull(1, 9);  // the ps holds its loop on this one's reply
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  // Request id = the order they should be served in.
+  pull(6, 7);
+  pull(4, 3);
+  pull(2, 0);
+  pull(5, 5);
+  pull(3, 0);  // equal priorities: arrival order
+  std::vector<std::uint64_t> served;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<zmq::message_t> frames;
+    REQUIRE(zmq::recv_multipart(dealer, std::back_inserter(frames)));
+    const auto h = wire::decode_header({frames[0].data<std::uint8_t>(), frames[0].size()});
+    REQUIRE(h.status == wire::Status::ok);
+    served.push_back(h.request_id);
+  }
+  CHECK(served == std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6});
 }

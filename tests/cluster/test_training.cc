@@ -150,6 +150,18 @@ TEST_CASE("async: train.precision fp16 on the CPU says it is unavailable and tra
   CHECK_MESSAGE(worker0.find("precision fp32") != std::string::npos, worker0);
 }
 
+TEST_CASE("async: the default job with bf16 weights and gradients on the wire reaches 85%") {
+  Run run(2, 2,
+          "model: mlp\n"
+          "optimizer: {name: momentum, lr: 0.02, momentum: 0.9, nesterov: true}\n"
+          "train: {epochs: 3, eval_every: 0}\n"
+          "net: {wire_dtype: bf16}\n");
+  const std::string logs = run.train(300s);
+  const double accuracy = final_accuracy(run.workers[0]->log_text());
+  MESSAGE("final test accuracy ", accuracy);
+  CHECK_MESSAGE(accuracy >= 0.85, logs);
+}
+
 TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alone") {
   TempDir dir;
   const auto cluster = dir.path() / "cluster.yaml";

@@ -49,6 +49,18 @@ Message with_floats(Message m, std::vector<float> values) {
   return m;
 }
 
+// Values rounded to bf16 or fp16 (net.wire_dtype), as a worker sends them.
+Message with_halves(Message m, HalfFormat format, const std::vector<float>& values) {
+  m.header.dtype = wire::dtype_of(format);
+  m.header.elements = values.size();
+  m.header.payload_frames = 1;
+  std::vector<std::uint16_t> bits(values.size());
+  encode_halves(format, values.data(), bits.data(), values.size());
+  const auto* p = reinterpret_cast<const std::uint8_t*>(bits.data());
+  m.payloads.emplace_back(p, p + bits.size() * sizeof(std::uint16_t));
+  return m;
+}
+
 Message with_bytes(Message m, const std::string& bytes) {
   m.header.dtype = wire::DType::bytes;
   m.header.elements = bytes.size();
@@ -65,6 +77,13 @@ Message chunk_op(Op op, std::uint64_t id, std::vector<float> values = {}) {
 }
 
 Message init() { return chunk_op(Op::init, 1, {0.5f, -1.f, 2.f, 0.f}); }
+
+// A pull whose reply's values travel in 16 bits.
+Message pull_as(HalfFormat format, std::uint64_t id) {
+  auto m = chunk_op(Op::pull, id);
+  m.header.dtype = wire::dtype_of(format);
+  return m;
+}
 
 Message hello(std::uint32_t sender) {
   auto m = request(Op::hello, sender);
@@ -156,6 +175,9 @@ int main(int argc, char** argv) {
       {"pull", chunk_op(Op::pull, 2)},
       {"push", chunk_op(Op::push, 2, gradient)},
       {"push_pull", chunk_op(Op::push_pull, 2, gradient)},
+      {"pull_bf16", pull_as(HalfFormat::bf16, 2)},
+      {"push_bf16", with_halves(chunk_op(Op::push, 2), HalfFormat::bf16, gradient)},
+      {"push_pull_fp16", with_halves(chunk_op(Op::push_pull, 2), HalfFormat::fp16, gradient)},
       {"assign", chunk_op(Op::assign, 2, {1.f, 2.f, 3.f, 4.f})},
       {"barrier", barrier(0)},
       {"snapshot", request(Op::snapshot, 100)},
@@ -186,6 +208,11 @@ int main(int argc, char** argv) {
       {"resent_push",
        {init(), chunk_op(Op::push, 2, gradient), chunk_op(Op::push, 2, gradient),
         chunk_op(Op::push_pull, 3, gradient), chunk_op(Op::push_pull, 3, gradient)}},
+      {"wire_halves",
+       {init(), pull_as(HalfFormat::bf16, 2),
+        with_halves(chunk_op(Op::push, 3), HalfFormat::bf16, gradient),
+        with_halves(chunk_op(Op::push_pull, 4), HalfFormat::fp16, gradient),
+        with_halves(chunk_op(Op::init, 5), HalfFormat::bf16, gradient)}},
       {"barrier_released", {barrier(0), barrier(1)}},
       {"kv_parked", {kv_get(5000), kv_set(), kv_get(0)}},
       {"kv_expired", {kv_get(20), late}},

@@ -42,7 +42,8 @@ struct ClusterSpec {
   std::uint32_t checkpoint_keep = 3;
   double request_timeout = 10;
   double retry_interval = 1;
-  double fault_drop = 0;  // net.fault.drop, for every process of the cluster
+  double fault_drop = 0;      // net.fault.drop, for every process of the cluster
+  double fault_delay_ms = 0;  // net.fault.delay_ms, likewise
   // security.curve, with a fresh key set in <dir>/keys (shared/curve_keys.h).
   bool curve = false;
 };
@@ -72,7 +73,7 @@ class PsCluster {
       << ", heartbeat: " << std::min(1.0, spec.worker_timeout / 2)
       << ", request_timeout: " << spec.request_timeout
       << ", retry_interval: " << spec.retry_interval << ", fault: {drop: " << spec.fault_drop
-      << "}}\n"
+      << ", delay_ms: " << spec.fault_delay_ms << "}}\n"
       << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
       << "}\n";
     if (spec.curve) {

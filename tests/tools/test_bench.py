@@ -139,6 +139,26 @@ class QuickRuns(unittest.TestCase):
             self.assertGreater(row["ours"][0], 0)
         self.assertIn("| compute cnn, 1 thread, batch 64, OpenBLAS kernels |", text)
 
+    def test_async_rows_launch_the_default_job_with_the_overrides(self):
+        with tempfile.TemporaryDirectory() as hide:
+            os.mkdir(os.path.join(hide, "torch"))
+            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
+                f.write("raise ImportError('hidden by test_bench')\n")
+            env = dict(os.environ, PYTHONPATH=hide)
+            r, text = self.run_json("--only", "async mlp", "--reps", "1",
+                                    "--set", "net.wire_dtype=bf16", env=env)
+            # The override reaches the launched run: one it refuses fails the bench.
+            bad = run("--quick", "--only", "async mlp", "--reps", "1",
+                      "--set", "net.wire_dtype=int8", env=env)
+        [row] = r["rows"]
+        self.assertTrue(row["name"].startswith("async mlp, 2 ps + 2 workers vs DDP 2x1"))
+        self.assertEqual(row["unit"], "samples/s")
+        self.assertGreater(row["ours"][0], 0)
+        self.assertEqual(row["peer_status"], "not installed")
+        self.assertEqual(r["sets"], ["net.wire_dtype=bf16"])
+        self.assertIn("--set net.wire_dtype=bf16", text)
+        self.assertNotEqual(bad.returncode, 0)
+
     @unittest.skipUnless(torch_importable(), "PyTorch (python3-torch) not installed")
     def test_compute_beside_pytorch(self):
         r, _ = self.run_json("--only", "compute mlp", "--reps", "1")

@@ -568,4 +568,36 @@ TEST_CASE("config: metrics ports follow the ps list, and must fit and miss the s
   CHECK(error_of(kMinimal, {"metrics.linger_s=-1"}).find("metrics.linger_s") != std::string::npos);
 }
 
+TEST_CASE("config: net.wire_dtype and optimizer.apply_threads") {
+  const auto c = parse(kMinimal);
+  CHECK(c.net.wire_dtype == WireDType::fp32);
+  CHECK(c.optimizer.apply_threads == 0);  // auto
+  CHECK(parse(kMinimal, {"net.wire_dtype=bf16"}).net.wire_dtype == WireDType::bf16);
+  CHECK(parse(kMinimal, {"net.wire_dtype=fp16"}).net.wire_dtype == WireDType::fp16);
+  CHECK(error_of(kMinimal, {"net.wire_dtype=int8"}).find("net.wire_dtype") != std::string::npos);
+  const auto four = parse(kMinimal, {"optimizer.apply_threads=4"});
+  CHECK(four.optimizer.apply_threads == 4);
+  CHECK(parse(four.to_yaml()).optimizer.apply_threads == 4);
+  CHECK(c.to_yaml().find("apply_threads: auto") != std::string::npos);
+  CHECK(error_of(kMinimal, {"optimizer.apply_threads=0"}).find("optimizer.apply_threads") !=
+        std::string::npos);
+}
+
+TEST_CASE("config: apply_threads auto takes the cores the host's processes leave over") {
+  // 2 ps and 2 single-threaded workers on 127.0.0.1.
+  const auto c = parse(kMinimal);
+  CHECK(ps_apply_threads(c, 0, 2) == 1);  // 4 processes on 2 cores: nothing to spare
+  CHECK(ps_apply_threads(c, 0, 4) == 1);  // exactly used
+  CHECK(ps_apply_threads(c, 0, 8) == 3);  // 4 spare, 2 each
+  CHECK(ps_apply_threads(c, 1, 9) == 3);  // 5 spare: the odd core is left idle
+  // Workers of 3 BLAS threads each take 3 cores.
+  CHECK(ps_apply_threads(parse(kMinimal, {"train.threads=3"}), 0, 12) == 3);
+  // Workers elsewhere leave the host to the ps.
+  const auto apart = parse(
+      "ps: [{host: 10.0.0.1, port: 7000}]\n"
+      "workers: {count: 2, host: 10.0.0.2}\n");
+  CHECK(ps_apply_threads(apart, 0, 16) == 16);
+  CHECK(ps_apply_threads(parse(kMinimal, {"optimizer.apply_threads=5"}), 0, 2) == 5);
+}
+
 }  // namespace pstrain

@@ -30,6 +30,7 @@ Header full_header() {
   h.payload_frames = 2;
   h.status = Status::error;
   h.text = std::string("text with \0 inside", 18);
+  h.priority = 0x5a5b5c5d;
   return h;
 }
 
@@ -50,6 +51,7 @@ void check_equal(const Header& a, const Header& b) {
   CHECK(a.payload_frames == b.payload_frames);
   CHECK(a.status == b.status);
   CHECK(a.text == b.text);
+  CHECK(a.priority == b.priority);
 }
 
 Header decode(const std::vector<std::uint8_t>& bytes) { return decode_header(bytes); }
@@ -120,7 +122,8 @@ TEST_CASE("protocol: string lengths are checked against limits and remaining byt
     CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("remain"), ProtocolError);
   }
   SUBCASE("text length of 4 GiB") {
-    put_u32(bytes, bytes.size() - 4, 0xffffffffu);
+    // An empty text's u32 length, then the u32 priority, end the frame.
+    put_u32(bytes, bytes.size() - 8, 0xffffffffu);
     CHECK_THROWS_WITH_AS(decode(bytes), doctest::Contains("text declares"), ProtocolError);
   }
 }
@@ -183,6 +186,58 @@ TEST_CASE("protocol: check_payload compares frame size with count * element size
   h.dtype = DType::bytes;
   CHECK_NOTHROW(check_payload(h, 0, 10));
   CHECK_THROWS_AS(check_payload(h, 0, 40), ProtocolError);
+}
+
+TEST_CASE("protocol: bf16 and fp16 frames hold 2 bytes per value; others are refused") {
+  for (const DType type : {DType::bf16, DType::fp16}) {
+    CAPTURE(to_string(type));
+    Header h;
+    h.op = Op::push;
+    h.dtype = type;
+    h.payload_frames = 1;
+    h.elements = 10;
+    CHECK(element_bytes(type) == 2);
+    CHECK(decode(encode_header(h)).dtype == type);
+    CHECK_NOTHROW(check_payload(h, 0, 20));
+    // An f32 frame under a 16-bit header: the mismatch is named.
+    CHECK_THROWS_WITH_AS(check_payload(h, 0, 40),
+                         doctest::Contains("40 bytes, but the header declares 10 elements (20"),
+                         ProtocolError);
+    CHECK(is_float(type));
+    CHECK(dtype_of(*half_format(type)) == type);
+  }
+  CHECK_FALSE(half_format(DType::f32).has_value());
+  CHECK_FALSE(is_float(DType::bytes));
+  Header h;
+  h.dtype = static_cast<DType>(4);
+  CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("unknown dtype 4"),
+                       ProtocolError);
+  // The largest 16-bit payload is twice as many values as the largest f32 one.
+  h.dtype = DType::bf16;
+  h.payload_frames = 1;
+  h.elements = kMaxPayloadBytes / 2;
+  CHECK_NOTHROW(decode(encode_header(h)));
+  h.elements += 1;
+  CHECK_THROWS_AS(decode(encode_header(h)), ProtocolError);
+}
+
+TEST_CASE("protocol: widen reads 16-bit frames at any alignment, as low_precision.h decodes") {
+  const std::vector<float> values{1.0f, -2.5f, 3.14159f, 1e-6f, 65504.0f, 70000.0f, -0.0f};
+  for (const auto format : {pstrain::HalfFormat::bf16, pstrain::HalfFormat::fp16}) {
+    std::vector<std::uint16_t> bits(values.size());
+    pstrain::encode_halves(format, values.data(), bits.data(), bits.size());
+    // At offset 1 the frame's values sit at odd addresses.
+    for (const std::size_t at : {std::size_t{0}, std::size_t{1}}) {
+      std::vector<std::uint8_t> frame(at + bits.size() * 2);
+      std::memcpy(frame.data() + at, bits.data(), bits.size() * 2);
+      std::vector<float> out(values.size());
+      widen(format, {frame.data() + at, bits.size() * 2}, out.data());
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const float want = pstrain::round_to_half(format, values[i]);
+        CHECK(std::memcmp(&out[i], &want, sizeof(float)) == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("protocol: random and mutated bytes never crash the decoder") {
