@@ -119,7 +119,8 @@ class Backend {
   // dx = dy where y > 0, else 0 (y is the forward output).
   virtual void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) = 0;
 
-  // Scratch floats the convolution needs for its im2col buffers.
+  // Scratch floats the convolution needs for its im2col buffers, at the
+  // current precision: size workspaces after set_precision.
   virtual std::size_t conv2d_workspace(const ConvShape& s) const = 0;
   // w: filters x c x kernel x kernel, b: filters.
   virtual void conv2d_forward(const float* x, const float* w, const float* b, float* y,

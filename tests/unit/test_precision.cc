@@ -124,6 +124,7 @@ TEST_CASE("precision: cpu bf16 convolutions equal fp32 ones on bf16-rounded inpu
                        db_ref.data(), workspace.data(), s);
 
   cpu->set_precision(Precision::bf16);
+  workspace.resize(cpu->conv2d_workspace(s));  // the bf16 GEMMs' im2col path needs one
   std::vector<float> y(y_size), dx(x_size), dw(w_size), db(8);
   cpu->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), s);
   cpu->conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
