@@ -236,7 +236,7 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
   const std::size_t size_a = std::size_t(m) * k, size_b = std::size_t(k) * n;
   if (half_capacity_ < size_a + size_b) {
     if (half_operands_) free_when_idle(half_operands_);  // queued GEMMs may read it
-    half_capacity_ = 0;  // until the new buffer is there
+    half_capacity_ = 0;                                  // until the new buffer is there
     half_operands_ = device_buffer<std::uint16_t>(size_a + size_b);
     half_capacity_ = size_a + size_b;
   }
