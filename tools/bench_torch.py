@@ -6,6 +6,8 @@ a process of its own so that an absent or broken PyTorch only costs its rows.
     bench_torch.py ddp [--batch 64] [--steps 200] [--bucket-bytes 262144]
     bench_torch.py tta --data DIR [--model mlp|cnn] [--target 0.85] [--epochs 3]
                        [--eval-every 30000]
+    bench_torch.py rpcps --data DIR [--model mlp|cnn] [--target 0.85] [--epochs 3]
+                         [--eval-every 30000]
 
 Each prints one JSON object per line. The models have the shapes of pstrain's
 presets (client/model.cc): mlp 784-256-128-10, cnn conv 32 3x3, pool 2,
@@ -17,7 +19,14 @@ evaluation on the test set every 30000 global samples, time from the first
 step to the evaluation whose weights first reach the target, as
 tools/report.py times pstrain's runs; and the training's samples/s (with
 --eval-every 0, evaluations off, training throughput on the real data,
---epochs may be a fraction). Exit status 3: PyTorch is not installed.
+--epochs may be a fraction). `rpcps` trains the same job as an asynchronous
+parameter server on torch.distributed.rpc, pstrain's own layout: 2 ps
+processes holding the parameters split between them, each applying the
+optimizer to its part under a lock as gradients arrive, and 2 trainers that
+fetch the weights, compute a gradient on their half of the data and push it,
+without waiting for each other; the ps evaluates the pulled weights on the
+same cadence and prints the same fields as `tta`. Exit status 3: PyTorch is
+not installed.
 """
 
 import argparse
@@ -26,11 +35,13 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 try:
     import torch
     import torch.distributed as dist
+    import torch.distributed.rpc as rpc
     from torch import nn
 except ImportError as e:
     print(f"PyTorch not importable: {e}", file=sys.stderr)
@@ -182,15 +193,153 @@ def tta_rank(rank, store_file, args):
     dist.destroy_process_group()
 
 
-def two_ranks(command, args, extra):
-    """Runs `command` as DDP ranks 0 and 1; rank 0's output is this process's."""
+def shard_of(params):
+    """Which ps holds each parameter: the next to the ps with fewer values so
+    far, so that the two serve about the same bytes (the MLP's first weight
+    alone outweighs the rest of it). Computed alike in every process."""
+    sizes, owner = [0, 0], []
+    for p in params:
+        s = sizes.index(min(sizes))
+        owner.append(s)
+        sizes[s] += p.numel()
+    return owner
+
+
+class Shard:
+    """One ps's part of the parameters and its optimizer's state; pushes are
+    applied one at a time in the order they arrive."""
+
+    def __init__(self, preset, index):
+        torch.manual_seed(42)  # both ps start from the same model's halves
+        params = list(model(preset).parameters())
+        self.params = [p.detach() for p, s in zip(params, shard_of(params)) if s == index]
+        self.opt = torch.optim.SGD(self.params, lr=0.02, momentum=0.9, nesterov=True)
+        self.lock = threading.Lock()
+        self.samples, self.stop = 0, False
+
+    def pull(self):
+        with self.lock:
+            return [p.clone() for p in self.params]
+
+    def push(self, grads, samples):
+        with self.lock:
+            for p, g in zip(self.params, grads):
+                p.grad = g
+            self.opt.step()
+            self.samples += samples
+            return self.stop
+
+
+SHARD = None  # this process's Shard, on ps0 and ps1
+TRAIN = None  # this process's half of the training set, on the trainers
+
+
+def shard_pull():
+    return SHARD.pull()
+
+
+def shard_push(grads, samples):
+    return SHARD.push(grads, samples)
+
+
+def load_weights(net, parts):
+    """Copies the two ps's parts, as pulled, into net's parameters."""
+    parts = [iter(p) for p in parts]
+    params = list(net.parameters())
+    with torch.no_grad():
+        for p, s in zip(params, shard_of(params)):
+            p.copy_(next(parts[s]))
+
+
+def rpc_train(preset, batch, epochs):
+    """A trainer's whole run, called by ps0: pull from both ps, one step on
+    the pulled weights, push each ps its part of the gradient; until the
+    epochs are done or a push answers that the target is reached."""
+    x, y = TRAIN
+    net, loss_fn = model(preset), nn.CrossEntropyLoss()
+    params = list(net.parameters())
+    owner = shard_of(params)
+    steps_per_epoch = len(y) // batch
+    steps_left = int(epochs * steps_per_epoch)
+    while steps_left > 0:
+        order = torch.randperm(len(y))
+        for at in range(0, min(steps_left, steps_per_epoch) * batch, batch):
+            steps_left -= 1
+            pulls = [rpc.rpc_async(f"ps{s}", shard_pull) for s in range(2)]
+            load_weights(net, [f.wait() for f in pulls])
+            pick = order[at:at + batch]
+            net.zero_grad(set_to_none=True)
+            loss_fn(net(x[pick]), y[pick]).backward()
+            pushes = [rpc.rpc_async(f"ps{s}", shard_push,
+                                    args=([p.grad for p, o in zip(params, owner) if o == s],
+                                          batch))
+                      for s in range(2)]
+            if any(f.wait() for f in pushes):
+                return
+
+
+def rpcps_rank(rank, store_file, args):
+    """Ranks 0 and 1 are ps0 and ps1, 2 and 3 the trainers. ps0 starts both
+    trainers, evaluates the weights every eval_every samples that ps0 has
+    applied (both ps see every push) and prints the result."""
+    global SHARD, TRAIN
+    one_thread()
+    names = ["ps0", "ps1", "trainer0", "trainer1"]
+    if rank < 2:
+        SHARD = Shard(args.model, rank)
+    else:
+        torch.manual_seed(42)
+        x, y = fashion(args.data, "train")
+        TRAIN = x[rank - 2::2], y[rank - 2::2]
+    if rank == 0 and args.eval_every:
+        test_x, test_y = fashion(args.data, "t10k")
+        net = model(args.model)
+    rpc.init_rpc(names[rank], rank=rank, world_size=4,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                     init_method=f"file://{store_file}"))
+    if rank == 0:
+        start = time.perf_counter()
+        # timeout 0: a trainer's call lasts its whole run, past RPC's default.
+        runs = [rpc.rpc_async(f"trainer{t}", rpc_train, args=(args.model, args.batch, args.epochs),
+                              timeout=0) for t in range(2)]
+        next_eval, reached = args.eval_every, None
+        while not all(f.done() for f in runs):
+            if not args.eval_every or reached or SHARD.samples < next_eval:
+                time.sleep(0.005)
+                continue
+            # A slow evaluation skips the crossings it missed instead of
+            # queueing them: the time counted is that of the weights tested.
+            next_eval += args.eval_every * ((SHARD.samples - next_eval) // args.eval_every + 1)
+            weights_at = time.perf_counter() - start
+            load_weights(net, [SHARD.pull(), rpc.rpc_sync("ps1", shard_pull)])
+            with torch.no_grad():
+                accuracy = (net(test_x).argmax(1) == test_y).float().mean().item()
+            if accuracy >= args.target:
+                reached = (weights_at, accuracy)
+                SHARD.stop = True
+        took = time.perf_counter() - start
+        for f in runs:
+            f.wait()  # a trainer's failure is this run's
+        print(json.dumps({"bench": "rpcps", "model": args.model, "target": args.target,
+                          "samples": SHARD.samples, "samples_per_s": SHARD.samples / took,
+                          "seconds": reached[0] if reached else None,
+                          "accuracy": reached[1] if reached else None}), flush=True)
+    rpc.shutdown()
+
+
+def ranks(command, extra, n=2):
+    """Runs `command` as ranks 0 to n-1 on one file store; rank 0's output is
+    this process's."""
     import subprocess
+    # RPC's transport listens on the interface of the host's name unless told:
+    # the loopback keeps the peer on this machine whatever the host's setup.
+    env = dict(os.environ, TP_SOCKET_IFNAME="lo")
     with tempfile.TemporaryDirectory() as tmp:
         common = extra + ["--store", os.path.join(tmp, "store")]
-        ranks = [subprocess.Popen([sys.executable, __file__, command, "--rank", str(r)] + common,
-                                  stdout=None if r == 0 else subprocess.DEVNULL)
-                 for r in range(2)]
-        codes = [p.wait() for p in ranks]
+        procs = [subprocess.Popen([sys.executable, __file__, command, "--rank", str(r)] + common,
+                                  stdout=None if r == 0 else subprocess.DEVNULL, env=env)
+                 for r in range(n)]
+        codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"bench_torch.py {command}: rank exit codes {codes}")
 
@@ -210,7 +359,7 @@ def main():
         if name == "ddp-rank":
             d.add_argument("--rank", type=int, required=True)
             d.add_argument("--store", required=True)
-    for name in ("tta", "tta-rank"):
+    for name in ("tta", "tta-rank", "rpcps", "rpcps-rank"):
         t = sub.add_parser(name)
         t.add_argument("--data", required=True)
         t.add_argument("--model", default="mlp")
@@ -218,24 +367,27 @@ def main():
         t.add_argument("--epochs", type=float, default=3)
         t.add_argument("--batch", type=int, default=64)
         t.add_argument("--eval-every", type=int, default=30000)
-        if name == "tta-rank":
+        if name.endswith("-rank"):
             t.add_argument("--rank", type=int, required=True)
             t.add_argument("--store", required=True)
     args = parser.parse_args()
     if args.command == "compute":
         compute(args)
     elif args.command == "ddp":
-        two_ranks("ddp-rank", args, ["--batch", str(args.batch), "--steps", str(args.steps),
-                                     "--bucket-bytes", str(args.bucket_bytes)])
-    elif args.command == "tta":
-        two_ranks("tta-rank", args, ["--data", args.data, "--model", args.model,
-                                     "--target", str(args.target),
-                                     "--epochs", str(args.epochs), "--batch", str(args.batch),
-                                     "--eval-every", str(args.eval_every)])
+        ranks("ddp-rank", ["--batch", str(args.batch), "--steps", str(args.steps),
+                           "--bucket-bytes", str(args.bucket_bytes)])
+    elif args.command in ("tta", "rpcps"):
+        ranks(args.command + "-rank", ["--data", args.data, "--model", args.model,
+                                       "--target", str(args.target),
+                                       "--epochs", str(args.epochs), "--batch", str(args.batch),
+                                       "--eval-every", str(args.eval_every)],
+              n=2 if args.command == "tta" else 4)
     elif args.command == "ddp-rank":
         ddp_rank(args.rank, args.store, args)
-    else:
+    elif args.command == "tta-rank":
         tta_rank(args.rank, args.store, args)
+    else:
+        rpcps_rank(args.rank, args.store, args)
 
 
 if __name__ == "__main__":

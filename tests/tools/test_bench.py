@@ -3,7 +3,7 @@
 of two constructed runs, and short real runs: bench_ps beside raw ZeroMQ, and
 bench_compute beside PyTorch, with PyTorch hidden (its row then says "not
 installed") and, where it is installed, present; both kernel libraries of
-the CPU backend."""
+the CPU backend; the PyTorch RPC parameter server peer on its own."""
 
 import json
 import os
@@ -15,6 +15,7 @@ import unittest
 import support
 
 BENCH = os.path.join(support.TOOLS, "bench")
+TORCH_PEER = os.path.join(support.TOOLS, "bench_torch.py")
 bench = support.load_tool("bench")
 
 
@@ -145,10 +146,10 @@ class QuickRuns(unittest.TestCase):
             with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
                 f.write("raise ImportError('hidden by test_bench')\n")
             env = dict(os.environ, PYTHONPATH=hide)
-            r, text = self.run_json("--only", "async mlp", "--reps", "1",
+            r, text = self.run_json("--only", "^async mlp$", "--reps", "1",
                                     "--set", "net.wire_dtype=bf16", env=env)
             # The override reaches the launched run: one it refuses fails the bench.
-            bad = run("--quick", "--only", "async mlp", "--reps", "1",
+            bad = run("--quick", "--only", "^async mlp$", "--reps", "1",
                       "--set", "net.wire_dtype=int8", env=env)
         [row] = r["rows"]
         self.assertTrue(row["name"].startswith("async mlp, 2 ps + 2 workers vs DDP 2x1"))
@@ -168,6 +169,35 @@ class QuickRuns(unittest.TestCase):
             self.assertEqual(len(row["peer"]), 1)
             self.assertGreater(row["peer"][0], 0)
             self.assertGreater(row["ratio"], 0)
+
+
+class RpcParameterServer(unittest.TestCase):
+    def rpcps(self, *args, env=None):
+        return subprocess.run([sys.executable, TORCH_PEER, "rpcps", "--data", bench.FASHION_MNIST,
+                               *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, timeout=120)
+
+    def test_without_pytorch_exits_as_not_installed(self):
+        with tempfile.TemporaryDirectory() as hide:
+            os.mkdir(os.path.join(hide, "torch"))
+            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
+                f.write("raise ImportError('hidden by test_bench')\n")
+            p = self.rpcps(env=dict(os.environ, PYTHONPATH=hide))
+        self.assertEqual(p.returncode, bench.NOT_INSTALLED, p.stderr)
+
+    @unittest.skipUnless(torch_importable(), "PyTorch (python3-torch) not installed")
+    @unittest.skipUnless(os.path.isdir(bench.FASHION_MNIST), "Fashion-MNIST not installed")
+    def test_trains_until_the_target_is_reached(self):
+        # Target 0: the first evaluation reaches it, after 128 samples, and the
+        # trainers stop well before the 0.1 epoch (2 x 46 steps of 64) is done.
+        p = self.rpcps("--epochs", "0.1", "--eval-every", "128", "--target", "0")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        [r] = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        self.assertEqual(r["bench"], "rpcps")
+        self.assertGreater(r["samples_per_s"], 0)
+        self.assertGreater(r["seconds"], 0)
+        self.assertGreaterEqual(r["samples"], 128)
+        self.assertLess(r["samples"], 2 * 46 * 64)
 
 
 if __name__ == "__main__":
