@@ -193,38 +193,34 @@ def tta_rank(rank, store_file, args):
     dist.destroy_process_group()
 
 
-def shard_of(params):
-    """Which ps holds each parameter: the next to the ps with fewer values so
-    far, so that the two serve about the same bytes (the MLP's first weight
-    alone outweighs the rest of it). Computed alike in every process."""
-    sizes, owner = [0, 0], []
-    for p in params:
-        s = sizes.index(min(sizes))
-        owner.append(s)
-        sizes[s] += p.numel()
-    return owner
+def halves(flat):
+    """The two ps's parts of the parameters laid end to end: pstrain cuts its
+    large variables into chunks spread over every ps, and whole tensors would
+    leave the MLP's first weight, most of the model, on one ps alone."""
+    half = (flat.numel() + 1) // 2
+    return flat[:half].clone(), flat[half:].clone()  # clones: RPC sends a view's whole storage
 
 
 class Shard:
-    """One ps's part of the parameters and its optimizer's state; pushes are
-    applied one at a time in the order they arrive."""
+    """One ps's part of the parameters and its optimizer's state (all
+    elementwise, so a part steps as the whole would); pushes are applied one
+    at a time in the order they arrive."""
 
     def __init__(self, preset, index):
         torch.manual_seed(42)  # both ps start from the same model's halves
-        params = list(model(preset).parameters())
-        self.params = [p.detach() for p, s in zip(params, shard_of(params)) if s == index]
-        self.opt = torch.optim.SGD(self.params, lr=0.02, momentum=0.9, nesterov=True)
+        flat = nn.utils.parameters_to_vector(model(preset).parameters()).detach()
+        self.weights = halves(flat)[index]
+        self.opt = torch.optim.SGD([self.weights], lr=0.02, momentum=0.9, nesterov=True)
         self.lock = threading.Lock()
         self.samples, self.stop = 0, False
 
     def pull(self):
         with self.lock:
-            return [p.clone() for p in self.params]
+            return self.weights.clone()
 
-    def push(self, grads, samples):
+    def push(self, grad, samples):
         with self.lock:
-            for p, g in zip(self.params, grads):
-                p.grad = g
+            self.weights.grad = grad
             self.opt.step()
             self.samples += samples
             return self.stop
@@ -238,17 +234,14 @@ def shard_pull():
     return SHARD.pull()
 
 
-def shard_push(grads, samples):
-    return SHARD.push(grads, samples)
+def shard_push(grad, samples):
+    return SHARD.push(grad, samples)
 
 
 def load_weights(net, parts):
-    """Copies the two ps's parts, as pulled, into net's parameters."""
-    parts = [iter(p) for p in parts]
-    params = list(net.parameters())
+    """Puts the two ps's parts, as pulled, into net's parameters."""
     with torch.no_grad():
-        for p, s in zip(params, shard_of(params)):
-            p.copy_(next(parts[s]))
+        nn.utils.vector_to_parameters(torch.cat(parts), net.parameters())
 
 
 def rpc_train(preset, batch, epochs):
@@ -257,8 +250,6 @@ def rpc_train(preset, batch, epochs):
     epochs are done or a push answers that the target is reached."""
     x, y = TRAIN
     net, loss_fn = model(preset), nn.CrossEntropyLoss()
-    params = list(net.parameters())
-    owner = shard_of(params)
     steps_per_epoch = len(y) // batch
     steps_left = int(epochs * steps_per_epoch)
     while steps_left > 0:
@@ -270,10 +261,9 @@ def rpc_train(preset, batch, epochs):
             pick = order[at:at + batch]
             net.zero_grad(set_to_none=True)
             loss_fn(net(x[pick]), y[pick]).backward()
-            pushes = [rpc.rpc_async(f"ps{s}", shard_push,
-                                    args=([p.grad for p, o in zip(params, owner) if o == s],
-                                          batch))
-                      for s in range(2)]
+            grad = nn.utils.parameters_to_vector(p.grad for p in net.parameters())
+            pushes = [rpc.rpc_async(f"ps{s}", shard_push, args=(part, batch))
+                      for s, part in enumerate(halves(grad))]
             if any(f.wait() for f in pushes):
                 return
 
