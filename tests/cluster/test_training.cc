@@ -288,9 +288,12 @@ TEST_CASE("async: on_worker_loss fail: a killed worker makes the ps exit 3 namin
                             "exiting (train.on_worker_loss: fail)") != std::string::npos,
                 ps_log);
   // The others do not hang: each ends with an error naming the silent worker
-  // (parked in the barrier) or the ps that went away.
+  // (parked in the barrier) or the ps that went away. Before its staging
+  // buffers are freed, a worker waits out each of its in-flight requests
+  // under net.request_timeout (PsRequestsGuard), one after another: up to
+  // six here (the MLP's variables), 30 s.
   for (int w : {0, 2}) {
-    const auto code = run.workers[w]->wait_for(30s);
+    const auto code = run.workers[w]->wait_for(60s);
     REQUIRE_MESSAGE(code.has_value(), run.workers[w]->log_text());
     CHECK(*code != 0);
   }
