@@ -5,6 +5,7 @@ bench_compute beside PyTorch, with PyTorch hidden (its row then says "not
 installed") and, where it is installed, present; both kernel libraries of
 the CPU backend; the PyTorch RPC parameter server peer on its own."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,18 @@ bench = support.load_tool("bench")
 def run(*args, env=None):
     return subprocess.run([sys.executable, BENCH, *args], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+
+
+@contextlib.contextmanager
+def without_torch():
+    """An environment whose PyTorch fails to import (a torch package ahead of
+    the real one), so only pstrain's rows are timed and peers read "not
+    installed"."""
+    with tempfile.TemporaryDirectory() as hide:
+        os.mkdir(os.path.join(hide, "torch"))
+        with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
+            f.write("raise ImportError('hidden by test_bench')\n")
+        yield dict(os.environ, PYTHONPATH=hide)
 
 
 def torch_importable():
@@ -109,12 +122,7 @@ class QuickRuns(unittest.TestCase):
         self.assertIn("| ps pull 4 KiB, 1 ps | GB/s |", text)
 
     def test_compute_without_pytorch_says_not_installed(self):
-        with tempfile.TemporaryDirectory() as hide:
-            # A torch package that fails to import, ahead of the real one.
-            os.mkdir(os.path.join(hide, "torch"))
-            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
-                f.write("raise ImportError('hidden by test_bench')\n")
-            env = dict(os.environ, PYTHONPATH=hide)
+        with without_torch() as env:
             r, text = self.run_json("--only", "compute mlp", "--reps", "1", env=env)
         self.assertEqual(len(r["rows"]), 2)  # oneDNN and OpenBLAS kernels
         for row in r["rows"]:
@@ -126,12 +134,9 @@ class QuickRuns(unittest.TestCase):
         self.assertIn("not installed", text)
 
     def test_compute_on_both_kernel_libraries(self):
-        with tempfile.TemporaryDirectory() as hide:
-            os.mkdir(os.path.join(hide, "torch"))  # PyTorch hidden: only our rows are timed
-            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
-                f.write("raise ImportError('hidden by test_bench')\n")
+        with without_torch() as env:
             r, text = self.run_json("--only", "compute cnn", "--reps", "1",
-                                    env=dict(os.environ, PYTHONPATH=hide))
+                                    env=env)
         self.assertEqual([row["name"] for row in r["rows"]],
                          ["compute cnn, 1 thread, batch 64",
                           "compute cnn, 1 thread, batch 64, OpenBLAS kernels"])
@@ -141,11 +146,7 @@ class QuickRuns(unittest.TestCase):
         self.assertIn("| compute cnn, 1 thread, batch 64, OpenBLAS kernels |", text)
 
     def test_async_rows_launch_the_default_job_with_the_overrides(self):
-        with tempfile.TemporaryDirectory() as hide:
-            os.mkdir(os.path.join(hide, "torch"))
-            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
-                f.write("raise ImportError('hidden by test_bench')\n")
-            env = dict(os.environ, PYTHONPATH=hide)
+        with without_torch() as env:
             r, text = self.run_json("--only", "^async mlp$", "--reps", "1",
                                     "--set", "net.wire_dtype=bf16", env=env)
             # The override reaches the launched run: one it refuses fails the bench.
@@ -178,11 +179,8 @@ class RpcParameterServer(unittest.TestCase):
                               env=env, timeout=120)
 
     def test_without_pytorch_exits_as_not_installed(self):
-        with tempfile.TemporaryDirectory() as hide:
-            os.mkdir(os.path.join(hide, "torch"))
-            with open(os.path.join(hide, "torch", "__init__.py"), "w") as f:
-                f.write("raise ImportError('hidden by test_bench')\n")
-            p = self.rpcps(env=dict(os.environ, PYTHONPATH=hide))
+        with without_torch() as env:
+            p = self.rpcps(env=env)
         self.assertEqual(p.returncode, bench.NOT_INSTALLED, p.stderr)
 
     @unittest.skipUnless(torch_importable(), "PyTorch (python3-torch) not installed")
