@@ -145,6 +145,7 @@ struct PsClient::Impl {
   std::vector<double> staleness;              // per variable
   std::vector<std::uint64_t> generations;     // per ps: the latest its replies carried
   std::vector<bool> generation_changed;       // per ps: since take_generation_change
+  std::vector<Clock::time_point> last_heard;  // per ps: its latest reply (resend_due)
   // Per ps: chunk updates (push, push_pull, assign) it acknowledged, which
   // hello reports so a restored ps can count what its restore lost.
   std::vector<std::uint64_t> acked;
@@ -166,6 +167,7 @@ struct PsClient::Impl {
         staleness(map.variables().size(), 0.0),
         generations(addresses.size(), 0),
         generation_changed(addresses.size(), false),
+        last_heard(addresses.size(), Clock::now()),
         acked(addresses.size(), 0),
         faults(options.fault, options.fault_seed),
         context(1) {
@@ -281,24 +283,35 @@ struct PsClient::Impl {
   }
 
   // Resends every data request whose reply is overdue, each after twice as
-  // long as the time before. A ps whose socket still holds zero-copy frames
-  // is not reading them (stalled, or gone and reconnecting): its socket is
-  // replaced, which makes ZeroMQ drop and release those frames, and every
-  // data request to it is resent on the new one. Control requests on a
-  // replaced socket are not resent (a heartbeat must not count twice); they
-  // end at their deadline.
+  // long as the time before, up to a quarter of the request timeout: a few
+  // more tries before the deadline when messages are lost, not a flood.
+  //
+  // A ps that still holds zero-copy frames and has not replied for a retry
+  // interval is not reading them (stalled, or gone and reconnecting): its
+  // socket is replaced, which makes ZeroMQ drop and release those frames,
+  // and every data request to it is resent on the new one. A ps that did
+  // reply meanwhile is reading, only behind: replacing its socket would lose
+  // the replies on their way to the old one and resend everything again,
+  // which on a loaded host repeats until requests time out. Control
+  // requests on a replaced socket are not resent (a heartbeat must not
+  // count twice); they end at their deadline.
   void resend_due() {
     const auto now = Clock::now();
+    const auto max_interval =
+        std::max(seconds(options.retry_interval_s), seconds(options.timeout_s / 4));
     std::vector<bool> due(addresses.size(), false);
     for (const auto& [rid, r] : requests) due[r.server] = due[r.server] || r.resend_at <= now;
     for (std::uint32_t s = 0; s < due.size(); ++s) {
       if (!due[s]) continue;
-      const bool replace = frames_held[s].load() > 0;
+      const bool replace =
+          frames_held[s].load() > 0 && now - last_heard[s] >= seconds(options.retry_interval_s);
       if (replace) sockets[s] = make_socket(s);
       for (auto& [rid, r] : requests) {
-        if (r.server != s || r.header.empty() || (!replace && r.resend_at > now)) continue;
+        if (r.server != s || r.header.empty()) continue;
+        const bool overdue = r.resend_at <= now;
+        if (!overdue && !replace) continue;
         transmit(r, {}, /*zero_copy=*/false);
-        r.interval *= 2;
+        if (overdue) r.interval = std::min(r.interval * 2, max_interval);
         r.resend_at = now + r.interval;
       }
     }
@@ -500,6 +513,7 @@ struct PsClient::Impl {
       return;  // not attributable to any request; its request will time out
     }
     note_generation(server, h.generation);
+    last_heard[server] = Clock::now();
     const auto it = requests.find(h.request_id);
     if (it == requests.end()) return;  // given up on after a timeout, or a resend's twin
     const Request r = it->second;
@@ -693,6 +707,16 @@ bool PsClient::take_generation_change(std::uint32_t server) {
 
 void PsClient::wait_all() {
   while (!impl_->tickets.empty()) impl_->wait(impl_->tickets.begin()->first);
+}
+
+void PsClient::abandon_all() {
+  auto& impl = *impl_;
+  impl.requests.clear();  // their replies are dropped on arrival (dispatch)
+  for (std::uint32_t s = 0; s < impl.sockets.size(); ++s)
+    if (impl.frames_held[s].load() > 0) impl.replace_socket(s);
+  // Payloads in a ticket's own memory (rounded gradients) go with it.
+  impl.wait_for_releases(Clock::now() + Impl::seconds(impl.options.timeout_s));
+  impl.tickets.clear();
 }
 
 double PsClient::last_staleness(std::string_view variable) const {

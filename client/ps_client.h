@@ -17,11 +17,12 @@
 //
 // Failures: every wait has a deadline. A data request (init, pull, push,
 // push_pull, assign) unanswered after retry_interval_s is resent, then after
-// twice as long, and so on; the ps answers a resent update from its record
-// instead of applying it twice (server/dedup.h). A call fails with PsError
-// naming the ps when that ps has not answered for timeout_s. A ps that does
-// not read what was sent to it (stalled) keeps ZeroMQ from releasing the
-// caller's buffers; its socket is then replaced, which frees them.
+// twice as long, and so on up to timeout_s / 4; the ps answers a resent
+// update from its record instead of applying it twice (server/dedup.h). A
+// call fails with PsError naming the ps when that ps has not answered for
+// timeout_s. A ps that does not read what was sent to it (stalled: it holds
+// frames and sent no reply for retry_interval_s) keeps ZeroMQ from releasing
+// the caller's buffers; its socket is then replaced, which frees them.
 // Control operations are not resent.
 //
 // Restarts: every reply carries its ps's generation (wire::Header), new at
@@ -128,6 +129,13 @@ class PsClient {
   void set_clock(std::uint64_t steps_done);
   void wait(Ticket ticket);
   void wait_all();
+  // Gives up on every call in flight without waiting for its replies, for
+  // a caller leaving on an error: replies still to come are ignored, the
+  // sockets of servers still holding zero-copy frames are replaced (which
+  // makes ZeroMQ drop them), and it returns once ZeroMQ has released every
+  // frame, within timeout_s. The abandoned updates may or may not have been
+  // applied; waiting for their tickets afterwards returns at once.
+  void abandon_all();
 
   // The generation ps `server`'s replies carry: the first reply's, or the
   // latest after a change; 0 before any reply.
