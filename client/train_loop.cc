@@ -53,15 +53,10 @@ PsRequestsGuard::PsRequestsGuard(PsClient& ps) : ps_(ps), exceptions_(std::uncau
 
 PsRequestsGuard::~PsRequestsGuard() {
   if (std::uncaught_exceptions() <= exceptions_) return;
-  // A failed ticket is gone from the client when wait_all throws; the others
-  // are waited for on the next round.
-  while (true) {
-    try {
-      ps_.wait_all();
-      return;
-    } catch (const std::exception& e) {
-      log("while unwinding, a ps request failed too: ", e.what());
-    }
+  try {
+    ps_.abandon_all();
+  } catch (const std::exception& e) {  // a ZeroMQ error: nothing is left to free
+    log("while unwinding, abandoning the ps requests failed too: ", e.what());
   }
 }
 

@@ -9,6 +9,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -180,6 +181,43 @@ TEST_CASE("retries: a stalled ps with a large model ends every call within reque
   const auto ended = seconds_since(stopped);
   MESSAGE("clients ended ", ended, " s after the SIGSTOP");
   CHECK(ended < kTimeout + kMargin + 1);
+}
+
+TEST_CASE("retries: abandon_all gives up on a stalled ps's calls within one deadline") {
+  constexpr double kTimeout = 3;
+  PsCluster cluster({.ps = 1, .request_timeout = kTimeout, .retry_interval = 0.5});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  // Six variables of 16 MB: more than loopback buffers hold, so the stopped
+  // ps leaves zero-copy frames queued in the client.
+  constexpr std::size_t kN = 4 << 20;
+  std::vector<VariableSpec> vars;
+  for (int v = 0; v < 6; ++v) vars.push_back({"v" + std::to_string(v), kN, {InitKind::zeros, 0}});
+  PsClient client(config, 0, shard_map_for(config, vars));
+  client.hello();
+  client.init(1);
+  std::vector<std::vector<float>> grads(vars.size(), std::vector<float>(kN, 1.0f));
+  Resume resume{cluster.ps(0)};
+  cluster.ps(0).kill(SIGSTOP);
+  std::vector<PsClient::Ticket> tickets;
+  for (std::size_t v = 0; v < vars.size(); ++v)
+    tickets.push_back(client.push(vars[v].name, grads[v]));
+  // Waiting each out in turn would take six request timeouts (18 s); the
+  // frames are released at the first deadline at the latest.
+  const auto start = Clock::now();
+  client.abandon_all();
+  const auto took = seconds_since(start);
+  MESSAGE("abandon_all returned after ", took, " s");
+  CHECK(took < 2 * kTimeout);
+  for (auto t : tickets) CHECK_NOTHROW(client.wait(t));
+  // The buffers are the caller's again: poisoned, nothing of them reaches
+  // the ps (which would refuse a NaN gradient and count it).
+  for (auto& g : grads) std::fill(g.begin(), g.end(), std::nanf(""));
+  cluster.ps(0).kill(SIGCONT);
+  std::vector<float> out(kN);
+  client.wait(client.pull("v0", out));  // the client works on
+  CHECK(stat(client.stats(0), "nonfinite_refused") == 0);
+  CHECK(stat(client.stats(0), "errors") == 0);
 }
 
 TEST_CASE("retries: a resend on the wire is answered from the record, never applied twice") {
