@@ -275,9 +275,13 @@ bool Coordinator::admit(const Request& request) {
       return false;
     }
     if (w.incarnation != 0) {
+      // A worker that said done has trained its share: a process taking its
+      // index resumes at the end (a scheduler's restart after success).
       log(options_.name, ": ", index, " taken over by a new process (incarnation ",
-          hex(h.incarnation), ") from incarnation ", hex(w.incarnation), ", silent for ",
-          seconds_text(silent.count(), "%.1f"), " s: a restart");
+          hex(h.incarnation), ") from incarnation ", hex(w.incarnation),
+          w.state == Liveness::done
+              ? std::string(", which had finished")
+              : ", silent for " + seconds_text(silent.count(), "%.1f") + " s: a restart");
       w.replaced.push_back(w.incarnation);
       if (w.replaced.size() > kReplacedKept) w.replaced.erase(w.replaced.begin());
     }
