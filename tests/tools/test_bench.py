@@ -77,6 +77,18 @@ class Rows(unittest.TestCase):
         self.assertIn("not installed", lines["compute cnn"])
         self.assertIn("Test CPU", text)
 
+    def test_a_target_not_reached_has_no_ratio(self):
+        inf = float("inf")
+        never = bench.row("time to 88%, cnn", [30.0, 28.0, inf], [inf, inf], "DDP", "ok")
+        self.assertIsNone(never["ratio"])
+        ours_late = bench.row("time to 88%, cnn", [inf, inf, 5.0], [6.0], "DDP", "ok")
+        self.assertIsNone(ours_late["ratio"])  # median not reached
+        text = bench.table(result([never, ours_late]))
+        first, second = [line for line in text.splitlines() if line.startswith("| time to")]
+        self.assertIn("| not reached in any rep | - |", first)
+        self.assertIn("30 (28-not reached)", first)
+        self.assertIn("not reached (5-not reached)", second)
+
     def test_diff_compares_medians_and_ratios_row_by_row(self):
         a = result([bench.row("compute mlp", [100.0], [50.0], "PyTorch", "ok"),
                     bench.row("sync mlp", [10.0], None, "PyTorch", "not installed")], "CPU A")
