@@ -930,7 +930,7 @@ void check_same_bits(const std::vector<float>& got, const std::vector<float>& wa
 TEST_CASE("a step graph replays forward, backward and Adam bit for bit like eager steps") {
   auto b = make_backend();
   for (const bool cnn : {false, true}) {
-    INFO(cnn ? "cnn" : "mlp");
+    INFO((cnn ? "cnn" : "mlp"));
     TinyNet eager(*b, cnn), recorded(*b, cnn);
     std::mt19937 init_eager(20), init_recorded(20), data(21);
     eager.initialize(init_eager);
