@@ -980,6 +980,28 @@ TEST_CASE("a step graph sees weights written after its capture") {
   check_same_bits(recorded.read(), eager.read(), "replay after new weights");
 }
 
+TEST_CASE(
+    "a step graph whose work needs the host throws, runs none of it, and leaves the backend "
+    "working") {
+  auto b = make_backend();
+  const std::size_t n = 4096;
+  Buffer<> x(*b, std::vector<float>(n, 1.0f));
+  // A host wait (as all_finite and axpby make): no capture can hold that.
+  auto graph = b->make_step_graph([&](const pstrain::StepScalars&) {
+    b->fill(x.data(), 7.0f, n);
+    b->synchronize();
+  });
+  CHECK_THROWS_WITH_AS(graph->run({1, 1.0f}), doctest::Contains("a step graph cannot record"),
+                       std::invalid_argument);
+  for (float v : x.read())
+    if (v != 1.0f) FAIL("the failed capture ran its fill: " << v);
+  // The compute stream is no longer capturing: eager work runs, ordered as usual.
+  b->fill(x.data(), 3.0f, n);
+  b->scale(x.data(), 2.0f, n);
+  for (float v : x.read())
+    if (v != 6.0f) FAIL("eager work after the failed capture gave " << v);
+}
+
 // Cases that need more than one device, and how many: main() leaves them out
 // on a host with fewer.
 constexpr const char* kAllDevicesCase = "nccl across all devices of this host";
