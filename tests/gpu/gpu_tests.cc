@@ -985,7 +985,8 @@ TEST_CASE(
     "working") {
   auto b = make_backend();
   const std::size_t n = 4096;
-  Buffer<> x(*b, std::vector<float>(n, 1.0f));
+  Buffer<> x(*b, n);
+  b->fill(x.data(), 1.0f, n);  // the kernel loaded outside the capture
   // A host wait (as all_finite and axpby make): no capture can hold that.
   auto graph = b->make_step_graph([&](const pstrain::StepScalars&) {
     b->fill(x.data(), 7.0f, n);
