@@ -1,6 +1,7 @@
 // GPU benchmark: training-step time and samples/s of the mlp and cnn presets
 // on the CUDA backend (through Model, as a worker runs them) at batch 64 to
-// 1024, and how much the backend's separate copy stream hides transfers
+// 1024, launched eagerly and replayed from a step graph (CUDA graph), and how
+// much the backend's separate copy stream hides transfers
 // behind compute. Prints tables; exits 77 where no CUDA device or library is
 // available.
 //
@@ -25,11 +26,13 @@ double seconds_since(Clock::time_point start) {
 }
 
 // One SGD training step per iteration, as sync mode runs it on a worker:
-// forward, backward, optimizer on the device, then a fence the host waits on.
+// forward, backward, optimizer on the device, then a fence the host waits on;
+// issued call by call, then replayed from a step graph.
 void bench_model(pstrain::Backend& backend, const std::string& preset, int steps) {
   std::printf("\n%s: training step (forward + backward + SGD), %d steps after 3 warm-up\n",
               preset.c_str(), steps);
-  std::printf("%8s %12s %14s\n", "batch", "ms/step", "samples/s");
+  std::printf("%8s %12s %14s %12s %14s\n", "batch", "ms/step", "samples/s", "graph ms",
+              "samples/s");
   std::mt19937 rng(1);
   for (int batch : {64, 128, 256, 512, 1024}) {
     pstrain::ModelConfig config;
@@ -45,19 +48,31 @@ void bench_model(pstrain::Backend& backend, const std::string& preset, int steps
     backend.upload(labels.data(), model.label_buffer(), labels.size() * sizeof(std::int32_t));
     pstrain::OptimizerConfig sgd;
     sgd.lr = 0.01f;
-    auto step = [&](std::uint64_t t) {
+    const pstrain::StepWork work = [&](const pstrain::StepScalars& s) {
       model.forward_backward(batch, [](std::size_t) {});
       for (std::size_t v = 0; v < model.variables().size(); ++v) {
         backend.apply_optimizer(sgd, model.param(v).data(), model.grad(v).data(), nullptr,
-                                model.variables()[v].size, t, 1.0f);
+                                model.variables()[v].size, s.step, s.lr_scale);
       }
-      backend.synchronize();
     };
-    for (int t = 1; t <= 3; ++t) step(t);
-    const auto start = Clock::now();
-    for (int t = 0; t < steps; ++t) step(4 + t);
-    const double per_step = seconds_since(start) / steps;
-    std::printf("%8d %12.3f %14.0f\n", batch, per_step * 1e3, batch / per_step);
+    const auto graph = backend.make_step_graph(work);
+    // Seconds per step of `step`; the warm-up records the graph.
+    const auto time_steps = [&](const pstrain::StepWork& step) {
+      for (std::uint64_t t = 1; t <= 3; ++t) {
+        step({t, 1.0f});
+        backend.synchronize();
+      }
+      const auto start = Clock::now();
+      for (int t = 0; t < steps; ++t) {
+        step({std::uint64_t(4 + t), 1.0f});
+        backend.synchronize();
+      }
+      return seconds_since(start) / steps;
+    };
+    const double eager = time_steps(work);
+    const double replayed = time_steps([&](const pstrain::StepScalars& s) { graph->run(s); });
+    std::printf("%8d %12.3f %14.0f %12.3f %14.0f\n", batch, eager * 1e3, batch / eager,
+                replayed * 1e3, batch / replayed);
   }
 }
 

@@ -71,6 +71,14 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   // finite (an overflow skips the step), so none is sent during backward.
   std::optional<LossScaler> scaler;
   if (scales_loss(config, backend)) scaler.emplace(registry);
+  // Forward and backward replayed from a CUDA graph (train.cuda_graphs): the
+  // gradients' downloads then follow the whole backward instead of each
+  // layer's, which the saved launches more than pay for on a GPU.
+  std::optional<StepGraphs> graphs;
+  if (records_steps(config, backend))
+    graphs.emplace(
+        backend, static_cast<int>(config.train.batch_size), "forward and backward",
+        [&](int n, const StepScalars&) { model.forward_backward(n, [](std::size_t) {}); });
   const auto finite = [](std::span<const float> g) {
     return std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); });
   };
@@ -110,7 +118,7 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
     const auto issued = [&](std::size_t i) {
       if (!scaler) send(i);
     };
-    accumulator.finish(static_cast<int>(b.size), [&](std::size_t i) {
+    const auto grad_issued = [&](std::size_t i) {
       if (direct) return issued(i);
       backend.download(model.grad(i).data(), grads(i).data(), grads(i).size_bytes());
       pending.push_back({i, backend.fence()});
@@ -118,7 +126,14 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
         issued(pending.front().variable);
         pending.pop_front();
       }
-    });
+    };
+    if (graphs) {
+      // One micro-batch per step where steps are recorded (records_steps).
+      graphs->run(static_cast<int>(b.size), {});
+      for (std::size_t i = nv; i-- > 0;) grad_issued(i);
+    } else {
+      accumulator.finish(static_cast<int>(b.size), grad_issued);
+    }
     feeder.fetch_losses();
     feeder.stage_next();
     if (!direct) {

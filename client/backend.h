@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shared/config.h"
@@ -78,6 +80,36 @@ struct PoolShape {
   int out_h() const { return h / k; }
   int out_w() const { return w / k; }
 };
+
+// Per-step values of a recorded step (StepGraph::run): the optimizer's
+// update count (Adam's bias corrections) and learning-rate scale.
+struct StepScalars {
+  std::uint64_t step = 1;
+  float lr_scale = 1;
+};
+
+// One training step's backend calls for a fixed batch, issued as a unit
+// (Backend::make_step_graph). The CUDA backend captures them into a CUDA
+// Graph on the first run() and replays it on later ones, one launch instead
+// of dozens; other backends issue them afresh each time.
+//
+// A replay repeats the recorded calls with the recorded arguments, so the
+// work must issue the same calls on the same buffers every time: math only
+// (no transfers, fences, all_finite or axpby, which need the host), shapes
+// and scale() factors fixed, and apply_optimizer given the scalars its work
+// receives, which a replay reads afresh from device memory. Transfers stay
+// outside, issued before or after run() in issue order as usual. A graph
+// belongs to its backend and must not outlive it.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  // Issues the step. Throws where the backend cannot record it (a driver
+  // that refuses the capture): nothing of the step has been issued then, and
+  // the caller may run the work eagerly instead.
+  virtual void run(const StepScalars& scalars) = 0;
+};
+
+using StepWork = std::function<void(const StepScalars&)>;
 
 class Backend {
  public:
@@ -171,6 +203,12 @@ class Backend {
   // loss scaler's overflow check (client/loss_scaler.h). Waits for the work
   // issued before it. The default downloads x and checks on the host.
   virtual bool all_finite(const float* x, std::size_t n);
+
+  // Whether make_step_graph records (false: its graphs run the work eagerly,
+  // which gains nothing). The default: false.
+  virtual bool records_steps() const { return false; }
+  // A StepGraph of `work`; the default issues the work on every run().
+  virtual std::unique_ptr<StepGraph> make_step_graph(StepWork work);
 };
 
 // The defaults are inline: libpstrain_cuda.so links none of the client's
@@ -204,6 +242,18 @@ inline bool Backend::all_finite(const float* x, std::size_t n) {
   for (float v : host)
     if (!std::isfinite(v)) return false;
   return true;
+}
+
+inline std::unique_ptr<StepGraph> Backend::make_step_graph(StepWork work) {
+  class Eager final : public StepGraph {
+   public:
+    explicit Eager(StepWork work) : work_(std::move(work)) {}
+    void run(const StepScalars& scalars) override { work_(scalars); }
+
+   private:
+    StepWork work_;
+  };
+  return std::make_unique<Eager>(std::move(work));
 }
 
 template <MemoryKind Kind>

@@ -12,8 +12,8 @@ class Backend;
 class Communicator;
 }  // namespace pstrain
 
-// Bumped whenever a signature below changes.
-#define PSTRAIN_CUDA_ABI_VERSION 3
+// Bumped whenever a signature below or the Backend interface changes.
+#define PSTRAIN_CUDA_ABI_VERSION 4
 
 extern "C" {
 int pstrain_cuda_abi_version();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <exception>
 #include <thread>
+#include <utility>
 
 #include "client/model.h"
 #include "client/ps_client.h"
@@ -74,6 +75,39 @@ Precision apply_precision(Backend& backend, Precision wanted) {
 bool scales_loss(const ClusterConfig& config, const Backend& backend) {
   return config.train.precision == Precision::fp16 &&
          backend.precision_unavailable(Precision::fp16).empty();
+}
+
+bool records_steps(const ClusterConfig& config, const Backend& backend) {
+  return config.train.cuda_graphs && backend.records_steps() &&
+         config.train.precision == Precision::fp32 && config.train.accumulate_steps == 1;
+}
+
+StepGraphs::StepGraphs(Backend& backend, int batch_size, std::string what, Work work)
+    : backend_(backend), batch_size_(batch_size), what_(std::move(what)), work_(std::move(work)) {}
+
+StepGraphs::Ran StepGraphs::run(int n, const StepScalars& scalars) {
+  if (n != batch_size_ || failed_ || !warmed_up_) {
+    warmed_up_ = warmed_up_ || n == batch_size_;
+    work_(n, scalars);
+    return Ran::eager;
+  }
+  if (graph_) {
+    graph_->run(scalars);
+    return Ran::replayed;
+  }
+  try {
+    graph_ = backend_.make_step_graph([this, n](const StepScalars& s) { work_(n, s); });
+    graph_->run(scalars);
+    return Ran::recorded;
+  } catch (const std::exception& e) {
+    // Nothing of the step was issued: it runs eagerly, as all later ones.
+    graph_.reset();
+    failed_ = true;
+    log("train.cuda_graphs: recording the ", what_, " of a batch of ", n, " on ", backend_.name(),
+        " failed (", e.what(), "); its steps run eagerly");
+    work_(n, scalars);
+    return Ran::eager;
+  }
 }
 
 GradAccumulator::GradAccumulator(Backend& backend, Model& model, std::uint32_t steps)

@@ -2,12 +2,14 @@
 // The parts of a worker's training loop that the asynchronous and the
 // synchronous trainers share: the step budget, loading batches into the
 // model's input (through pinned staging buffers on backends the host cannot
-// reach), and the periodic heartbeat that reports progress to ps 0, writes a
-// metrics line and calls the progress hook.
+// reach), recorded steps (CUDA graphs), and the periodic heartbeat that
+// reports progress to ps 0, writes a metrics line and calls the progress
+// hook.
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,6 +113,44 @@ Precision apply_precision(Backend& backend, Precision wanted);
 // Whether a worker of `config` on `backend` scales its loss: fp16 where the
 // backend computes it (apply_precision falls back to fp32 elsewhere).
 bool scales_loss(const ClusterConfig& config, const Backend& backend);
+
+// Whether a worker of `config` records its steps on `backend`
+// (train.cuda_graphs; Backend::make_step_graph): where the backend records
+// (CUDA), at fp32 and with one micro-batch per step. A replay repeats
+// recorded calls, so none of a step's host decisions may change between
+// steps: not fp16's loss scale and overflow checks, not accumulation's
+// axpby (which goes through the host), not the reduced-precision GEMMs'
+// scratch memory, which grows as needed.
+bool records_steps(const ClusterConfig& config, const Backend& backend);
+
+// A trainer's step work (forward and backward, or the optimizer step) for
+// batches of `batch_size`, from a step graph. The first full batch runs
+// eagerly, so that lazy set-up (cuBLASLt's and cuDNN's plans, the loading of
+// kernels) happens outside a capture; the second records the graph and the
+// later ones replay it. A smaller batch (an epoch's last) runs eagerly: it
+// comes once an epoch, where a graph of its own would cost a capture for one
+// replay. When recording fails (a driver that refuses the capture), the
+// worker's log says why once and every step runs eagerly from then on.
+class StepGraphs {
+ public:
+  using Work = std::function<void(int n, const StepScalars& scalars)>;
+  enum class Ran { eager, recorded, replayed };
+
+  // `what` names the work in the log ("forward and backward").
+  StepGraphs(Backend& backend, int batch_size, std::string what, Work work);
+  StepGraphs(const StepGraphs&) = delete;  // its graph calls back into it
+  StepGraphs& operator=(const StepGraphs&) = delete;
+  Ran run(int n, const StepScalars& scalars);
+
+ private:
+  Backend& backend_;
+  int batch_size_;
+  std::string what_;
+  Work work_;
+  bool warmed_up_ = false;
+  bool failed_ = false;
+  std::unique_ptr<StepGraph> graph_;
+};
 
 // Gradient accumulation (train.accumulate_steps): a step's gradient is the
 // mean of its micro-batches' gradients weighted by their sizes, which is the

@@ -166,6 +166,7 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("accumulate_steps", &TrainConfig::accumulate_steps, at_least(1)),
     choice("precision", &TrainConfig::precision,
            {Precision::fp32, Precision::bf16, Precision::fp16}),
+    flag("cuda_graphs", &TrainConfig::cuda_graphs),
 };
 
 const std::vector<Field<FaultConfig>> kFaultFields = {

@@ -126,6 +126,9 @@ struct TrainConfig {
   // optimizer steps everywhere (sync_every, local_steps, warm-up, ssp clocks).
   std::uint32_t accumulate_steps = 1;
   Precision precision = Precision::fp32;
+  // GPU workers record each step's kernels once as a CUDA graph and replay
+  // it (client/train_loop.h, StepGraphs); false: every step launches them.
+  bool cuda_graphs = true;
   // Follows the mode unless given (the mode's field sets it): an async run
   // can finish without a worker, a sync one cannot.
   WorkerLoss on_worker_loss = WorkerLoss::continue_;

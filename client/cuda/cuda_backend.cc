@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "client/cuda/step_graph.h"
+
 namespace pstrain::cuda {
 namespace {
 
@@ -70,6 +72,9 @@ CudaBackend::CudaBackend(int device) : device_(existing_device(device)), order_(
   name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", sm_" +
           std::to_string(prop.major) + std::to_string(prop.minor) + ")";
   cublas_ = make_cublas(order_.compute_stream());
+  cublas_workspace_ = device_buffer<std::byte>(kCublasWorkspaceBytes);
+  PSTRAIN_CUDA_CHECK(
+      cublasSetWorkspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
   lt_ = std::make_unique<LtDense>(order_.compute_stream());
   std::string why_not;
   cudnn_ = CudnnConvolutions::make(order_.compute_stream(), why_not);
@@ -99,6 +104,7 @@ CudaBackend::~CudaBackend() {
       nonfinite_host_.reset();
       cudnn_.reset();
       cublas_.reset();
+      cublas_workspace_.reset();
       return;
     }
   } catch (const std::exception& e) {
@@ -109,6 +115,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [p, memory] : device_allocations_) (void)memory.release();
   for (auto& [p, memory] : host_allocations_) (void)memory.release();
   (void)cublas_.release();
+  (void)cublas_workspace_.release();
   (void)cudnn_.release();
   (void)half_operands_.release();
   if (lt_) (void)lt_->workspace().release();
@@ -167,6 +174,10 @@ void CudaBackend::free_when_idle(Buffer& buffer) noexcept {
   (void)buffer.release();
 }
 
+// The step graphs' buffers (step_graph.cc).
+template void CudaBackend::free_when_idle(DeviceBuffer<std::byte>&) noexcept;
+template void CudaBackend::free_when_idle(DeviceBuffer<kernels::LiveStep>&) noexcept;
+
 // ---- transfers -----------------------------------------------------------
 
 void CudaBackend::upload(const void* host, void* device, std::size_t bytes) {
@@ -180,6 +191,7 @@ void CudaBackend::download(const void* device, void* host, std::size_t bytes) {
 void CudaBackend::transfer(void* to, const void* from, const void* device, std::size_t bytes,
                            cudaMemcpyKind kind, const char* op) {
   if (bytes == 0) return;
+  check_dims(!capturing_, op, "a step graph cannot record transfers");
   const DeviceScope scope(device_);
   if (const auto a = order_.allocation_of(device))
     check_range(a->base, a->bytes, device, bytes, op);
@@ -197,7 +209,10 @@ void CudaBackend::transfer(void* to, const void* from, const void* device, std::
 
 // ---- fences --------------------------------------------------------------
 
-Backend::Fence CudaBackend::fence() { return order_.fence(); }
+Backend::Fence CudaBackend::fence() {
+  check_dims(!capturing_, "fence", "a step graph cannot record fences");
+  return order_.fence();
+}
 bool CudaBackend::fence_done(Fence fence) { return order_.fence_done(fence); }
 void CudaBackend::wait(Fence fence) { order_.wait(fence); }
 
@@ -440,7 +455,13 @@ void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const floa
                                   std::size_t n, std::uint64_t step, float lr_scale) {
   if (n == 0) return;
   const auto s = opt::OptimizerStep::make(c, n, step, lr_scale);
-  compute({w, g, state}, [&](cudaStream_t st) { kernels::optimizer(on(st), s, w, g, state); });
+  const kernels::LiveStep* live = capturing_ ? capturing_->live_step(c) : nullptr;
+  compute({w, g, state},
+          [&](cudaStream_t st) { kernels::optimizer(on(st), s, live, w, g, state); });
+}
+
+std::unique_ptr<StepGraph> CudaBackend::make_step_graph(StepWork work) {
+  return std::make_unique<CudaStepGraph>(*this, std::move(work));
 }
 
 }  // namespace pstrain::cuda

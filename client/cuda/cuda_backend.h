@@ -6,7 +6,8 @@
 // GEMM's epilogue where it serves the shape (client/cuda/lt_dense.h), the
 // rest are kernels (client/cuda/kernels.h). Every op goes through
 // StreamOrder (client/cuda/stream_order.h), which keeps the promise of issue order across the
-// backend's compute and copy streams, and owns its fences.
+// backend's compute and copy streams, and owns its fences. Step graphs are
+// CUDA graphs (client/cuda/step_graph.h).
 //
 // One thread drives a backend. Every call, releases and the destructor
 // included, makes the backend's device current for its duration, so one
@@ -27,8 +28,15 @@
 
 namespace pstrain::cuda {
 
+class CudaStepGraph;
+
 class CudaBackend final : public Backend {
  public:
+  // cuBLAS's workspace, eager and in each step graph: set explicitly so that
+  // both pick their GEMM algorithms for the same size (NVIDIA's figure for
+  // Hopper, ample for older GPUs).
+  static constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
+
   explicit CudaBackend(int device);
   ~CudaBackend() override;
 
@@ -79,6 +87,9 @@ class CudaBackend final : public Backend {
   // A flag set on the device and one int downloaded, not the whole buffer.
   bool all_finite(const float* x, std::size_t n) override;
 
+  bool records_steps() const override { return true; }
+  std::unique_ptr<StepGraph> make_step_graph(StepWork work) override;
+
   // Tests: the compute stream waits until *host_flag (pinned memory from
   // alloc_host) is non-zero, for 60 s at most (pstrain_cuda_hold_compute).
   void hold_compute(const std::int32_t* host_flag);
@@ -89,9 +100,12 @@ class CudaBackend final : public Backend {
   // recorded even when `enqueue` throws: part of its work (a conv's first
   // chunks, say) may already be queued, and a later copy of those buffers
   // must still wait for it.
+  // While a step graph captures, the work goes on the compute stream alone:
+  // the graph's launch is ordered as a whole (CudaStepGraph::run).
   template <class F>
   void compute(std::initializer_list<const void*> buffers, F&& enqueue) {
     const DeviceScope scope(device_);
+    if (capturing_) return enqueue(order_.compute_stream());
     order_.before_compute(buffers);
     const ComputeIssued issued(order_, buffers);
     enqueue(order_.compute_stream());
@@ -120,6 +134,8 @@ class CudaBackend final : public Backend {
   void remove_watchdog(const void* owner) noexcept { order_.remove_watchdog(owner); }
 
  private:
+  friend class CudaStepGraph;
+
   // Where compute()'s kernels go: its stream, sized for this device.
   kernels::Launch on(cudaStream_t stream) const { return {stream, sm_count_}; }
   // upload and download: `bytes` from `from` to `to` on the copy stream;
@@ -157,6 +173,7 @@ class CudaBackend final : public Backend {
   // their queued work uses.
   StreamOrder order_;
   Cublas cublas_;
+  DeviceBuffer<std::byte> cublas_workspace_;  // kCublasWorkspaceBytes
   std::unique_ptr<CudnnConvolutions> cudnn_;  // null: the im2col path
   std::unique_ptr<LtDense> lt_;               // fused dense epilogues (fp32)
   int compute_capability_ = 0;                // major * 10 + minor
@@ -164,8 +181,9 @@ class CudaBackend final : public Backend {
   // The rounded operands of a mixed-precision GEMM; grown as needed.
   DeviceBuffer<std::uint16_t> half_operands_;
   std::size_t half_capacity_ = 0;
-  DeviceBuffer<int> nonfinite_;       // all_finite's flag
-  PinnedBuffer<int> nonfinite_host_;  // and where it is downloaded
+  DeviceBuffer<int> nonfinite_;         // all_finite's flag
+  PinnedBuffer<int> nonfinite_host_;    // and where it is downloaded
+  CudaStepGraph* capturing_ = nullptr;  // the step graph capturing the compute stream
   std::unordered_map<void*, DeviceBuffer<std::byte>> device_allocations_;
   std::unordered_map<void*, PinnedBuffer<std::byte>> host_allocations_;
 };

@@ -248,7 +248,15 @@ __global__ void softmax_xent_kernel(const float* logits, const std::int32_t* lab
 }
 
 // The same per-element dispatch as the CPU's Optimizer (shared/optimizer_math.h).
-__global__ void optimizer_kernel(opt::OptimizerStep s, float* w, const float* g, float* state) {
+// In a CUDA graph the step's own fields come from `live`, which the graph
+// refreshes before each replay; the launch's copy of them is the recording's.
+__global__ void optimizer_kernel(opt::OptimizerStep s, const LiveStep* live, float* w,
+                                 const float* g, float* state) {
+  if (live) {
+    s.lr = live->lr;
+    s.bias1 = live->bias1;
+    s.bias2 = live->bias2;
+  }
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < s.n;
        i += std::size_t{gridDim.x} * blockDim.x)
     s.apply(i, w[i], g[i], state);
@@ -400,9 +408,10 @@ void hold(const Launch& l, const std::int32_t* flag, unsigned long long limit_ns
   check_launch("hold_kernel");
 }
 
-void optimizer(const Launch& l, const opt::OptimizerStep& step, float* w, const float* g,
-               float* state) {
-  optimizer_kernel<<<grid_for(step.n, l.sm_count), kThreads, 0, l.stream>>>(step, w, g, state);
+void optimizer(const Launch& l, const opt::OptimizerStep& step, const LiveStep* live, float* w,
+               const float* g, float* state) {
+  optimizer_kernel<<<grid_for(step.n, l.sm_count), kThreads, 0, l.stream>>>(step, live, w, g,
+                                                                            state);
   check_launch("optimizer_kernel");
 }
 

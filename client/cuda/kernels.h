@@ -74,9 +74,17 @@ void flag_nonfinite(const Launch& l, const float* x, std::size_t n, int* flag);
 // non-zero or `limit_ns` nanoseconds have passed.
 void hold(const Launch& l, const std::int32_t* flag, unsigned long long limit_ns);
 
+// The fields of an OptimizerStep that change from one update to the next,
+// in device memory for a replayed CUDA graph to read (client/cuda/step_graph.h).
+struct LiveStep {
+  float lr, bias1, bias2;
+  static LiveStep of(const opt::OptimizerStep& s) { return {s.lr, s.bias1, s.bias2}; }
+};
+
 // One optimizer step over step.n elements, through the dispatch the CPU's
-// Optimizer uses (shared/optimizer_math.h).
-void optimizer(const Launch& l, const opt::OptimizerStep& step, float* w, const float* g,
-               float* state);
+// Optimizer uses (shared/optimizer_math.h). Non-null `live` overrides the
+// step's LiveStep fields on the device.
+void optimizer(const Launch& l, const opt::OptimizerStep& step, const LiveStep* live, float* w,
+               const float* g, float* state);
 
 }  // namespace pstrain::cuda::kernels

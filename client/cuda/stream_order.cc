@@ -131,6 +131,16 @@ void StreamOrder::after_compute(std::initializer_list<const void*> buffers) noex
   }
 }
 
+void StreamOrder::before_compute_all() {
+  order_after(compute_, copy_, copy_.issued);
+  order_after_side(compute_stream(), nullptr);  // untracked: all side work
+}
+
+void StreamOrder::after_compute_all() noexcept {
+  const std::uint64_t seq = ++compute_.issued;
+  for (auto& [base, a] : allocations_) a.compute_seq = seq;
+}
+
 void StreamOrder::before_copy(const void* device_ptr) {
   const Allocation* a = find(device_ptr);
   order_after(copy_, compute_, a ? a->compute_seq : compute_.issued);

@@ -79,6 +79,12 @@ class StreamOrder {
   // Around compute that reads or writes `buffers` (null entries ignored).
   void before_compute(std::initializer_list<const void*> buffers);
   void after_compute(std::initializer_list<const void*> buffers) noexcept;
+  // Around compute that may touch any allocation (a replayed CUDA graph,
+  // whose kernels the backend does not see one by one): it waits for every
+  // copy and side op issued before it, and later ops on any allocation wait
+  // for it.
+  void before_compute_all();
+  void after_compute_all() noexcept;
   // Around a transfer to or from `device_ptr`.
   void before_copy(const void* device_ptr);
   void after_copy(const void* device_ptr);

@@ -34,7 +34,8 @@ float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
 
 SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
                          const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
-                         std::uint32_t local_steps, std::uint32_t accumulate_steps)
+                         std::uint32_t local_steps, std::uint32_t accumulate_steps,
+                         int record_batch)
     : backend_(backend),
       model_(model),
       comm_(comm),
@@ -77,7 +78,44 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
     backend.upload(initial.data(), state_.data(), initial.size() * sizeof(float));
     backend.synchronize();
   }
+  if (record_batch > 0) {
+    forward_graphs_.emplace(
+        backend, record_batch, "forward and backward",
+        [this](int n, const StepScalars&) { model_.forward_backward(n, [](std::size_t) {}); });
+    optimizer_graphs_.emplace(backend, 0, "optimizer step",
+                              [this](int, const StepScalars& s) { apply_optimizer(s); });
+  }
   if (overlap_) thread_ = std::jthread([this](std::stop_token stop) { communicate(stop); });
+}
+
+void SyncReplica::forward_backward(
+    int n, const std::function<void(std::size_t variable)>& on_grad_issued) {
+  if (!forward_graphs_) return accumulator_.finish(n, on_grad_issued);
+  // One micro-batch and no loss scaling where steps are recorded
+  // (records_steps): the accumulator would add nothing.
+  forward_graphs_->run(n, {});
+  for (std::size_t i = model_.variables().size(); i-- > 0;) on_grad_issued(i);
+}
+
+void SyncReplica::optimize(const StepScalars& scalars) {
+  if (optimizer_graphs_)
+    optimizer_graphs_->run(0, scalars);
+  else
+    apply_optimizer(scalars);
+}
+
+void SyncReplica::apply_optimizer(const StepScalars& scalars) {
+  const auto& vars = model_.variables();
+  const float average = 1.0f / static_cast<float>(comm_.size());
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    // Sync reduces the packed copy where there is one; local SGD steps on
+    // its own gradient.
+    float* g = local_steps_ == 0 && packed_ ? flat_.data() + offset_[i] : model_.grad(i).data();
+    if (local_steps_ == 0) backend_.scale(g, average, vars[i].size);
+    backend_.apply_optimizer(optimizer_, model_.param(i).data(), g,
+                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
+                             vars[i].size, scalars.step, scalars.lr_scale);
+  }
 }
 
 void SyncReplica::reduce(std::size_t bucket) {
@@ -134,7 +172,7 @@ SyncStepTimes SyncReplica::local_step(int n, float lr_scale) {
   const auto& vars = model_.variables();
   const auto t_compute = Clock::now();
   if (scaler_) model_.set_loss_scale(scaler_->scale());
-  accumulator_.finish(n, [](std::size_t) {});
+  forward_backward(n, [](std::size_t) {});
   const auto t_optimizer = Clock::now();
   times.compute_ms = ms_between(t_compute, t_optimizer);
   bool finite = true;
@@ -143,11 +181,7 @@ SyncStepTimes SyncReplica::local_step(int n, float lr_scale) {
   // A skipped step still counts towards the average, which every replica
   // must reach at the same step.
   steps_ += 1;
-  if (!scaler_ || scaler_->update(finite))
-    for (std::size_t i = 0; i < vars.size(); ++i)
-      backend_.apply_optimizer(optimizer_, model_.param(i).data(), model_.grad(i).data(),
-                               slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
-                               vars[i].size, steps_, lr_scale);
+  if (!scaler_ || scaler_->update(finite)) optimize({steps_, lr_scale});
   const auto t_average = Clock::now();
   times.optimizer_ms = ms_between(t_optimizer, t_average);
   if (steps_ % local_steps_ == 0) {
@@ -178,7 +212,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   }
   const auto t_compute = Clock::now();
   if (scaler_) model_.set_loss_scale(scaler_->scale());
-  accumulator_.finish(n, [&](std::size_t i) {
+  forward_backward(n, [&](std::size_t i) {
     if (packed_)
       std::memcpy(flat_.data() + offset_[i], model_.grad(i).data(), vars[i].size * sizeof(float));
     const std::size_t b = bucket_of_[i];
@@ -210,14 +244,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   }
 
   steps_ += 1;
-  const float average = 1.0f / static_cast<float>(comm_.size());
-  for (std::size_t i = 0; i < vars.size(); ++i) {
-    float* g = packed_ ? flat_.data() + offset_[i] : model_.grad(i).data();
-    backend_.scale(g, average, vars[i].size);
-    backend_.apply_optimizer(optimizer_, model_.param(i).data(), g,
-                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
-                             vars[i].size, steps_, lr_scale);
-  }
+  optimize({steps_, lr_scale});
   times.optimizer_ms = ms_between(t_reduced, Clock::now());
   return times;
 }
@@ -284,8 +311,10 @@ TrainSummary train_sync(const TrainContext& context) {
     read_from_ps();
     shard.seek(attempt.step * accumulate_steps, config.train.batch_size);
     const std::uint32_t local_steps = config.mode == Mode::local ? config.train.local_steps : 0;
-    SyncReplica replica(backend, model, comm, config.optimizer, config.train.bucket_bytes, true,
-                        local_steps, accumulate_steps);
+    SyncReplica replica(
+        backend, model, comm, config.optimizer, config.train.bucket_bytes, true, local_steps,
+        accumulate_steps,
+        records_steps(config, backend) ? static_cast<int>(config.train.batch_size) : 0);
     if (scaler) replica.scale_loss(&*scaler);
     BatchFeeder feeder(backend, model, shard, config.train.batch_size);
     if (local_steps > 0)

@@ -23,11 +23,18 @@
 // copy to fill buckets). NCCL's collectives are timed on the device
 // (Communicator::device_times), so allreduce_ms, wait_ms and overlap are
 // what the GPU did, not how long the host took to enqueue.
+//
+// Where steps are recorded (train.cuda_graphs, records_steps), forward and
+// backward replay one CUDA graph and the averaging and optimizer step
+// another; the all-reduces then start after the whole backward, between
+// the two.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -66,9 +73,11 @@ class SyncReplica {
   // `local_steps`: 0 for sync; H > 0 for local SGD (no gradient all-reduce,
   // weights averaged every H steps). `accumulate_steps` > 1: room for the
   // gradient sum of accumulate() (train.accumulate_steps).
+  // `record_batch` > 0: steps on batches of that size are recorded
+  // (StepGraphs; only where records_steps allows it).
   SyncReplica(Backend& backend, Model& model, Communicator& comm, const OptimizerConfig& optimizer,
               std::size_t bucket_bytes, bool overlap, std::uint32_t local_steps = 0,
-              std::uint32_t accumulate_steps = 1);
+              std::uint32_t accumulate_steps = 1, int record_batch = 0);
   SyncReplica(const SyncReplica&) = delete;
   SyncReplica& operator=(const SyncReplica&) = delete;
 
@@ -105,6 +114,13 @@ class SyncReplica {
   void enqueue(std::size_t bucket);
   void wait_reduced();
   SyncStepTimes local_step(int n, float lr_scale);
+  // Forward and backward of the step's last micro-batch; on_grad_issued as
+  // in GradAccumulator::finish.
+  void forward_backward(int n, const std::function<void(std::size_t variable)>& on_grad_issued);
+  // Sync: averages the reduced gradients; both: the optimizer step. From
+  // optimizer_graphs_ where steps are recorded, else by apply_optimizer.
+  void optimize(const StepScalars& scalars);
+  void apply_optimizer(const StepScalars& scalars);
 
   Backend& backend_;
   Model& model_;
@@ -119,6 +135,9 @@ class SyncReplica {
   std::vector<Bucket> buckets_;
   DeviceMemory flat_, state_;
   GradAccumulator accumulator_;
+  // Recorded steps, when asked for: forward and backward, and optimize()
+  // (whose shape never changes: its "batch" is 0).
+  std::optional<StepGraphs> forward_graphs_, optimizer_graphs_;
   LossScaler* scaler_ = nullptr;
   std::uint64_t steps_ = 0;
 

@@ -5,7 +5,9 @@
 // tolerance (cuBLAS and OpenBLAS sum in other orders). The runs are short
 // enough that rounding differences stay far below how far training moved
 // the weights, which the test checks too, so a trainer that skipped a fence,
-// pushed a stale gradient or dropped an update fails. Exits 77 (skipped)
+// pushed a stale gradient or dropped an update fails. Steps replayed from
+// CUDA graphs (train.cuda_graphs, the default) must end bit for bit where
+// eager steps end: the same kernels on the same data. Exits 77 (skipped)
 // where the CUDA library or a device is missing.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -38,15 +40,18 @@ struct Run {
 };
 
 // One worker against one ps, `mode` (async or sync) and `preset` (mlp or
-// cnn), a quarter epoch of the synthetic data (24 steps of 64).
-Run train(Backend& backend, const std::string& mode, const std::string& preset) {
+// cnn), a quarter epoch of the synthetic data (24 steps of 64); `graphs`:
+// train.cuda_graphs.
+Run train(Backend& backend, const std::string& mode, const std::string& preset,
+          bool graphs = true) {
   PsCluster cluster({.ps = 1,
                      .workers = 1,
                      .optimizer = "momentum",
                      .lr = 0.02,
                      .mode = mode,
                      .model = preset,
-                     .epochs = 0.25});
+                     .epochs = 0.25,
+                     .train = graphs ? "" : "cuda_graphs: false"});
   cluster.start_all();
   const ClusterConfig& config = cluster.config();
   const Dataset data = load_dataset(config.data, true);
@@ -118,6 +123,20 @@ TEST_CASE("gpu training: sync MLP (NCCL, one rank) ends where the CPU run (Gloo)
 
 TEST_CASE("gpu training: sync CNN (NCCL, one rank) ends where the CPU run (Gloo) ends") {
   check_gpu_matches_cpu("sync", "cnn");
+}
+
+TEST_CASE("gpu training: steps replayed from CUDA graphs end bit for bit where eager steps end") {
+  auto gpu_backend = cuda::make_cuda_backend(0);
+  for (const std::string mode : {"async", "sync"}) {
+    for (const std::string preset : {"mlp", "cnn"}) {
+      INFO(mode << " " << preset);
+      const Run eager = train(*gpu_backend, mode, preset, false);
+      const Run replayed = train(*gpu_backend, mode, preset, true);
+      CHECK(eager.initial == replayed.initial);
+      CHECK(eager.final == replayed.final);
+      CHECK(eager.final != eager.initial);
+    }
+  }
 }
 
 }  // namespace

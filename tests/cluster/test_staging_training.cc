@@ -2,7 +2,7 @@
 // downloads pushed as their fences complete, weight uploads, batches staged a
 // step ahead) run on the CPU through a backend that hides its memory from the
 // host: one worker against one ps must end with weights bit-identical to the
-// direct CPU path's.
+// direct CPU path's, with and without recorded steps (a CUDA graph's path).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -79,6 +79,30 @@ TEST_CASE("async trainer: the staging (device) path trains exactly like the dire
   std::vector<float> initial(first.size);
   init_fill(initial, ClusterConfig{}.train.seed, first.name, 0, first.init);
   CHECK(direct[0] != initial);
+}
+
+TEST_CASE(
+    "async trainer: recorded steps (the CUDA graph path) train exactly like the direct path") {
+  // Forward and backward from a step graph, the gradients downloaded after
+  // it; and, where the capture is refused, the eager fallback: both end with
+  // the direct path's weights, and the graph path really ran.
+  auto cpu = make_cpu_backend(1);
+  const auto direct = train_and_pull(*cpu);
+  for (const auto recording : {StagingBackend::Recording::on, StagingBackend::Recording::refused}) {
+    INFO("recording ", static_cast<int>(recording));
+    StagingBackend staging;
+    staging.record_steps(recording);
+    const auto recorded = train_and_pull(staging);
+    if (recording == StagingBackend::Recording::on)
+      CHECK(staging.graph_runs() > 0);
+    else
+      CHECK(staging.graph_runs() == 0);
+    REQUIRE(direct.size() == recorded.size());
+    for (std::size_t i = 0; i < direct.size(); ++i) {
+      INFO("variable ", i);
+      CHECK(direct[i] == recorded[i]);
+    }
+  }
 }
 
 TEST_CASE("async trainer: a failed fence wait leaves no ps request writing into freed buffers") {

@@ -1,8 +1,9 @@
 // Tests of the CUDA backend and the NCCL communicator on a real GPU: every op
 // against the double-precision reference, transfers and their ordering,
-// fences, the optimizers against their shared per-element math, NCCL, and a
-// short training run. Needs only the CUDA libraries, libpstrain_cuda.so and
-// headers, so it can be copied to a GPU host. Exits 77 (skipped) without a
+// fences, the optimizers against their shared per-element math, NCCL, step
+// graphs (CUDA graphs) against eager steps, and a short training run. Needs
+// only the CUDA libraries, libpstrain_cuda.so and headers, so it can be
+// copied to a GPU host. Exits 77 (skipped) without a
 // device, and also when every case that ran passed but a case that needs
 // more devices than the host has was left out (it is named on stdout), so a
 // case that did not run is never counted as passed.
@@ -776,6 +777,230 @@ TEST_CASE("nccl: a collective runs alongside compute it does not depend on") {
   CHECK(times->busy_ms > 0);
   CHECK(times->after_mark_ms > 0);            // the second ran after the mark
   CHECK(comm->device_times()->busy_ms == 0);  // reported once
+}
+
+// A small MLP or CNN in backend calls over fixed buffers, as Model lays
+// out a step: forward, loss, backward and Adam (whose bias corrections
+// follow the step count). Batches come through pinned staging memory,
+// uploaded without a synchronization, so a step that did not wait for
+// them reads the previous batch.
+class TinyNet {
+ public:
+  static constexpr int kN = 32, kSide = 12, kPixels = kSide * kSide, kClasses = 10;
+  static constexpr int kHidden = 64, kFilters = 8, kPooled = kFilters * 5 * 5;
+
+  TinyNet(Backend& b, bool cnn)
+      : b_(b),
+        cnn_(cnn),
+        conv_{kN, 1, kSide, kSide, kFilters, 3},
+        pool_{kN, kFilters, kSide - 2, kSide - 2, 2},
+        x_(b, std::size_t(kN) * kPixels),
+        labels_(b, kN),
+        act_(b, std::size_t(kN) * std::max(kHidden, kFilters * (kSide - 2) * (kSide - 2))),
+        pooled_(b, std::size_t(kN) * kPooled),
+        logits_(b, std::size_t(kN) * kClasses),
+        dlogits_(b, logits_.size),
+        loss_(b, kN),
+        correct_(b, kN),
+        dact_(b, act_.size),
+        dpooled_(b, pooled_.size),
+        argmax_(b, pooled_.size),
+        workspace_(b, cnn ? std::max<std::size_t>(b.conv2d_workspace(conv_), 1) : 1),
+        staged_x_(b.alloc_host(x_.size * sizeof(float))),
+        staged_labels_(b.alloc_host(kN * sizeof(std::int32_t))) {
+    adam_.kind = pstrain::OptimizerKind::adam;
+    adam_.lr = 0.01f;
+    const std::vector<std::size_t> sizes =
+        cnn ? std::vector<std::size_t>{kFilters * 9, kFilters, std::size_t(kPooled) * kClasses,
+                                       kClasses}
+            : std::vector<std::size_t>{std::size_t(kPixels) * kHidden, kHidden,
+                                       std::size_t(kHidden) * kClasses, kClasses};
+    for (std::size_t size : sizes) {
+      params_.emplace_back(b, size);
+      grads_.emplace_back(b, size);
+      state_.emplace_back(b, 2 * size);
+    }
+  }
+
+  // Weights from `rng`, Adam's state zero.
+  void initialize(std::mt19937& rng) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto w = random_vector(params_[i].size, rng, -0.2f, 0.2f);
+      b_.upload(w.data(), params_[i].data(), w.size() * sizeof(float));
+      b_.fill(state_[i].data(), 0.0f, state_[i].size);
+      b_.synchronize();
+    }
+  }
+
+  // Issues the batch's upload; the staging memory is reused once the step's
+  // results were read (read() synchronizes).
+  void load(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+    std::copy(x.begin(), x.end(), staged_x_.data());
+    std::copy(labels.begin(), labels.end(), staged_labels_.data<std::int32_t>());
+    b_.upload(staged_x_.data(), x_.data(), x.size() * sizeof(float));
+    b_.upload(staged_labels_.data(), labels_.data(), labels.size() * sizeof(std::int32_t));
+  }
+
+  void step(const pstrain::StepScalars& s) {
+    const float* features = x_.data();
+    int width = kPixels;
+    if (cnn_) {
+      b_.conv2d_forward(x_.data(), params_[0].data(), params_[1].data(), act_.data(),
+                        workspace_.data(), conv_);
+      b_.relu_forward(act_.data(), act_.data(), act_.size);
+      b_.maxpool_forward(act_.data(), pooled_.data(), argmax_.data(), pool_);
+      features = pooled_.data();
+      width = kPooled;
+    } else {
+      b_.dense_forward(x_.data(), params_[0].data(), params_[1].data(), act_.data(), kN, kPixels,
+                       kHidden);
+      b_.relu_forward(act_.data(), act_.data(), std::size_t(kN) * kHidden);
+      features = act_.data();
+      width = kHidden;
+    }
+    b_.dense_forward(features, params_[2].data(), params_[3].data(), logits_.data(), kN, width,
+                     kClasses);
+    b_.softmax_xent(logits_.data(), labels_.data(), dlogits_.data(), loss_.data(), correct_.data(),
+                    kN, kClasses);
+    b_.dense_backward(features, params_[2].data(), dlogits_.data(),
+                      cnn_ ? dpooled_.data() : dact_.data(), grads_[2].data(), grads_[3].data(), kN,
+                      width, kClasses);
+    if (cnn_) {
+      b_.maxpool_backward(dpooled_.data(), argmax_.data(), dact_.data(), pool_);
+      b_.relu_backward(act_.data(), dact_.data(), dact_.data(), act_.size);
+      b_.conv2d_backward(x_.data(), params_[0].data(), dact_.data(), nullptr, grads_[0].data(),
+                         grads_[1].data(), workspace_.data(), conv_);
+    } else {
+      b_.relu_backward(act_.data(), dact_.data(), dact_.data(), std::size_t(kN) * kHidden);
+      b_.dense_backward(x_.data(), params_[0].data(), dact_.data(), nullptr, grads_[0].data(),
+                        grads_[1].data(), kN, kPixels, kHidden);
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      b_.apply_optimizer(adam_, params_[i].data(), grads_[i].data(), state_[i].data(),
+                         params_[i].size, s.step, s.lr_scale);
+  }
+
+  // Weights, optimizer state and losses, concatenated.
+  std::vector<float> read() const {
+    std::vector<float> all = loss_.read();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      for (const auto* buffer : {&params_[i], &state_[i]}) {
+        const auto v = buffer->read();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+    }
+    return all;
+  }
+
+ private:
+  Backend& b_;
+  bool cnn_;
+  ConvShape conv_;
+  PoolShape pool_;
+  pstrain::OptimizerConfig adam_;
+  Buffer<> x_;
+  Buffer<std::int32_t> labels_;
+  Buffer<> act_, pooled_, logits_, dlogits_, loss_, correct_, dact_, dpooled_;
+  Buffer<std::int32_t> argmax_;
+  Buffer<> workspace_;
+  std::vector<Buffer<>> params_, grads_, state_;
+  pstrain::HostMemory staged_x_, staged_labels_;
+};
+
+// A random batch for TinyNet.
+std::pair<std::vector<float>, std::vector<std::int32_t>> tiny_batch(std::mt19937& rng) {
+  std::vector<std::int32_t> labels(TinyNet::kN);
+  for (auto& l : labels) l = std::int32_t(rng() % TinyNet::kClasses);
+  return {random_vector(std::size_t(TinyNet::kN) * TinyNet::kPixels, rng), labels};
+}
+
+// Bit for bit, as the same kernels on the same inputs give.
+void check_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                     const char* what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t differ = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && differ++ == 0) first = i;
+  }
+  INFO(what << ": " << differ << " of " << got.size() << " differ; first at " << first << ": got "
+            << got[first] << ", want " << want[first]);
+  CHECK(differ == 0);
+}
+
+TEST_CASE("a step graph replays forward, backward and Adam bit for bit like eager steps") {
+  auto b = make_backend();
+  for (const bool cnn : {false, true}) {
+    INFO((cnn ? "cnn" : "mlp"));
+    TinyNet eager(*b, cnn), recorded(*b, cnn);
+    std::mt19937 init_eager(20), init_recorded(20), data(21);
+    eager.initialize(init_eager);
+    recorded.initialize(init_recorded);
+    auto graph = b->make_step_graph([&](const pstrain::StepScalars& s) { recorded.step(s); });
+    std::vector<float> before = recorded.read();
+    for (int step = 1; step <= 6; ++step) {
+      INFO("step " << step);
+      const auto [x, labels] = tiny_batch(data);
+      eager.load(x, labels);
+      recorded.load(x, labels);
+      // A new step count (Adam's bias corrections) and learning-rate scale
+      // every step: a replay that kept the recording's would differ.
+      const pstrain::StepScalars scalars{std::uint64_t(step), 1.0f / float(step)};
+      eager.step(scalars);  // first: the recording then finds every plan made
+      graph->run(scalars);
+      const auto after = recorded.read();
+      check_same_bits(after, eager.read(), "recorded against eager");
+      CHECK(after != before);  // the step did something
+      before = after;
+    }
+  }
+}
+
+TEST_CASE("a step graph sees weights written after its capture") {
+  auto b = make_backend();
+  TinyNet eager(*b, false), recorded(*b, false);
+  std::mt19937 init_eager(30), init_recorded(30), data(31);
+  eager.initialize(init_eager);
+  recorded.initialize(init_recorded);
+  auto graph = b->make_step_graph([&](const pstrain::StepScalars& s) { recorded.step(s); });
+  const auto [x, labels] = tiny_batch(data);
+  eager.load(x, labels);
+  eager.step({1, 1.0f});  // plans made outside the capture, as a trainer's warm-up does
+  recorded.load(x, labels);
+  graph->run({1, 1.0f});  // captured with these weights
+  (void)recorded.read();
+  // New weights and a fresh optimizer state on both, as a pull brings them;
+  // uploads in issue order, no synchronization before the replay.
+  std::mt19937 again_eager(32), again_recorded(32);
+  eager.initialize(again_eager);
+  recorded.initialize(again_recorded);
+  eager.load(x, labels);
+  recorded.load(x, labels);
+  eager.step({1, 1.0f});
+  graph->run({1, 1.0f});
+  check_same_bits(recorded.read(), eager.read(), "replay after new weights");
+}
+
+TEST_CASE(
+    "a step graph whose work needs the host throws, runs none of it, and leaves the backend "
+    "working") {
+  auto b = make_backend();
+  const std::size_t n = 4096;
+  Buffer<> x(*b, n);
+  b->fill(x.data(), 1.0f, n);  // the kernel loaded outside the capture
+  // A host wait (as all_finite and axpby make): no capture can hold that.
+  auto graph = b->make_step_graph([&](const pstrain::StepScalars&) {
+    b->fill(x.data(), 7.0f, n);
+    b->synchronize();
+  });
+  CHECK_THROWS_WITH_AS(graph->run({1, 1.0f}), doctest::Contains("a step graph cannot record"),
+                       std::invalid_argument);
+  for (float v : x.read())
+    if (v != 1.0f) FAIL("the failed capture ran its fill: " << v);
+  // The compute stream is no longer capturing: eager work runs, ordered as usual.
+  b->fill(x.data(), 3.0f, n);
+  b->scale(x.data(), 2.0f, n);
+  for (float v : x.read())
+    if (v != 6.0f) FAIL("eager work after the failed capture gave " << v);
 }
 
 // Cases that need more than one device, and how many: main() leaves them out

@@ -12,6 +12,11 @@
 //     fence issued after it completes; until then that memory holds NaNs.
 // Uploads copy at once: compute issued after them must see their data.
 //
+// Recorded steps (Backend::make_step_graph): record_steps() makes the
+// backend claim it records, so the trainers take their CUDA graph path; its
+// graphs run the work on every run(), or refuse the first one as a driver
+// without graph support would, and count their runs (graph_runs()).
+//
 // For the error paths: fail_wait() makes a later wait() throw, as a device
 // error would; released host memory is kept, filled with 0xff bytes, until
 // the backend dies, so host_written_after_release() can tell whether anything
@@ -58,6 +63,28 @@ class StagingBackend final : public Backend {
     std::memset(p, 0xff, node.mapped());
     released_host_.emplace_back(p, node.mapped());
   }
+
+  enum class Recording { off, on, refused };
+  void record_steps(Recording recording) { recording_ = recording; }
+  bool records_steps() const override { return recording_ != Recording::off; }
+  std::unique_ptr<StepGraph> make_step_graph(StepWork work) override {
+    class Graph final : public StepGraph {
+     public:
+      Graph(StagingBackend& owner, StepWork work) : owner_(owner), work_(std::move(work)) {}
+      void run(const StepScalars& scalars) override {
+        if (owner_.recording_ == Recording::refused)
+          throw std::runtime_error("staging backend: capture refused");
+        work_(scalars);
+        ++owner_.graph_runs_;
+      }
+
+     private:
+      StagingBackend& owner_;
+      StepWork work_;
+    };
+    return std::make_unique<Graph>(*this, std::move(work));
+  }
+  int graph_runs() const { return graph_runs_; }
 
   // The wait() after the next `waits` ones throws std::runtime_error.
   void fail_wait(int waits) { waits_to_failure_ = waits + 1; }
@@ -167,6 +194,8 @@ class StagingBackend final : public Backend {
   std::map<void*, std::size_t> host_bytes_;                   // live host memory
   std::vector<std::pair<void*, std::size_t>> released_host_;  // kept, 0xff-filled
   int waits_to_failure_ = 0;                                  // 0: none planned
+  Recording recording_ = Recording::off;
+  int graph_runs_ = 0;
   std::deque<Download> in_flight_;
   std::deque<PendingFence> fences_;  // issued, not completed, oldest first
   Fence completed_ = 0;

@@ -80,6 +80,16 @@ TEST_CASE("config: train.accumulate_steps and train.precision parse, print and r
                        doctest::Contains("train.precision"), ConfigError);
 }
 
+TEST_CASE("config: train.cuda_graphs is on by default, parses, prints and rejects non-booleans") {
+  CHECK(parse(kMinimal).train.cuda_graphs);
+  const auto off = parse(kMinimal, {"train.cuda_graphs=false"});
+  CHECK_FALSE(off.train.cuda_graphs);
+  CHECK(off.to_yaml().find("cuda_graphs: false") != std::string::npos);
+  CHECK_FALSE(parse(off.to_yaml()).train.cuda_graphs);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"train.cuda_graphs=sometimes"}),
+                       doctest::Contains("train.cuda_graphs"), ConfigError);
+}
+
 TEST_CASE("config: train.on_worker_loss defaults by mode, a given value wins") {
   CHECK(parse(kMinimal).train.on_worker_loss == WorkerLoss::continue_);
   CHECK(parse(kMinimal, {"mode=sync"}).train.on_worker_loss == WorkerLoss::fail);
@@ -279,6 +289,7 @@ TEST_CASE("config: the hash is stable and covers every value") {
       "train.bucket_bytes=1024",
       "train.accumulate_steps=2",
       "train.precision=bf16",
+      "train.cuda_graphs=false",
       "net.chunk_bytes=1024",
       "net.request_timeout=1",
       "net.worker_timeout=2",

@@ -1,19 +1,23 @@
 // Sync mode in one process: two replicas on threads, each with its own CPU
 // backend, model and Gloo communicator (rendezvous through an in-memory
 // store), against each other and against one worker on the union batch; the
-// learning-rate schedule; and a peer that goes away mid-run.
+// learning-rate schedule; recorded steps (the CUDA graph path, on the
+// staging backend); and a peer that goes away mid-run.
 #include <doctest/doctest.h>
 
 #include <gloo/rendezvous/hash_store.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
@@ -21,6 +25,7 @@
 #include "client/model.h"
 #include "client/sync/gloo_communicator.h"
 #include "client/sync/sync_trainer.h"
+#include "tests/support/staging_backend.h"
 
 namespace pstrain {
 namespace {
@@ -61,19 +66,29 @@ ModelConfig mlp() {
   return config;
 }
 
+// A recording staging backend (its step graphs run the work eagerly), for
+// the trainers' CUDA graph path.
+std::unique_ptr<Backend> recording_backend() {
+  auto staging = std::make_unique<testing::StagingBackend>();
+  staging->record_steps(testing::StagingBackend::Recording::on);
+  return staging;
+}
+
 // One sync worker on a thread: `body` gets its replica, model and shard.
+// `recorded`: on a recording backend, steps of kBatch recorded.
 struct Worker {
   Worker(int rank, const Dataset& data, std::shared_ptr<gloo::rendezvous::Store> store,
          const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
-         std::uint32_t local_steps, std::uint32_t accumulate_steps)
-      : backend(make_cpu_backend(1)),
+         std::uint32_t local_steps, std::uint32_t accumulate_steps, bool recorded)
+      : backend(recorded ? recording_backend() : make_cpu_backend(1)),
         shard(data, static_cast<std::uint32_t>(rank), 2, 7),
         model(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
               kBatch) {
     model.initialize(42);
     comm = std::make_unique<GlooCommunicator>(two_workers(rank), std::move(store));
-    replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
-                                            overlap, local_steps, accumulate_steps);
+    replica =
+        std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes, overlap,
+                                      local_steps, accumulate_steps, recorded ? kBatch : 0);
   }
   int step(float lr_scale = 1) {
     const Batch b = shard.next_batch(kBatch, model.input_buffer(), model.label_buffer());
@@ -89,13 +104,15 @@ struct Worker {
 
 // Builds both workers concurrently (the mesh needs both) and runs
 // body(worker) on each, on its own thread. `local_steps`: local SGD's H
-// (0: sync); `accumulate_steps`: train.accumulate_steps.
+// (0: sync); `accumulate_steps`: train.accumulate_steps; `recorded`: steps
+// recorded on a recording backend.
 void run_pair(const Dataset& data, const OptimizerConfig& optimizer, std::size_t bucket_bytes,
               bool overlap, const std::function<void(Worker&)>& body, std::uint32_t local_steps = 0,
-              std::uint32_t accumulate_steps = 1) {
+              std::uint32_t accumulate_steps = 1, bool recorded = false) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   auto run = [&](int rank) {
-    Worker w(rank, data, store, optimizer, bucket_bytes, overlap, local_steps, accumulate_steps);
+    Worker w(rank, data, store, optimizer, bucket_bytes, overlap, local_steps, accumulate_steps,
+             recorded);
     body(w);
   };
   auto other = std::async(std::launch::async, run, 1);
@@ -129,6 +146,38 @@ TEST_CASE("sync: replicas stay bit-identical after every step, for every bucketi
     const std::size_t expected = bucket_bytes == 4 ? 6 : bucket_bytes == 64 * 1024 ? 2 : 1;
     CHECK(buckets[0] == expected);
     CHECK(buckets[1] == expected);
+  }
+}
+
+TEST_CASE(
+    "sync and local SGD: recorded steps (the CUDA graph path) give the eager steps' weights") {
+  // Adam with a learning-rate scale that changes every step: the optimizer
+  // step's graph must be run with each step's count and scale. The warm-up
+  // and each epoch's last batch (250 samples per worker: 7 of kBatch and
+  // one of 26) run eagerly, the rest from the graphs.
+  const Dataset data = make_synthetic(500, true);
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::adam;
+  adam.lr = 0.01f;
+  for (const std::uint32_t local_steps : {0u, 2u}) {
+    CAPTURE(local_steps);
+    std::array<std::vector<std::vector<float>>, 2> runs;  // eager, recorded: rank 0's weights
+    for (const bool recorded : {false, true}) {
+      run_pair(
+          data, adam, 4, false,
+          [&](Worker& w) {
+            for (int s = 1; s <= 10; ++s) {
+              w.step(1.0f / static_cast<float>(s));
+              if (w.comm->rank() == 0) runs[recorded].push_back(weights(w.model));
+            }
+          },
+          local_steps, 1, recorded);
+    }
+    REQUIRE(runs[0].size() == runs[1].size());
+    for (std::size_t s = 0; s < runs[0].size(); ++s) {
+      CAPTURE(s);
+      CHECK(runs[0][s] == runs[1][s]);
+    }
   }
 }
 

@@ -2,11 +2,13 @@
 // staged (double-buffered, gathered one step ahead) batches must be exactly
 // the batches the host writes directly on the CPU backend. Gradient
 // accumulation against one batch of the union, on both kinds of backend.
+// Which steps run from a step graph (CUDA graphs), and when.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "client/cpu_backend.h"
@@ -110,4 +112,54 @@ TEST_CASE("gradient accumulation: 3 micro-batches (short last) equal one batch o
   // The staging backend has no axpby of its own: the interface's default
   // (through host memory) is what a device backend without one runs.
   SUBCASE("staging") { check_accumulation(std::make_unique<testing::StagingBackend>()); }
+}
+
+TEST_CASE("step graphs: the full batch runs once eagerly, is recorded, then replayed") {
+  testing::StagingBackend backend;
+  backend.record_steps(testing::StagingBackend::Recording::on);
+  std::vector<std::pair<int, std::uint64_t>> done;  // (n, step) of every run of the work
+  StepGraphs graphs(backend, 64, "test step",
+                    [&](int n, const StepScalars& s) { done.emplace_back(n, s.step); });
+  using Ran = StepGraphs::Ran;
+  CHECK(graphs.run(10, {1, 1}) == Ran::eager);  // a short batch warms nothing up
+  CHECK(graphs.run(64, {2, 1}) == Ran::eager);
+  CHECK(graphs.run(64, {3, 1}) == Ran::recorded);
+  CHECK(graphs.run(64, {4, 1}) == Ran::replayed);
+  CHECK(graphs.run(10, {5, 1}) == Ran::eager);  // an epoch's last batch
+  CHECK(graphs.run(64, {6, 0.5f}) == Ran::replayed);
+  CHECK(backend.graph_runs() == 3);
+  const std::vector<std::pair<int, std::uint64_t>> want = {{10, 1}, {64, 2}, {64, 3},
+                                                           {64, 4}, {10, 5}, {64, 6}};
+  CHECK(done == want);
+}
+
+TEST_CASE("step graphs: a refused capture falls back to eager steps, none lost or doubled") {
+  testing::StagingBackend backend;
+  backend.record_steps(testing::StagingBackend::Recording::refused);
+  int runs = 0;
+  StepGraphs graphs(backend, 8, "test step", [&](int, const StepScalars&) { ++runs; });
+  for (int step = 1; step <= 4; ++step) {
+    CHECK(graphs.run(8, {static_cast<std::uint64_t>(step), 1}) == StepGraphs::Ran::eager);
+    CHECK(runs == step);
+  }
+  CHECK(backend.graph_runs() == 0);
+}
+
+TEST_CASE("records_steps: train.cuda_graphs on a recording backend, at fp32, one micro-batch") {
+  ClusterConfig config;
+  auto cpu = make_cpu_backend(1);
+  testing::StagingBackend recording;
+  recording.record_steps(testing::StagingBackend::Recording::on);
+  CHECK(records_steps(config, recording));
+  CHECK_FALSE(records_steps(config, *cpu));  // the CPU runs every step eagerly
+  config.train.cuda_graphs = false;
+  CHECK_FALSE(records_steps(config, recording));
+  config.train.cuda_graphs = true;
+  config.train.accumulate_steps = 2;
+  CHECK_FALSE(records_steps(config, recording));
+  config.train.accumulate_steps = 1;
+  for (const Precision p : {Precision::bf16, Precision::fp16}) {
+    config.train.precision = p;
+    CHECK_FALSE(records_steps(config, recording));
+  }
 }
