@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -144,11 +145,18 @@ class Backend {
   virtual void scale(float* x, float a, std::size_t n) = 0;
   virtual void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
                                float* state, std::size_t n, std::uint64_t step, float lr_scale) = 0;
+  // The same step on every tensor of `tensors` (disjoint memory), with the
+  // bits apply_optimizer gives each: a replica's whole update in one call.
+  // The default calls apply_optimizer per tensor; the CUDA backend launches
+  // one kernel over all of them, with nothing to allocate or synchronize.
+  virtual void apply_optimizers(const OptimizerConfig& config,
+                                std::span<const OptimizerTensor> tensors, std::uint64_t step,
+                                float lr_scale);
 
   // Gradient accumulation (train.accumulate_steps): y = a x + b y; b == 0
   // ignores y's old contents (a fresh buffer may hold NaNs). The default
   // goes through host memory and synchronizes: correct on any backend, slow
-  // on a device.
+  // on a device (the CPU and CUDA backends override it).
   virtual void axpby(float a, const float* x, float b, float* y, std::size_t n);
 
   // Mixed precision (train.precision). The arithmetic asked of a backend at
@@ -183,6 +191,13 @@ inline void Backend::axpby(float a, const float* x, float b, float* y, std::size
   for (std::size_t i = 0; i < n; ++i) hy[i] = b != 0 ? a * hx[i] + b * hy[i] : a * hx[i];
   upload(hy.data(), y, n * sizeof(float));
   synchronize();
+}
+
+inline void Backend::apply_optimizers(const OptimizerConfig& config,
+                                      std::span<const OptimizerTensor> tensors, std::uint64_t step,
+                                      float lr_scale) {
+  for (const OptimizerTensor& t : tensors)
+    apply_optimizer(config, t.w, t.g, t.state, t.n, step, lr_scale);
 }
 
 inline std::string Backend::precision_unavailable(Precision p) const {

@@ -443,4 +443,30 @@ void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const floa
   compute({w, g, state}, [&](cudaStream_t st) { kernels::optimizer(on(st), s, w, g, state); });
 }
 
+void CudaBackend::apply_optimizers(const OptimizerConfig& c,
+                                   std::span<const OptimizerTensor> tensors, std::uint64_t step,
+                                   float lr_scale) {
+  const DeviceScope scope(device_);
+  // compute() orders a fixed list of buffers; here every tensor's three are
+  // ordered, then recorded as touched by the launches even when one throws
+  // (the chunks before it are queued).
+  for (const OptimizerTensor& t : tensors) order_.before_compute({t.w, t.g, t.state});
+  const auto issued = [&]() noexcept {
+    for (const OptimizerTensor& t : tensors) order_.after_compute({t.w, t.g, t.state});
+  };
+  try {
+    kernels::optimizers(on(order_.compute_stream()), opt::OptimizerStep::make(c, 0, step, lr_scale),
+                        tensors.data(), tensors.size());
+  } catch (...) {
+    issued();
+    throw;
+  }
+  issued();
+}
+
+void CudaBackend::axpby(float a, const float* x, float b, float* y, std::size_t n) {
+  if (n == 0) return;
+  compute({x, y}, [&](cudaStream_t st) { kernels::axpby(on(st), a, x, b, y, n); });
+}
+
 }  // namespace pstrain::cuda

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -68,6 +69,10 @@ class CudaBackend final : public Backend {
   void scale(float* x, float a, std::size_t n) override;
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override;
+  void apply_optimizers(const OptimizerConfig& config, std::span<const OptimizerTensor> tensors,
+                        std::uint64_t step, float lr_scale) override;
+  // y = a x + b y by a kernel on the compute stream (no host round trip).
+  void axpby(float a, const float* x, float b, float* y, std::size_t n) override;
 
   // bf16 needs compute capability 8.0 (bf16 tensor-core GEMMs); fp16 runs
   // everywhere the library does. Other precisions than fp32 round the

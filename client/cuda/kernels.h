@@ -23,6 +23,8 @@ struct Launch {
 
 void fill(const Launch& l, float* x, float value, std::size_t n);
 void scale(const Launch& l, float* x, float a, std::size_t n);
+// y = a x + b y (ew::axpby: b == 0 ignores y's old contents).
+void axpby(const Launch& l, float a, const float* x, float b, float* y, std::size_t n);
 void relu_forward(const Launch& l, const float* x, float* y, std::size_t n);
 void relu_backward(const Launch& l, const float* y, const float* dy, float* dx, std::size_t n);
 
@@ -78,5 +80,12 @@ void hold(const Launch& l, const std::int32_t* flag, unsigned long long limit_ns
 // Optimizer uses (shared/optimizer_math.h).
 void optimizer(const Launch& l, const opt::OptimizerStep& step, float* w, const float* g,
                float* state);
+// The same step on `count` tensors, each with its own size (step.n is
+// ignored): one launch per kMultiTensor of them, their pointers and sizes
+// passed by value as kernel arguments, so nothing is allocated or copied
+// and the launches can be captured in a CUDA graph.
+constexpr std::size_t kMultiTensor = 32;
+void optimizers(const Launch& l, const opt::OptimizerStep& step, const OptimizerTensor* tensors,
+                std::size_t count);
 
 }  // namespace pstrain::cuda::kernels

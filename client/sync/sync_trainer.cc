@@ -77,6 +77,11 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
     backend.upload(initial.data(), state_.data(), initial.size() * sizeof(float));
     backend.synchronize();
   }
+  for (std::size_t i = 0; i < vars.size(); ++i)
+    tensors_.push_back(
+        {model.param(i).data(),
+         packed_ && local_steps == 0 ? flat_.data() + offset_[i] : model.grad(i).data(),
+         slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr, vars[i].size});
   if (overlap_) thread_ = std::jthread([this](std::stop_token stop) { communicate(stop); });
 }
 
@@ -144,10 +149,7 @@ SyncStepTimes SyncReplica::local_step(int n, float lr_scale) {
   // must reach at the same step.
   steps_ += 1;
   if (!scaler_ || scaler_->update(finite))
-    for (std::size_t i = 0; i < vars.size(); ++i)
-      backend_.apply_optimizer(optimizer_, model_.param(i).data(), model_.grad(i).data(),
-                               slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
-                               vars[i].size, steps_, lr_scale);
+    backend_.apply_optimizers(optimizer_, tensors_, steps_, lr_scale);
   const auto t_average = Clock::now();
   times.optimizer_ms = ms_between(t_optimizer, t_average);
   if (steps_ % local_steps_ == 0) {
@@ -211,13 +213,12 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
 
   steps_ += 1;
   const float average = 1.0f / static_cast<float>(comm_.size());
-  for (std::size_t i = 0; i < vars.size(); ++i) {
-    float* g = packed_ ? flat_.data() + offset_[i] : model_.grad(i).data();
-    backend_.scale(g, average, vars[i].size);
-    backend_.apply_optimizer(optimizer_, model_.param(i).data(), g,
-                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
-                             vars[i].size, steps_, lr_scale);
-  }
+  if (packed_)  // the averaged gradients are flat_, scaled in one pass
+    backend_.scale(flat_.data(), average, flat_.bytes() / sizeof(float));
+  else
+    for (std::size_t i = 0; i < vars.size(); ++i)
+      backend_.scale(model_.grad(i).data(), average, vars[i].size);
+  backend_.apply_optimizers(optimizer_, tensors_, steps_, lr_scale);
   times.optimizer_ms = ms_between(t_reduced, Clock::now());
   return times;
 }

@@ -117,6 +117,9 @@ class SyncReplica {
   std::vector<std::size_t> offset_;  // of each variable in flat_ and, x slots, in state_
   std::vector<std::size_t> bucket_of_;
   std::vector<Bucket> buckets_;
+  // Every variable's weights, gradient (the averaged one: in flat_ when
+  // packed, except in local SGD) and state, for one apply_optimizers call.
+  std::vector<OptimizerTensor> tensors_;
   DeviceMemory flat_, state_;
   GradAccumulator accumulator_;
   LossScaler* scaler_ = nullptr;
