@@ -128,6 +128,12 @@ class Backend {
                               float* workspace, const ConvShape& s) = 0;
   virtual void conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
                                float* dw, float* db, float* workspace, const ConvShape& s) = 0;
+  // conv2d_forward, then relu_forward on y in place: a convolution followed
+  // by a relu. The CUDA backend applies the relu in the convolution's
+  // epilogue (cuDNN's fused forward, or the im2col path's output kernel),
+  // saving a pass over y; the default makes the two calls.
+  virtual void conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                                   float* workspace, const ConvShape& s);
 
   // argmax: per output element, the flat input index of the chosen maximum.
   virtual void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
@@ -191,6 +197,12 @@ inline void Backend::axpby(float a, const float* x, float b, float* y, std::size
   for (std::size_t i = 0; i < n; ++i) hy[i] = b != 0 ? a * hx[i] + b * hy[i] : a * hx[i];
   upload(hy.data(), y, n * sizeof(float));
   synchronize();
+}
+
+inline void Backend::conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                                         float* workspace, const ConvShape& s) {
+  conv2d_forward(x, w, b, y, workspace, s);
+  relu_forward(y, y, std::size_t(s.n) * s.filters * s.out_h() * s.out_w());
 }
 
 inline void Backend::apply_optimizers(const OptimizerConfig& config,

@@ -346,11 +346,21 @@ std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
 
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
                                  float* workspace, const ConvShape& s) {
+  conv_forward(x, w, b, y, workspace, s, false);
+}
+
+void CudaBackend::conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                                      float* workspace, const ConvShape& s) {
+  conv_forward(x, w, b, y, workspace, s, true);
+}
+
+void CudaBackend::conv_forward(const float* x, const float* w, const float* b, float* y,
+                               float* workspace, const ConvShape& s, bool relu) {
   check_conv(s, "conv2d_forward");
   if (use_cudnn()) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
     return compute({x, w, b, y, workspace},
-                   [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s); });
+                   [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s, relu); });
   }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
@@ -364,7 +374,7 @@ void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b,
       kernels::im2col(on(st), xi, col, count, s.c, s.h, s.w, s.kernel);
       gemm(false, false, s.filters, int(columns), ckk, w, col, 0.0f, tmp);
       kernels::conv_output(on(st), tmp, b, y + std::size_t(first) * s.filters * pixels, count,
-                           s.filters, pixels);
+                           s.filters, pixels, relu);
     }
   });
 }

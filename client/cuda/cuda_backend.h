@@ -61,6 +61,8 @@ class CudaBackend final : public Backend {
                       const ConvShape& s) override;
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* workspace, const ConvShape& s) override;
+  void conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                           float* workspace, const ConvShape& s) override;
   void maxpool_forward(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) override;
   void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                         const PoolShape& s) override;
@@ -135,6 +137,9 @@ class CudaBackend final : public Backend {
             float beta, float* c);
   bool use_cudnn() const { return cudnn_ && precision_ == Precision::fp32; }
   int conv_chunk(const ConvShape& s) const;
+  // conv2d_forward, with the relu in the epilogue when `relu`.
+  void conv_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
+                    const ConvShape& s, bool relu);
   // The im2col buffers of one chunk, at the start of the workspace.
   std::size_t conv_chunk_floats(const ConvShape& s) const;
   // Frees `buffer` (a DeviceBuffer or PinnedBuffer) once the streams drained.

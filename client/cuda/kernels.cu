@@ -146,15 +146,17 @@ __global__ void col2im_kernel(const float* col, float* dx, int count, int c, int
 }
 
 // y[i, f, p] = tmp[f, i*pixels + p] + b[f]: from the GEMM's filter-major
-// layout back to NCHW, adding the bias on the way.
+// layout back to NCHW, adding the bias and applying a following relu on the
+// way (one branch for the whole grid).
 __global__ void conv_output_kernel(const float* tmp, const float* b, float* y, int count,
-                                   int filters, int pixels) {
+                                   int filters, int pixels, bool relu) {
   const std::size_t total = std::size_t(count) * filters * pixels;
   for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
        e += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t p = e % pixels, f = e / pixels % filters,
                       i = e / (std::size_t(pixels) * filters);
-    y[e] = tmp[(f * count + i) * pixels + p] + b[f];
+    const float v = tmp[(f * count + i) * pixels + p] + b[f];
+    y[e] = relu ? ew::relu(v) : v;
   }
 }
 
@@ -384,10 +386,10 @@ void col2im(const Launch& l, const float* col, float* dx, int count, int c, int 
 }
 
 void conv_output(const Launch& l, const float* tmp, const float* b, float* y, int count,
-                 int filters, int pixels) {
+                 int filters, int pixels, bool relu) {
   const std::size_t total = std::size_t(count) * pixels * filters;
   conv_output_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(tmp, b, y, count,
-                                                                             filters, pixels);
+                                                                             filters, pixels, relu);
   check_launch("conv_output_kernel");
 }
 

@@ -45,9 +45,9 @@ void im2col(const Launch& l, const float* x, float* col, int count, int c, int h
 // The adjoint of im2col: dx[i, ch, y, x] sums the column entries that read it.
 void col2im(const Launch& l, const float* col, float* dx, int count, int c, int h, int w, int k);
 // y[i, f, p] = tmp[f, i*pixels + p] + b[f]: the GEMM's filter-major output
-// back to NCHW, plus the bias.
+// back to NCHW, plus the bias, through ew::relu when `relu`.
 void conv_output(const Launch& l, const float* tmp, const float* b, float* y, int count,
-                 int filters, int pixels);
+                 int filters, int pixels, bool relu);
 // tmp[f, i*pixels + p] = dy[i, f, p]: NCHW gradients to the GEMM's layout.
 void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters, int pixels);
 

@@ -261,6 +261,11 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
       std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
       ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
       check_close(y.read(), ry, "conv y");
+      // The relu in the epilogue; y holding the plain output must not matter.
+      b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      std::vector<double> relu_y = ry;
+      for (double& v : relu_y) v = std::max(v, 0.0);
+      check_close(y.read(), relu_y, "conv relu y");
       ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
                            rdw.data(), rdb.data(), s);
       b->fill(dw.data(), 7.0f, wn);

@@ -486,6 +486,22 @@ TEST_CASE("apply_optimizers equals apply_optimizer on each tensor, bit for bit")
   }
 }
 
+TEST_CASE("conv2d_relu_forward is conv2d_forward then relu_forward") {
+  auto backend = make_cpu_backend(1);
+  std::mt19937 rng(12);
+  const ConvShape s{2, 3, 7, 6, 4, 3};
+  const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+  const auto x = random_floats(std::size_t(s.n) * s.c * s.h * s.w, rng);
+  const auto w = random_floats(std::size_t(s.filters) * s.c * s.kernel * s.kernel, rng);
+  const auto b = random_floats(s.filters, rng);
+  std::vector<float> workspace(backend->conv2d_workspace(s)), y(yn), fused(yn);
+  backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), s);
+  backend->relu_forward(y.data(), y.data(), yn);
+  backend->conv2d_relu_forward(x.data(), w.data(), b.data(), fused.data(), workspace.data(), s);
+  CHECK(std::count(y.begin(), y.end(), 0.0f) > 0);
+  CHECK(fused == y);
+}
+
 TEST_CASE("cpu backend: axpby, and b == 0 ignores what y held") {
   auto backend = make_cpu_backend(1);
   std::vector<float> x = {1, 2, 3}, y(3, std::nanf(""));
