@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -159,6 +160,12 @@ class Backend {
                               float* workspace, const ConvShape& s) = 0;
   virtual void conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
                                float* dw, float* db, float* workspace, const ConvShape& s) = 0;
+  // conv2d_forward, then relu_forward on y in place: a convolution followed
+  // by a relu. The CUDA backend applies the relu in the convolution's
+  // epilogue (cuDNN's fused forward, or the im2col path's output kernel),
+  // saving a pass over y; the default makes the two calls.
+  virtual void conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                                   float* workspace, const ConvShape& s);
 
   // argmax: per output element, the flat input index of the chosen maximum.
   virtual void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
@@ -176,11 +183,18 @@ class Backend {
   virtual void scale(float* x, float a, std::size_t n) = 0;
   virtual void apply_optimizer(const OptimizerConfig& config, float* w, const float* g,
                                float* state, std::size_t n, std::uint64_t step, float lr_scale) = 0;
+  // The same step on every tensor of `tensors` (disjoint memory), with the
+  // bits apply_optimizer gives each: a replica's whole update in one call.
+  // The default calls apply_optimizer per tensor; the CUDA backend launches
+  // one kernel over all of them, with nothing to allocate or synchronize.
+  virtual void apply_optimizers(const OptimizerConfig& config,
+                                std::span<const OptimizerTensor> tensors, std::uint64_t step,
+                                float lr_scale);
 
   // Gradient accumulation (train.accumulate_steps): y = a x + b y; b == 0
   // ignores y's old contents (a fresh buffer may hold NaNs). The default
   // goes through host memory and synchronizes: correct on any backend, slow
-  // on a device.
+  // on a device (the CPU and CUDA backends override it).
   virtual void axpby(float a, const float* x, float b, float* y, std::size_t n);
 
   // Mixed precision (train.precision). The arithmetic asked of a backend at
@@ -221,6 +235,19 @@ inline void Backend::axpby(float a, const float* x, float b, float* y, std::size
   for (std::size_t i = 0; i < n; ++i) hy[i] = b != 0 ? a * hx[i] + b * hy[i] : a * hx[i];
   upload(hy.data(), y, n * sizeof(float));
   synchronize();
+}
+
+inline void Backend::conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                                         float* workspace, const ConvShape& s) {
+  conv2d_forward(x, w, b, y, workspace, s);
+  relu_forward(y, y, std::size_t(s.n) * s.filters * s.out_h() * s.out_w());
+}
+
+inline void Backend::apply_optimizers(const OptimizerConfig& config,
+                                      std::span<const OptimizerTensor> tensors, std::uint64_t step,
+                                      float lr_scale) {
+  for (const OptimizerTensor& t : tensors)
+    apply_optimizer(config, t.w, t.g, t.state, t.n, step, lr_scale);
 }
 
 inline std::string Backend::precision_unavailable(Precision p) const {

@@ -425,11 +425,7 @@ class CpuBackend final : public Backend {
   }
 
   void axpby(float a, const float* x, float b, float* y, std::size_t n) override {
-    if (b == 0) {
-      for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i];
-    } else {
-      for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i] + b * y[i];
-    }
+    for (std::size_t i = 0; i < n; ++i) y[i] = ew::axpby(a, x[i], b, y[i]);
   }
 
   // bf16 always: through cblas_sbgemm where OpenBLAS exports it, else

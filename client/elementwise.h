@@ -19,6 +19,12 @@ PSTRAIN_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // no copy of the input; the subgradient at 0 is 0.
 PSTRAIN_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
+// Gradient accumulation's y = a x + b y, where b == 0 ignores y's old value
+// (a fresh buffer may hold NaNs, and 0 * NaN is NaN).
+PSTRAIN_HD float axpby(float a, float x, float b, float y) {
+  return b != 0.0f ? a * x + b * y : a * x;
+}
+
 // Softmax cross-entropy of one row of logits, in the log-sum-exp form that
 // cannot overflow: lse = max + log(sum_j exp(logit_j - max)).
 PSTRAIN_HD float softmax_exp_term(float logit, float max) { return expf(logit - max); }

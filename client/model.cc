@@ -243,7 +243,8 @@ void Model::forward(int n) {
     throw std::invalid_argument("model: batch of " + std::to_string(n) +
                                 " samples, expected 1 to " + std::to_string(max_batch_));
   }
-  for (Layer& layer : layers_) {
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = layers_[i];
     const std::size_t outputs = static_cast<std::size_t>(n) * layer.out.size();
     switch (layer.kind) {
       case LayerKind::dense:
@@ -252,9 +253,18 @@ void Model::forward(int n) {
                                static_cast<int>(layer.in.size()), layer.out.c);
         break;
       case LayerKind::conv2d:
-        backend_.conv2d_forward(layer.x, params_[layer.weight].data(),
-                                params_[layer.weight + 1].data(), layer.y, workspace_.data(),
-                                layer.conv(n));
+        // A relu right after a convolution works in place on its output, so
+        // the backend may fuse it into the convolution; the relu is then done.
+        if (i + 1 < layers_.size() && layers_[i + 1].kind == LayerKind::relu) {
+          backend_.conv2d_relu_forward(layer.x, params_[layer.weight].data(),
+                                       params_[layer.weight + 1].data(), layer.y, workspace_.data(),
+                                       layer.conv(n));
+          ++i;
+        } else {
+          backend_.conv2d_forward(layer.x, params_[layer.weight].data(),
+                                  params_[layer.weight + 1].data(), layer.y, workspace_.data(),
+                                  layer.conv(n));
+        }
         break;
       case LayerKind::relu:
         backend_.relu_forward(layer.x, layer.y, outputs);

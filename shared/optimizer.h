@@ -31,6 +31,16 @@ struct OptimizerConfig {
   std::uint32_t apply_threads = 0;
 };
 
+// One tensor of a multi-tensor update (Backend::apply_optimizers): n
+// values w, their gradient g and their state (state_slots() x n floats,
+// slot-major; null for SGD).
+struct OptimizerTensor {
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* state = nullptr;
+  std::size_t n = 0;
+};
+
 std::string_view to_string(OptimizerKind kind);
 // Throws std::invalid_argument naming the accepted names.
 OptimizerKind parse_optimizer_kind(std::string_view name);

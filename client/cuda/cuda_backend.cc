@@ -361,11 +361,21 @@ std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
 
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
                                  float* workspace, const ConvShape& s) {
+  conv_forward(x, w, b, y, workspace, s, false);
+}
+
+void CudaBackend::conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                                      float* workspace, const ConvShape& s) {
+  conv_forward(x, w, b, y, workspace, s, true);
+}
+
+void CudaBackend::conv_forward(const float* x, const float* w, const float* b, float* y,
+                               float* workspace, const ConvShape& s, bool relu) {
   check_conv(s, "conv2d_forward");
   if (use_cudnn()) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
     return compute({x, w, b, y, workspace},
-                   [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s); });
+                   [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s, relu); });
   }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
@@ -379,7 +389,7 @@ void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b,
       kernels::im2col(on(st), xi, col, count, s.c, s.h, s.w, s.kernel);
       gemm(false, false, s.filters, int(columns), ckk, w, col, 0.0f, tmp);
       kernels::conv_output(on(st), tmp, b, y + std::size_t(first) * s.filters * pixels, count,
-                           s.filters, pixels);
+                           s.filters, pixels, relu);
     }
   });
 }
@@ -462,6 +472,33 @@ void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const floa
 
 std::unique_ptr<StepGraph> CudaBackend::make_step_graph(StepWork work) {
   return std::make_unique<CudaStepGraph>(*this, std::move(work));
+}
+
+void CudaBackend::apply_optimizers(const OptimizerConfig& c,
+                                   std::span<const OptimizerTensor> tensors, std::uint64_t step,
+                                   float lr_scale) {
+  const DeviceScope scope(device_);
+  // compute() orders a fixed list of buffers; here every tensor's three are
+  // ordered, then recorded as touched by the launches even when one throws
+  // (the chunks before it are queued).
+  for (const OptimizerTensor& t : tensors) order_.before_compute({t.w, t.g, t.state});
+  const auto issued = [&]() noexcept {
+    for (const OptimizerTensor& t : tensors) order_.after_compute({t.w, t.g, t.state});
+  };
+  const kernels::LiveStep* live = capturing_ ? capturing_->live_step(c) : nullptr;
+  try {
+    kernels::optimizers(on(order_.compute_stream()), opt::OptimizerStep::make(c, 0, step, lr_scale),
+                        live, tensors.data(), tensors.size());
+  } catch (...) {
+    issued();
+    throw;
+  }
+  issued();
+}
+
+void CudaBackend::axpby(float a, const float* x, float b, float* y, std::size_t n) {
+  if (n == 0) return;
+  compute({x, y}, [&](cudaStream_t st) { kernels::axpby(on(st), a, x, b, y, n); });
 }
 
 }  // namespace pstrain::cuda

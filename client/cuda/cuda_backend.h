@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -68,6 +69,8 @@ class CudaBackend final : public Backend {
                       const ConvShape& s) override;
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* workspace, const ConvShape& s) override;
+  void conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
+                           float* workspace, const ConvShape& s) override;
   void maxpool_forward(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) override;
   void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                         const PoolShape& s) override;
@@ -76,6 +79,10 @@ class CudaBackend final : public Backend {
   void scale(float* x, float a, std::size_t n) override;
   void apply_optimizer(const OptimizerConfig& config, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override;
+  void apply_optimizers(const OptimizerConfig& config, std::span<const OptimizerTensor> tensors,
+                        std::uint64_t step, float lr_scale) override;
+  // y = a x + b y by a kernel on the compute stream (no host round trip).
+  void axpby(float a, const float* x, float b, float* y, std::size_t n) override;
 
   // bf16 needs compute capability 8.0 (bf16 tensor-core GEMMs); fp16 runs
   // everywhere the library does. Other precisions than fp32 round the
@@ -146,6 +153,9 @@ class CudaBackend final : public Backend {
             float beta, float* c);
   bool use_cudnn() const { return cudnn_ && precision_ == Precision::fp32; }
   int conv_chunk(const ConvShape& s) const;
+  // conv2d_forward, with the relu in the epilogue when `relu`.
+  void conv_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
+                    const ConvShape& s, bool relu);
   // The im2col buffers of one chunk, at the start of the workspace.
   std::size_t conv_chunk_floats(const ConvShape& s) const;
   // Frees `buffer` (a DeviceBuffer or PinnedBuffer) once the streams drained.

@@ -112,7 +112,7 @@ struct CudnnConvolutions::Shape {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  cudnnActivationDescriptor_t identity = nullptr;
+  cudnnActivationDescriptor_t identity = nullptr, relu = nullptr;
   std::size_t workspace = 0;
 
   explicit Shape(const Library& l) : lib(l) {}
@@ -124,6 +124,7 @@ struct CudnnConvolutions::Shape {
     if (w) lib.cudnnDestroyFilterDescriptor(w);
     if (conv) lib.cudnnDestroyConvolutionDescriptor(conv);
     if (identity) lib.cudnnDestroyActivationDescriptor(identity);
+    if (relu) lib.cudnnDestroyActivationDescriptor(relu);
   }
 };
 
@@ -186,6 +187,9 @@ CudnnConvolutions::Shape& CudnnConvolutions::shape(const ConvShape& s) {
   PSTRAIN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d->identity));
   PSTRAIN_CUDNN_CHECK(cudnnSetActivationDescriptor(d->identity, CUDNN_ACTIVATION_IDENTITY,
                                                    CUDNN_NOT_PROPAGATE_NAN, 0));
+  PSTRAIN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d->relu));
+  PSTRAIN_CUDNN_CHECK(
+      cudnnSetActivationDescriptor(d->relu, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0));
   auto* handle = static_cast<cudnnHandle_t>(handle_);
   std::size_t forward = 0, data = 0, filter = 0;
   PSTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d->x, d->w, d->conv, d->y,
@@ -202,14 +206,16 @@ CudnnConvolutions::Shape& CudnnConvolutions::shape(const ConvShape& s) {
 std::size_t CudnnConvolutions::workspace_bytes(const ConvShape& s) { return shape(s).workspace; }
 
 void CudnnConvolutions::forward(const float* x, const float* w, const float* b, float* y,
-                                void* workspace, std::size_t workspace_bytes, const ConvShape& s) {
+                                void* workspace, std::size_t workspace_bytes, const ConvShape& s,
+                                bool relu) {
   Shape& d = shape(s);
   check_dims(workspace_bytes >= d.workspace, "conv2d_forward", "workspace too small for cuDNN");
   const float one = 1.0f, zero = 0.0f;
-  // y = identity(1 * conv(x, w) + 0 * y + b): the bias in the epilogue.
+  // y = act(1 * conv(x, w) + 0 * y + b): the bias and the activation in the
+  // epilogue (cuDNN fuses a relu with this algorithm only, which we use).
   PSTRAIN_CUDNN_CHECK(cudnnConvolutionBiasActivationForward(
       static_cast<cudnnHandle_t>(handle_), &one, d.x, x, d.w, w, d.conv, kForward, workspace,
-      workspace_bytes, &zero, d.y, y, d.bias, b, d.identity, d.y, y));
+      workspace_bytes, &zero, d.y, y, d.bias, b, relu ? d.relu : d.identity, d.y, y));
 }
 
 void CudnnConvolutions::backward(const float* x, const float* w, const float* dy, float* dx,
@@ -242,7 +248,7 @@ CudnnConvolutions::~CudnnConvolutions() = default;
 std::string CudnnConvolutions::version() const { return {}; }
 std::size_t CudnnConvolutions::workspace_bytes(const ConvShape&) { return 0; }
 void CudnnConvolutions::forward(const float*, const float*, const float*, float*, void*,
-                                std::size_t, const ConvShape&) {}
+                                std::size_t, const ConvShape&, bool) {}
 void CudnnConvolutions::backward(const float*, const float*, const float*, float*, float*, float*,
                                  void*, std::size_t, const ConvShape&) {}
 

@@ -10,7 +10,8 @@
 // lib64), then in the toolkit the build used.
 //
 // The forward pass adds the bias in the convolution's epilogue
-// (cudnnConvolutionBiasActivationForward with the identity activation); the
+// (cudnnConvolutionBiasActivationForward with the identity activation, or
+// the relu where the model has one after the convolution); the
 // backward pass runs backward data, filter and bias. Every algorithm is a
 // deterministic one and the math mode is FMA (no TF32), so results repeat
 // run to run and stay within the float tolerance of the reference.
@@ -40,9 +41,9 @@ class CudnnConvolutions {
   std::string version() const;  // "9.19.0"
   // Bytes of workspace the three passes need at shape `s`.
   std::size_t workspace_bytes(const ConvShape& s);
-  // y = conv(x, w) + b.
+  // y = conv(x, w) + b, through a relu when `relu`.
   void forward(const float* x, const float* w, const float* b, float* y, void* workspace,
-               std::size_t workspace_bytes, const ConvShape& s);
+               std::size_t workspace_bytes, const ConvShape& s, bool relu);
   // dw, db and (when dx is not null) dx, overwritten.
   void backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                 void* workspace, std::size_t workspace_bytes, const ConvShape& s);

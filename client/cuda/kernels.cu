@@ -29,6 +29,13 @@ __global__ void scale_kernel(float* x, float a, std::size_t n) {
   }
 }
 
+__global__ void axpby_kernel(float a, const float* x, float b, float* y, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    y[i] = ew::axpby(a, x[i], b, y[i]);
+  }
+}
+
 __global__ void relu_forward_kernel(const float* x, float* y, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x) {
@@ -139,15 +146,17 @@ __global__ void col2im_kernel(const float* col, float* dx, int count, int c, int
 }
 
 // y[i, f, p] = tmp[f, i*pixels + p] + b[f]: from the GEMM's filter-major
-// layout back to NCHW, adding the bias on the way.
+// layout back to NCHW, adding the bias and applying a following relu on the
+// way (one branch for the whole grid).
 __global__ void conv_output_kernel(const float* tmp, const float* b, float* y, int count,
-                                   int filters, int pixels) {
+                                   int filters, int pixels, bool relu) {
   const std::size_t total = std::size_t(count) * filters * pixels;
   for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
        e += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t p = e % pixels, f = e / pixels % filters,
                       i = e / (std::size_t(pixels) * filters);
-    y[e] = tmp[(f * count + i) * pixels + p] + b[f];
+    const float v = tmp[(f * count + i) * pixels + p] + b[f];
+    y[e] = relu ? ew::relu(v) : v;
   }
 }
 
@@ -262,6 +271,37 @@ __global__ void optimizer_kernel(opt::OptimizerStep s, const LiveStep* live, flo
     s.apply(i, w[i], g[i], state);
 }
 
+// Up to kMultiTensor tensors of one optimizer step, by value (about 1.2 KB
+// of the 4 KB of kernel arguments). Tensor t owns the blocks
+// [first_block[t], first_block[t + 1]).
+struct TensorTable {
+  int count;
+  unsigned first_block[kMultiTensor + 1];
+  OptimizerTensor tensors[kMultiTensor];
+};
+
+// Each block finds its tensor (a scan of at most kMultiTensor entries, the
+// same for all its threads) and strides over it with that tensor's blocks,
+// applying the per-element dispatch optimizer_kernel applies.
+// __grid_constant__: the table is read where the arguments lie, not copied
+// to local memory for the dynamic index.
+__global__ void optimizers_kernel(opt::OptimizerStep s, const LiveStep* live,
+                                  const __grid_constant__ TensorTable table) {
+  if (live) {  // as in optimizer_kernel
+    s.lr = live->lr;
+    s.bias1 = live->bias1;
+    s.bias2 = live->bias2;
+  }
+  int t = 0;
+  while (t + 1 < table.count && blockIdx.x >= table.first_block[t + 1]) ++t;
+  const OptimizerTensor& tensor = table.tensors[t];
+  s.n = tensor.n;
+  const unsigned blocks = table.first_block[t + 1] - table.first_block[t];
+  for (std::size_t i = (blockIdx.x - table.first_block[t]) * std::size_t{blockDim.x} + threadIdx.x;
+       i < s.n; i += std::size_t{blocks} * blockDim.x)
+    s.apply(i, tensor.w[i], tensor.g[i], tensor.state);
+}
+
 __global__ void encode_halves_kernel(HalfFormat format, const float* x, std::uint16_t* out,
                                      std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
@@ -305,6 +345,11 @@ void fill(const Launch& l, float* x, float value, std::size_t n) {
 void scale(const Launch& l, float* x, float a, std::size_t n) {
   scale_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(x, a, n);
   check_launch("scale_kernel");
+}
+
+void axpby(const Launch& l, float a, const float* x, float b, float* y, std::size_t n) {
+  axpby_kernel<<<grid_for(n, l.sm_count), kThreads, 0, l.stream>>>(a, x, b, y, n);
+  check_launch("axpby_kernel");
 }
 
 void relu_forward(const Launch& l, const float* x, float* y, std::size_t n) {
@@ -355,10 +400,10 @@ void col2im(const Launch& l, const float* col, float* dx, int count, int c, int 
 }
 
 void conv_output(const Launch& l, const float* tmp, const float* b, float* y, int count,
-                 int filters, int pixels) {
+                 int filters, int pixels, bool relu) {
   const std::size_t total = std::size_t(count) * pixels * filters;
   conv_output_kernel<<<grid_for(total, l.sm_count), kThreads, 0, l.stream>>>(tmp, b, y, count,
-                                                                             filters, pixels);
+                                                                             filters, pixels, relu);
   check_launch("conv_output_kernel");
 }
 
@@ -413,6 +458,24 @@ void optimizer(const Launch& l, const opt::OptimizerStep& step, const LiveStep* 
   optimizer_kernel<<<grid_for(step.n, l.sm_count), kThreads, 0, l.stream>>>(step, live, w, g,
                                                                             state);
   check_launch("optimizer_kernel");
+}
+
+void optimizers(const Launch& l, const opt::OptimizerStep& step, const LiveStep* live,
+                const OptimizerTensor* tensors, std::size_t count) {
+  for (std::size_t first = 0; first < count; first += kMultiTensor) {
+    TensorTable table{};
+    unsigned blocks = 0;
+    for (std::size_t t = first; t < std::min(count, first + kMultiTensor); ++t) {
+      if (tensors[t].n == 0) continue;
+      table.first_block[table.count] = blocks;
+      table.tensors[table.count++] = tensors[t];
+      blocks += grid_for(tensors[t].n, l.sm_count);
+    }
+    if (table.count == 0) continue;
+    table.first_block[table.count] = blocks;
+    optimizers_kernel<<<blocks, kThreads, 0, l.stream>>>(step, live, table);
+    check_launch("optimizers_kernel");
+  }
 }
 
 }  // namespace pstrain::cuda::kernels

@@ -23,6 +23,8 @@ struct Launch {
 
 void fill(const Launch& l, float* x, float value, std::size_t n);
 void scale(const Launch& l, float* x, float a, std::size_t n);
+// y = a x + b y (ew::axpby: b == 0 ignores y's old contents).
+void axpby(const Launch& l, float a, const float* x, float b, float* y, std::size_t n);
 void relu_forward(const Launch& l, const float* x, float* y, std::size_t n);
 void relu_backward(const Launch& l, const float* y, const float* dy, float* dx, std::size_t n);
 
@@ -43,9 +45,9 @@ void im2col(const Launch& l, const float* x, float* col, int count, int c, int h
 // The adjoint of im2col: dx[i, ch, y, x] sums the column entries that read it.
 void col2im(const Launch& l, const float* col, float* dx, int count, int c, int h, int w, int k);
 // y[i, f, p] = tmp[f, i*pixels + p] + b[f]: the GEMM's filter-major output
-// back to NCHW, plus the bias.
+// back to NCHW, plus the bias, through ew::relu when `relu`.
 void conv_output(const Launch& l, const float* tmp, const float* b, float* y, int count,
-                 int filters, int pixels);
+                 int filters, int pixels, bool relu);
 // tmp[f, i*pixels + p] = dy[i, f, p]: NCHW gradients to the GEMM's layout.
 void conv_gather(const Launch& l, const float* dy, float* tmp, int count, int filters, int pixels);
 
@@ -86,5 +88,12 @@ struct LiveStep {
 // step's LiveStep fields on the device.
 void optimizer(const Launch& l, const opt::OptimizerStep& step, const LiveStep* live, float* w,
                const float* g, float* state);
+// The same step on `count` tensors, each with its own size (step.n is
+// ignored): one launch per kMultiTensor of them, their pointers and sizes
+// passed by value as kernel arguments, so nothing is allocated or copied
+// and the launches can be captured in a CUDA graph (`live` as above).
+constexpr std::size_t kMultiTensor = 32;
+void optimizers(const Launch& l, const opt::OptimizerStep& step, const LiveStep* live,
+                const OptimizerTensor* tensors, std::size_t count);
 
 }  // namespace pstrain::cuda::kernels

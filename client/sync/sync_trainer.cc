@@ -1,7 +1,6 @@
 #include "client/sync/sync_trainer.h"
 
 #include <chrono>
-#include <cstring>
 #include <optional>
 #include <span>
 
@@ -22,6 +21,22 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
+std::vector<GradientBucket> gradient_buckets(const std::vector<VariableSpec>& vars,
+                                             std::size_t bucket_bytes) {
+  std::vector<GradientBucket> buckets;
+  std::size_t bytes = 0;
+  for (std::size_t i = vars.size(); i-- > 0;) {
+    if (buckets.empty() || bytes >= bucket_bytes) {
+      buckets.push_back({i, i, 0});
+      bytes = 0;
+    }
+    buckets.back().first_variable = i;
+    buckets.back().count += vars[i].size;
+    bytes += vars[i].size * sizeof(float);
+  }
+  return buckets;
+}
+
 float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step) {
   // The rule scales with the effective batch: workers x accumulated micro-batches.
   const double target =
@@ -41,7 +56,7 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
       comm_(comm),
       optimizer_(optimizer),
       slots_(Optimizer(optimizer).state_slots()),
-      packed_(backend.host_accessible()),
+      enqueued_(!backend.host_accessible()),
       overlap_(overlap && backend.host_accessible() && local_steps == 0),
       local_steps_(local_steps),
       accumulator_(backend, model, accumulate_steps) {
@@ -51,23 +66,23 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
     offset_.push_back(total);
     total += v.size;
   }
-  if (packed_) flat_ = backend.alloc(total * sizeof(float));
 
-  // Buckets from the last variable down, in the order backward issues them.
-  // Without packing every variable is its own bucket, reduced in place.
-  bucket_of_.resize(vars.size());
-  std::size_t bytes = 0;
-  for (std::size_t i = vars.size(); i-- > 0;) {
-    if (buckets_.empty() || !packed_ || bytes >= bucket_bytes) {
-      buckets_.push_back({i, i, nullptr, 0});
-      bytes = 0;
+  // Where the optimizer finds each gradient: the model's, in local SGD;
+  // else its place in its bucket, which the all-reduce sums in place.
+  std::vector<float*> grads;
+  for (std::size_t i = 0; i < vars.size(); ++i) grads.push_back(model.grad(i).data());
+  if (local_steps == 0) {
+    bucket_of_.resize(vars.size());
+    in_bucket_.resize(vars.size());
+    for (const GradientBucket& plan : gradient_buckets(vars, bucket_bytes)) {
+      Bucket& b = buckets_.emplace_back(plan, backend.alloc(plan.count * sizeof(float)));
+      float* at = b.data();
+      for (std::size_t i = plan.first_variable; i <= plan.last_variable; ++i) {
+        grads[i] = in_bucket_[i] = at;
+        at += vars[i].size;
+        bucket_of_[i] = buckets_.size() - 1;
+      }
     }
-    Bucket& b = buckets_.back();
-    b.first_variable = i;
-    b.data = packed_ ? flat_.data() + offset_[i] : model.grad(i).data();
-    b.count += vars[i].size;
-    bytes += vars[i].size * sizeof(float);
-    bucket_of_[i] = buckets_.size() - 1;
   }
 
   // State starts as the optimizer says (zeros, or Adagrad's accumulator).
@@ -78,6 +93,9 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
     backend.upload(initial.data(), state_.data(), initial.size() * sizeof(float));
     backend.synchronize();
   }
+  for (std::size_t i = 0; i < vars.size(); ++i)
+    tensors_.push_back({model.param(i).data(), grads[i],
+                        slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr, vars[i].size});
   if (record_batch > 0) {
     forward_graphs_.emplace(
         backend, record_batch, "forward and backward",
@@ -105,21 +123,17 @@ void SyncReplica::optimize(const StepScalars& scalars) {
 }
 
 void SyncReplica::apply_optimizer(const StepScalars& scalars) {
-  const auto& vars = model_.variables();
-  const float average = 1.0f / static_cast<float>(comm_.size());
-  for (std::size_t i = 0; i < vars.size(); ++i) {
-    // Sync reduces the packed copy where there is one; local SGD steps on
-    // its own gradient.
-    float* g = local_steps_ == 0 && packed_ ? flat_.data() + offset_[i] : model_.grad(i).data();
-    if (local_steps_ == 0) backend_.scale(g, average, vars[i].size);
-    backend_.apply_optimizer(optimizer_, model_.param(i).data(), g,
-                             slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr,
-                             vars[i].size, scalars.step, scalars.lr_scale);
+  // Sync averages the all-reduced buckets first; local SGD steps on its own
+  // gradients.
+  if (local_steps_ == 0) {
+    const float average = 1.0f / static_cast<float>(comm_.size());
+    for (const Bucket& b : buckets_) backend_.scale(b.data(), average, b.plan.count);
   }
+  backend_.apply_optimizers(optimizer_, tensors_, scalars.step, scalars.lr_scale);
 }
 
 void SyncReplica::reduce(std::size_t bucket) {
-  comm_.allreduce_sum(buckets_[bucket].data, buckets_[bucket].count);
+  comm_.allreduce_sum(buckets_[bucket].data(), buckets_[bucket].plan.count);
 }
 
 void SyncReplica::communicate(std::stop_token stop) {
@@ -213,12 +227,13 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   const auto t_compute = Clock::now();
   if (scaler_) model_.set_loss_scale(scaler_->scale());
   forward_backward(n, [&](std::size_t i) {
-    if (packed_)
-      std::memcpy(flat_.data() + offset_[i], model_.grad(i).data(), vars[i].size * sizeof(float));
+    // Into its bucket, behind the work that wrote it (axpby with a = 1 and
+    // b = 0 copies exactly, on the backend's own stream).
+    backend_.axpby(1.0f, model_.grad(i).data(), 0.0f, in_bucket_[i], vars[i].size);
     const std::size_t b = bucket_of_[i];
-    if (buckets_[b].first_variable != i) return;  // the bucket is not full yet
+    if (buckets_[b].plan.first_variable != i) return;  // the bucket is not full yet
     if (overlap_) return enqueue(b);
-    if (!packed_) {  // NCCL: queued on its stream behind the gradient, overlapping the rest
+    if (enqueued_) {  // NCCL: queued on its stream behind the copies, overlapping the rest
       const auto t = Clock::now();
       reduce(b);
       times.allreduce_ms += ms_between(t, Clock::now());
@@ -230,7 +245,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   if (overlap_) {
     wait_reduced();
     times.allreduce_ms = allreduce_ms_;
-  } else if (packed_) {
+  } else if (!enqueued_) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) reduce(b);
     times.allreduce_ms = ms_between(t_backward, Clock::now());
   }
@@ -239,7 +254,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   if (scaler_) {
     bool finite = true;
     for (std::size_t b = 0; b < buckets_.size() && finite; ++b)
-      finite = backend_.all_finite(buckets_[b].data, buckets_[b].count);
+      finite = backend_.all_finite(buckets_[b].data(), buckets_[b].plan.count);
     if (!scaler_->update(finite)) return times;
   }
 

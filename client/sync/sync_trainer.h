@@ -15,20 +15,25 @@
 // in the gradient) the average equals sync's step, to float rounding.
 //
 // Gradients are fused into buckets of about train.bucket_bytes, filled from
-// the last layer down as backward produces them. With Gloo, a communication
-// thread all-reduces each bucket as soon as it is full, while backward still
-// runs on the layers below; with NCCL every gradient is all-reduced in place
-// as it is issued, on NCCL's own stream, while backward goes on with the
-// layers below on the compute stream (the backend offers no device-to-device
-// copy to fill buckets). NCCL's collectives are timed on the device
-// (Communicator::device_times), so allreduce_ms, wait_ms and overlap are
-// what the GPU did, not how long the host took to enqueue.
+// the last layer down as backward produces them: each bucket is a backend
+// allocation of its own, its variables' gradients side by side, copied in
+// (Backend::axpby, exact) as they are issued and averaged and read by the
+// optimizer in place. With Gloo, a communication thread all-reduces each
+// bucket as soon as it is full, while backward still runs on the layers
+// below; with NCCL a full bucket's all-reduce is queued at once on NCCL's
+// own stream, while backward goes on with the layers below on the compute
+// stream. One allocation per bucket, not one flat buffer, because the CUDA
+// backend orders work per allocation: the next bucket's copies would
+// otherwise wait for this bucket's all-reduce. NCCL's collectives are timed
+// on the device (Communicator::device_times), so allreduce_ms, wait_ms and
+// overlap are what the GPU did, not how long the host took to enqueue.
 //
 // Where steps are recorded (train.cuda_graphs, records_steps), forward and
 // backward replay one CUDA graph and the averaging and optimizer step
 // another; the all-reduces then start after the whole backward, between
 // the two.
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -43,6 +48,7 @@
 #include "client/sync/communicator.h"
 #include "client/train_loop.h"
 #include "shared/config.h"
+#include "shared/shard_map.h"
 
 namespace pstrain {
 
@@ -54,6 +60,19 @@ class PsClient;
 // train.warmup_steps steps it rises linearly to that value, from 1 with
 // scaling (Goyal et al.) and from 0 without.
 float sync_lr_scale(const TrainConfig& train, int workers, std::uint64_t step);
+
+// One gradient bucket: variables [first_variable, last_variable], `count`
+// floats in all.
+struct GradientBucket {
+  std::size_t first_variable = 0;
+  std::size_t last_variable = 0;
+  std::size_t count = 0;
+};
+// The buckets of `vars` in the order backward fills them, from the last
+// variable down: a bucket takes variables until it holds at least
+// `bucket_bytes` (so a variable larger than that is a bucket of its own).
+std::vector<GradientBucket> gradient_buckets(const std::vector<VariableSpec>& vars,
+                                             std::size_t bucket_bytes);
 
 struct SyncStepTimes {
   double compute_ms = 0;    // forward and backward (issuing them, on a GPU)
@@ -104,10 +123,10 @@ class SyncReplica {
 
  private:
   struct Bucket {
-    std::size_t first_variable = 0;  // the bucket holds [first, last]
-    std::size_t last_variable = 0;
-    float* data = nullptr;  // contiguous gradients
-    std::size_t count = 0;
+    Bucket(GradientBucket p, DeviceMemory m) : plan(p), memory(std::move(m)) {}
+    float* data() const { return memory.data(); }
+    GradientBucket plan;
+    DeviceMemory memory;  // the gradients of plan's variables, in order
   };
   void reduce(std::size_t bucket);
   void communicate(std::stop_token stop);
@@ -127,13 +146,17 @@ class SyncReplica {
   Communicator& comm_;
   OptimizerConfig optimizer_;
   std::size_t slots_;
-  bool packed_;  // gradients are copied into flat_ (host-accessible backends)
+  bool enqueued_;  // collectives are queued behind device work (NCCL), not done on return
   bool overlap_;
   std::uint32_t local_steps_;
-  std::vector<std::size_t> offset_;  // of each variable in flat_ and, x slots, in state_
+  std::vector<std::size_t> offset_;  // of each variable's state in state_, / slots
   std::vector<std::size_t> bucket_of_;
-  std::vector<Bucket> buckets_;
-  DeviceMemory flat_, state_;
+  std::vector<Bucket> buckets_;    // none in local SGD
+  std::vector<float*> in_bucket_;  // each variable's gradient in its bucket
+  // Every variable's weights, gradient (in its bucket; the model's in local
+  // SGD) and state, for one apply_optimizers call.
+  std::vector<OptimizerTensor> tensors_;
+  DeviceMemory state_;
   GradAccumulator accumulator_;
   // Recorded steps, when asked for: forward and backward, and optimize()
   // (whose shape never changes: its "batch" is 0).

@@ -262,6 +262,11 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
       std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
       ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
       check_close(y.read(), ry, "conv y");
+      // The relu in the epilogue; y holding the plain output must not matter.
+      b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      std::vector<double> relu_y = ry;
+      for (double& v : relu_y) v = std::max(v, 0.0);
+      check_close(y.read(), relu_y, "conv relu y");
       ref::conv2d_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(),
                            rdw.data(), rdb.data(), s);
       b->fill(dw.data(), 7.0f, wn);
@@ -521,6 +526,28 @@ TEST_CASE("all_finite and axpby") {
   CHECK(b->all_finite(x.data(), 77777));
 }
 
+// The default axpby synchronizes: behind held compute it would not return
+// until the hold ends.
+TEST_CASE("axpby is queued on the compute stream, in order, without waiting for it") {
+  auto b = make_backend();
+  const std::size_t n = 300001;
+  std::mt19937 rng(12);
+  const auto x = random_vector(n, rng), y = random_vector(n, rng);
+  Buffer<> bx(*b, x), by(*b, y);
+  ComputeHold hold(*b);
+  const auto start = std::chrono::steady_clock::now();
+  b->scale(bx.data(), 2.0f, n);
+  b->axpby(0.5f, bx.data(), -3.0f, by.data(), n);  // after the scale: y = x - 3 y
+  b->axpby(1.0f, bx.data(), 1.0f, by.data(), n);   // y = 3 x - 3 y
+  const double issued_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(issued_s < 1.0);
+  hold.release();
+  std::vector<double> want(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = 3.0 * x[i] - 3.0 * y[i];
+  check_close(by.read(), want, "axpby", 1e-6);
+}
+
 TEST_CASE("fill and scale") {
   auto b = make_backend();
   Buffer<> x(*b, 100000);
@@ -562,6 +589,52 @@ TEST_CASE("apply_optimizer matches the shared per-element math") {
       INFO("optimizer " << int(kind) << " nesterov " << nesterov);
       check_close(bw.read(), widen(w), "weights", 1e-5);
       if (slots) check_close(bstate.read(), widen(state), "state", 1e-5);
+    }
+  }
+}
+
+// More tensors than one launch takes (kMultiTensor, 32), empty ones among
+// them, and sizes from 1 to several grid strides.
+TEST_CASE("apply_optimizers equals apply_optimizer on each tensor, bit for bit") {
+  auto b = make_backend();
+  std::mt19937 rng(13);
+  std::vector<std::size_t> sizes;
+  for (std::size_t t = 0; t < 70; ++t) sizes.push_back(t % 9 == 4 ? 0 : (t * 7919) % 5000 + 1);
+  sizes[3] = 1 << 21;
+  sizes[40] = 700001;
+  for (auto kind : {pstrain::OptimizerKind::sgd, pstrain::OptimizerKind::momentum,
+                    pstrain::OptimizerKind::adam, pstrain::OptimizerKind::adagrad}) {
+    pstrain::OptimizerConfig c;
+    c.kind = kind;
+    c.lr = 0.05f;
+    c.nesterov = kind == pstrain::OptimizerKind::momentum;
+    c.weight_decay = 0.01f;
+    const std::size_t slots = kind == pstrain::OptimizerKind::adam  ? 2
+                              : kind == pstrain::OptimizerKind::sgd ? 0
+                                                                    : 1;
+    // Two copies of every tensor: one for each call.
+    std::vector<Buffer<>> w, g, state, w2, state2;
+    std::vector<pstrain::OptimizerTensor> tensors;
+    for (std::size_t n : sizes) {
+      const auto wv = random_vector(n + 1, rng), gv = random_vector(n + 1, rng);
+      const auto sv = random_vector(n * slots + 1, rng, 0, 1);
+      w.emplace_back(*b, wv), w2.emplace_back(*b, wv), g.emplace_back(*b, gv);
+      state.emplace_back(*b, sv), state2.emplace_back(*b, sv);
+      tensors.push_back(
+          {w.back().data(), g.back().data(), slots ? state.back().data() : nullptr, n});
+    }
+    for (std::uint64_t step = 1; step <= 2; ++step) {
+      b->apply_optimizers(c, tensors, step, 0.5f);
+      for (std::size_t t = 0; t < sizes.size(); ++t)
+        b->apply_optimizer(c, w2[t].data(), g[t].data(), slots ? state2[t].data() : nullptr,
+                           sizes[t], step, 0.5f);
+    }
+    INFO("optimizer " << int(kind));
+    // The element past each tensor's end stays as it was.
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      INFO("tensor " << t << " of " << sizes[t]);
+      REQUIRE(w[t].read() == w2[t].read());
+      REQUIRE(state[t].read() == state2[t].read());
     }
   }
 }

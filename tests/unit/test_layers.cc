@@ -452,6 +452,65 @@ TEST_CASE("elementwise: argmax takes the first maximum") {
   CHECK(ew::xent_loss(2.0f, 2.0f) == 0.0f);
 }
 
+TEST_CASE("apply_optimizers equals apply_optimizer on each tensor, bit for bit") {
+  auto backend = make_cpu_backend(1);
+  std::mt19937 rng(11);
+  for (auto kind :
+       {OptimizerKind::sgd, OptimizerKind::momentum, OptimizerKind::adam, OptimizerKind::adagrad}) {
+    OptimizerConfig config;
+    config.kind = kind;
+    config.lr = 0.05f;
+    config.weight_decay = 0.01f;
+    const std::size_t slots = Optimizer(config).state_slots();
+    // Sizes on both sides of a SIMD width, and an empty tensor.
+    const std::vector<std::size_t> sizes = {1000, 0, 3, 17, 64};
+    std::vector<std::vector<float>> w, g, state;
+    for (std::size_t n : sizes) {
+      w.push_back(random_floats(n, rng));
+      g.push_back(random_floats(n, rng));
+      state.push_back(random_floats(n * slots, rng, 0, 1));
+    }
+    auto w2 = w, state2 = state;
+    std::vector<OptimizerTensor> tensors;
+    for (std::size_t t = 0; t < sizes.size(); ++t)
+      tensors.push_back({w[t].data(), g[t].data(), slots ? state[t].data() : nullptr, sizes[t]});
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      backend->apply_optimizers(config, tensors, step, 0.5f);
+      for (std::size_t t = 0; t < sizes.size(); ++t)
+        backend->apply_optimizer(config, w2[t].data(), g[t].data(),
+                                 slots ? state2[t].data() : nullptr, sizes[t], step, 0.5f);
+    }
+    INFO("optimizer " << std::string(to_string(kind)));
+    CHECK(w == w2);
+    CHECK(state == state2);
+  }
+}
+
+TEST_CASE("conv2d_relu_forward is conv2d_forward then relu_forward") {
+  auto backend = make_cpu_backend(1);
+  std::mt19937 rng(12);
+  const ConvShape s{2, 3, 7, 6, 4, 3};
+  const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+  const auto x = random_floats(std::size_t(s.n) * s.c * s.h * s.w, rng);
+  const auto w = random_floats(std::size_t(s.filters) * s.c * s.kernel * s.kernel, rng);
+  const auto b = random_floats(s.filters, rng);
+  std::vector<float> workspace(backend->conv2d_workspace(s)), y(yn), fused(yn);
+  backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), s);
+  backend->relu_forward(y.data(), y.data(), yn);
+  backend->conv2d_relu_forward(x.data(), w.data(), b.data(), fused.data(), workspace.data(), s);
+  CHECK(std::count(y.begin(), y.end(), 0.0f) > 0);
+  CHECK(fused == y);
+}
+
+TEST_CASE("cpu backend: axpby, and b == 0 ignores what y held") {
+  auto backend = make_cpu_backend(1);
+  std::vector<float> x = {1, 2, 3}, y(3, std::nanf(""));
+  backend->axpby(2.0f, x.data(), 0.0f, y.data(), 3);
+  CHECK(y == std::vector<float>{2, 4, 6});
+  backend->axpby(0.5f, x.data(), -1.0f, y.data(), 3);
+  CHECK(y == std::vector<float>{-1.5f, -3, -4.5f});
+}
+
 TEST_CASE("cpu backend: memory, fences, scale and the optimizer step") {
   auto backend = make_cpu_backend(1);
   CHECK(backend->host_accessible());

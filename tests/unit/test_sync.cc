@@ -75,20 +75,25 @@ std::unique_ptr<Backend> recording_backend() {
 }
 
 // One sync worker on a thread: `body` gets its replica, model and shard.
-// `recorded`: on a recording backend, steps of kBatch recorded.
+// `on`: the CPU; a staging backend the host cannot reach, so the replica
+// takes the device path (collectives issued as buckets fill, as with NCCL);
+// or one that also records steps of kBatch (the CUDA graph path).
+enum class On { cpu, staging, recording };
 struct Worker {
   Worker(int rank, const Dataset& data, std::shared_ptr<gloo::rendezvous::Store> store,
          const OptimizerConfig& optimizer, std::size_t bucket_bytes, bool overlap,
-         std::uint32_t local_steps, std::uint32_t accumulate_steps, bool recorded)
-      : backend(recorded ? recording_backend() : make_cpu_backend(1)),
+         std::uint32_t local_steps, std::uint32_t accumulate_steps, On on)
+      : backend(on == On::recording ? recording_backend()
+                : on == On::staging ? std::make_unique<testing::StagingBackend>()
+                                    : make_cpu_backend(1)),
         shard(data, static_cast<std::uint32_t>(rank), 2, 7),
         model(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
               kBatch) {
     model.initialize(42);
     comm = std::make_unique<GlooCommunicator>(two_workers(rank), std::move(store));
-    replica =
-        std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes, overlap,
-                                      local_steps, accumulate_steps, recorded ? kBatch : 0);
+    replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
+                                            overlap, local_steps, accumulate_steps,
+                                            on == On::recording ? kBatch : 0);
   }
   int step(float lr_scale = 1) {
     const Batch b = shard.next_batch(kBatch, model.input_buffer(), model.label_buffer());
@@ -104,15 +109,14 @@ struct Worker {
 
 // Builds both workers concurrently (the mesh needs both) and runs
 // body(worker) on each, on its own thread. `local_steps`: local SGD's H
-// (0: sync); `accumulate_steps`: train.accumulate_steps; `recorded`: steps
-// recorded on a recording backend.
+// (0: sync); `accumulate_steps`: train.accumulate_steps; `on`: see Worker.
 void run_pair(const Dataset& data, const OptimizerConfig& optimizer, std::size_t bucket_bytes,
               bool overlap, const std::function<void(Worker&)>& body, std::uint32_t local_steps = 0,
-              std::uint32_t accumulate_steps = 1, bool recorded = false) {
+              std::uint32_t accumulate_steps = 1, On on = On::cpu) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   auto run = [&](int rank) {
     Worker w(rank, data, store, optimizer, bucket_bytes, overlap, local_steps, accumulate_steps,
-             recorded);
+             on);
     body(w);
   };
   auto other = std::async(std::launch::async, run, 1);
@@ -171,13 +175,61 @@ TEST_CASE(
               if (w.comm->rank() == 0) runs[recorded].push_back(weights(w.model));
             }
           },
-          local_steps, 1, recorded);
+          local_steps, 1, recorded ? On::recording : On::cpu);
     }
     REQUIRE(runs[0].size() == runs[1].size());
     for (std::size_t s = 0; s < runs[0].size(); ++s) {
       CAPTURE(s);
       CHECK(runs[0][s] == runs[1][s]);
     }
+  }
+}
+
+TEST_CASE("sync: gradient buckets fill from the last variable down to at least bucket_bytes") {
+  const auto plan = [](std::vector<std::uint64_t> sizes, std::size_t bucket_bytes) {
+    std::vector<VariableSpec> vars;
+    for (std::uint64_t n : sizes) vars.push_back({"v", n, {}});
+    std::vector<std::array<std::size_t, 3>> out;
+    for (const GradientBucket& b : gradient_buckets(vars, bucket_bytes))
+      out.push_back({b.first_variable, b.last_variable, b.count});
+    return out;
+  };
+  using Plan = std::vector<std::array<std::size_t, 3>>;
+  // 16 bytes: 5 floats close a bucket alone, so does 1000; 3 floats take
+  // the next variable too.
+  CHECK(plan({10, 3, 1000, 5}, 16) == Plan{{3, 3, 5}, {2, 2, 1000}, {0, 1, 13}});
+  CHECK(plan({10, 3, 1000, 5}, 1 << 30) == Plan{{0, 3, 1018}});
+  CHECK(plan({10, 3, 1000, 5}, 1) == Plan{{3, 3, 5}, {2, 2, 1000}, {1, 1, 3}, {0, 0, 10}});
+  CHECK(plan({4, 4}, 16) == Plan{{1, 1, 4}, {0, 0, 4}});  // exactly full closes
+  CHECK(plan({}, 16).empty());
+}
+
+// The device path (gradients copied into the buckets by the backend, each
+// all-reduced as soon as it is full, during backward) against the host
+// path, for every bucketing: the same sums, so the same bits.
+TEST_CASE("sync: replicas on a backend the host cannot reach step exactly as on the CPU") {
+  const Dataset data = make_synthetic(512, true);
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::adam;
+  adam.lr = 0.01f;
+  for (std::size_t bucket_bytes : {std::size_t{4}, std::size_t{64 * 1024}, std::size_t{1} << 30}) {
+    CAPTURE(bucket_bytes);
+    std::array<std::vector<float>, 2> cpu, staging;
+    std::mutex mutex;
+    for (bool on_staging : {false, true}) {
+      run_pair(
+          data, adam, bucket_bytes, true,
+          [&](Worker& w) {
+            for (int s = 0; s < 3; ++s) w.step();
+            std::lock_guard lock(mutex);
+            (on_staging ? staging : cpu)[static_cast<std::size_t>(w.comm->rank())] =
+                weights(w.model);
+          },
+          0, 1, on_staging ? On::staging : On::cpu);
+    }
+    CHECK(cpu[0] == cpu[1]);
+    CHECK(staging[0] == cpu[0]);
+    CHECK(staging[1] == cpu[1]);
   }
 }
 
