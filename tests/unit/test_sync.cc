@@ -74,6 +74,13 @@ std::unique_ptr<Backend> recording_backend() {
   return staging;
 }
 
+OptimizerConfig optimizer(OptimizerKind kind, float lr) {
+  OptimizerConfig c;
+  c.kind = kind;
+  c.lr = lr;
+  return c;
+}
+
 // One sync worker on a thread: `body` gets its replica, model and shard.
 // `on`: the CPU; a staging backend the host cannot reach, so the replica
 // takes the device path (collectives issued as buckets fill, as with NCCL);
@@ -126,9 +133,7 @@ void run_pair(const Dataset& data, const OptimizerConfig& optimizer, std::size_t
 
 TEST_CASE("sync: replicas stay bit-identical after every step, for every bucketing") {
   const Dataset data = make_synthetic(512, true);
-  OptimizerConfig adam;
-  adam.kind = OptimizerKind::adam;
-  adam.lr = 0.01f;
+  const OptimizerConfig adam = optimizer(OptimizerKind::adam, 0.01f);
   for (const auto& [bucket_bytes, overlap] :
        {std::pair<std::size_t, bool>{4, true}, {64 * 1024, true}, {1 << 30, false}}) {
     CAPTURE(bucket_bytes);
@@ -160,9 +165,7 @@ TEST_CASE(
   // and each epoch's last batch (250 samples per worker: 7 of kBatch and
   // one of 26) run eagerly, the rest from the graphs.
   const Dataset data = make_synthetic(500, true);
-  OptimizerConfig adam;
-  adam.kind = OptimizerKind::adam;
-  adam.lr = 0.01f;
+  const OptimizerConfig adam = optimizer(OptimizerKind::adam, 0.01f);
   for (const std::uint32_t local_steps : {0u, 2u}) {
     CAPTURE(local_steps);
     std::array<std::vector<std::vector<float>>, 2> runs;  // eager, recorded: rank 0's weights
@@ -209,9 +212,7 @@ TEST_CASE("sync: gradient buckets fill from the last variable down to at least b
 // path, for every bucketing: the same sums, so the same bits.
 TEST_CASE("sync: replicas on a backend the host cannot reach step exactly as on the CPU") {
   const Dataset data = make_synthetic(512, true);
-  OptimizerConfig adam;
-  adam.kind = OptimizerKind::adam;
-  adam.lr = 0.01f;
+  const OptimizerConfig adam = optimizer(OptimizerKind::adam, 0.01f);
   for (std::size_t bucket_bytes : {std::size_t{4}, std::size_t{64 * 1024}, std::size_t{1} << 30}) {
     CAPTURE(bucket_bytes);
     std::array<std::vector<float>, 2> cpu, staging;
@@ -235,9 +236,7 @@ TEST_CASE("sync: replicas on a backend the host cannot reach step exactly as on 
 
 TEST_CASE("sync: one step equals one worker's step on both batches with the averaged gradient") {
   const Dataset data = make_synthetic(256, true);
-  OptimizerConfig sgd;
-  sgd.kind = OptimizerKind::sgd;
-  sgd.lr = 0.5f;
+  const OptimizerConfig sgd = optimizer(OptimizerKind::sgd, 0.5f);
   std::vector<float> replica;
   run_pair(data, sgd, 64 * 1024, true, [&](Worker& w) {
     w.step();
@@ -276,9 +275,7 @@ TEST_CASE("sync: one step equals one worker's step on both batches with the aver
 
 TEST_CASE("sync: 2 accumulated micro-batches per worker equal one step on all 4 batches") {
   const Dataset data = make_synthetic(256, true);
-  OptimizerConfig sgd;
-  sgd.kind = OptimizerKind::sgd;
-  sgd.lr = 0.5f;
+  const OptimizerConfig sgd = optimizer(OptimizerKind::sgd, 0.5f);
   // Each worker's first two batches, side by side in one batch of 4 x kBatch.
   auto backend = make_cpu_backend(1);
   Model single(mlp(), *backend, InputShape{data.channels, data.height, data.width}, data.classes,
@@ -327,9 +324,7 @@ TEST_CASE(
   // A power-of-two scale is exact, so the step equals the unscaled one; a
   // scale beyond float's range makes every gradient non-finite.
   const Dataset data = make_synthetic(256, true);
-  OptimizerConfig sgd;
-  sgd.kind = OptimizerKind::sgd;
-  sgd.lr = 0.5f;
+  const OptimizerConfig sgd = optimizer(OptimizerKind::sgd, 0.5f);
   std::mutex mutex;
   std::vector<std::vector<float>> unscaled(2), scaled(2), before(2), overflowed(2);
   std::vector<std::uint64_t> skipped(2);
