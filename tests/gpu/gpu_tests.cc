@@ -258,12 +258,13 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
       Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
       Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
       Buffer<> workspace(*b, b->conv2d_workspace(s));
-      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
       std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
       ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
       check_close(y.read(), ry, "conv y");
       // The relu in the epilogue; y holding the plain output must not matter.
-      b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr,
+                             s);
       std::vector<double> relu_y = ry;
       for (double& v : relu_y) v = std::max(v, 0.0);
       check_close(y.read(), relu_y, "conv relu y");
@@ -271,17 +272,17 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
                            rdw.data(), rdb.data(), s);
       b->fill(dw.data(), 7.0f, wn);
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       check_close(dx.read(), rdx, "conv dx");
       check_close(dw.read(), rdw, "conv dw");
       check_close(db.read(), rdb, "conv db");
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       check_close(dw.read(), rdw, "conv dw without dx");
       // Deterministic algorithms: the same inputs give the same bits.
       const auto first = dw.read();
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       CHECK(dw.read() == first);
     }
     CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
@@ -449,9 +450,9 @@ TEST_CASE("bf16 and fp16 convolutions equal the reference on rounded operands") 
       Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
       Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
       Buffer<> workspace(*b, b->conv2d_workspace(s));
-      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
       std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
       ref::conv2d_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), s);
@@ -919,7 +920,7 @@ class TinyNet {
     int width = kPixels;
     if (cnn_) {
       b_.conv2d_forward(x_.data(), params_[0].data(), params_[1].data(), act_.data(),
-                        workspace_.data(), conv_);
+                        workspace_.data(), nullptr, conv_);
       b_.relu_forward(act_.data(), act_.data(), act_.size);
       b_.maxpool_forward(act_.data(), pooled_.data(), argmax_.data(), pool_);
       features = pooled_.data();
@@ -942,7 +943,7 @@ class TinyNet {
       b_.maxpool_backward(dpooled_.data(), argmax_.data(), dact_.data(), pool_);
       b_.relu_backward(act_.data(), dact_.data(), dact_.data(), act_.size);
       b_.conv2d_backward(x_.data(), params_[0].data(), dact_.data(), nullptr, grads_[0].data(),
-                         grads_[1].data(), workspace_.data(), conv_);
+                         grads_[1].data(), workspace_.data(), nullptr, conv_);
     } else {
       b_.relu_backward(act_.data(), dact_.data(), dact_.data(), std::size_t(kN) * kHidden);
       b_.dense_backward(x_.data(), params_[0].data(), dact_.data(), nullptr, grads_[0].data(),

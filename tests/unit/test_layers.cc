@@ -92,12 +92,12 @@ struct CpuOps {
   }
   void conv2d_forward(const T* x, const T* w, const T* b, T* y, const ConvShape& s) {
     workspace.resize(backend->conv2d_workspace(s));
-    backend->conv2d_forward(x, w, b, y, workspace.data(), s);
+    backend->conv2d_forward(x, w, b, y, workspace.data(), nullptr, s);
   }
   void conv2d_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
                        const ConvShape& s) {
     workspace.resize(backend->conv2d_workspace(s));
-    backend->conv2d_backward(x, w, dy, dx, dw, db, workspace.data(), s);
+    backend->conv2d_backward(x, w, dy, dx, dw, db, workspace.data(), nullptr, s);
   }
   void relu_forward(const T* x, T* y, std::size_t n) { backend->relu_forward(x, y, n); }
   void relu_backward(const T* y, const T* dy, T* dx, std::size_t n) {
@@ -495,9 +495,10 @@ TEST_CASE("conv2d_relu_forward is conv2d_forward then relu_forward") {
   const auto w = random_floats(std::size_t(s.filters) * s.c * s.kernel * s.kernel, rng);
   const auto b = random_floats(s.filters, rng);
   std::vector<float> workspace(backend->conv2d_workspace(s)), y(yn), fused(yn);
-  backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), s);
+  backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), nullptr, s);
   backend->relu_forward(y.data(), y.data(), yn);
-  backend->conv2d_relu_forward(x.data(), w.data(), b.data(), fused.data(), workspace.data(), s);
+  backend->conv2d_relu_forward(x.data(), w.data(), b.data(), fused.data(), workspace.data(),
+                               nullptr, s);
   CHECK(std::count(y.begin(), y.end(), 0.0f) > 0);
   CHECK(fused == y);
 }
