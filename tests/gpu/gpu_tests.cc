@@ -465,6 +465,76 @@ TEST_CASE("bf16 and fp16 convolutions equal the reference on rounded operands") 
   }
 }
 
+// Backend::conv2d_columns on the im2col path: backward reading the matrix
+// forward kept gives the bits of backward computing it again, at fp32 and
+// the low precisions, in chunks, after the relu-fused forward, twice in a
+// row, and without dx; the workspace is poisoned in between and the buffer
+// first holds another batch's matrix. cuDNN keeps none.
+TEST_CASE("conv2d backward from the columns kept by forward equals backward recomputing them") {
+  if (auto cudnn = make_conv_backend(true);
+      cudnn->name().find("im2col convolutions") == std::string::npos)
+    CHECK(cudnn->conv2d_columns(ConvShape{3, 4, 8, 7, 5, 3}) == 0);
+  auto b = make_conv_backend(false);
+  std::mt19937 rng(13);
+  std::vector<pstrain::Precision> precisions{pstrain::Precision::fp32};
+  for (const auto [precision, format] : kLowPrecisions)
+    if (computes_at(*b, precision)) precisions.push_back(precision);
+  for (const pstrain::Precision p : precisions) {
+    b->set_precision(p);
+    // The last shape takes two im2col chunks.
+    for (ConvShape s : {ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{16, 1, 28, 28, 32, 3},
+                        ConvShape{7, 2, 300, 300, 16, 3}}) {
+      INFO(to_string(p) << " n=" << s.n << " c=" << s.c << " h=" << s.h
+                        << " filters=" << s.filters);
+      const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+      const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+      const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+      REQUIRE(b->conv2d_columns(s) == wn / s.filters * s.out_h() * s.out_w() * s.n);
+      const auto x = random_vector(xn, rng), other = random_vector(xn, rng);
+      const auto w = random_vector(wn, rng), bias = random_vector(s.filters, rng),
+                 dy = random_vector(yn, rng);
+      Buffer<> bx(*b, x), bother(*b, other), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+      Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
+      Buffer<> workspace(*b, b->conv2d_workspace(s)), columns(*b, b->conv2d_columns(s));
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), nullptr, s);
+      const auto y_ref = y.read(), dx_ref = dx.read(), dw_ref = dw.read(), db_ref = db.read();
+      b->conv2d_forward(bother.data(), bw.data(), bb.data(), y.data(), workspace.data(),
+                        columns.data(), s);
+      for (const bool relu : {false, true}) {
+        INFO("relu " << relu);
+        if (relu) {
+          b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(),
+                                 columns.data(), s);
+          std::vector<float> relu_ref = y_ref;
+          for (float& v : relu_ref) v = std::max(v, 0.0f);
+          CHECK(y.read() == relu_ref);
+        } else {
+          b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(),
+                            columns.data(), s);
+          CHECK(y.read() == y_ref);
+        }
+        for (int call = 0; call < 2; ++call) {
+          INFO("call " << call);
+          b->fill(workspace.data(), std::nanf(""), workspace.size);
+          b->fill(dx.data(), 7.0f, xn);
+          b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                             workspace.data(), columns.data(), s);
+          CHECK(dx.read() == dx_ref);
+          CHECK(dw.read() == dw_ref);
+          CHECK(db.read() == db_ref);
+        }
+        b->fill(dw.data(), 7.0f, wn);
+        b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
+                           workspace.data(), columns.data(), s);
+        CHECK(dw.read() == dw_ref);
+      }
+    }
+    b->set_precision(pstrain::Precision::fp32);
+  }
+}
+
 TEST_CASE("a bf16 and fp16 training step equals the reference step on rounded operands") {
   // Dense forward, softmax cross-entropy, dense backward, SGD: the GEMMs'
   // operands rounded (the loss gradient too, as the backward GEMM reads
