@@ -73,13 +73,15 @@ class TimedBackend final : public Backend {
   std::size_t conv2d_workspace(const ConvShape& s) const override {
     return inner_.conv2d_workspace(s);
   }
+  std::size_t conv2d_columns(const ConvShape& s) const override { return inner_.conv2d_columns(s); }
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* ws,
-                      const ConvShape& s) override {
-    time(conv_name(s) + " forward", [&] { inner_.conv2d_forward(x, w, b, y, ws, s); });
+                      float* columns, const ConvShape& s) override {
+    time(conv_name(s) + " forward", [&] { inner_.conv2d_forward(x, w, b, y, ws, columns, s); });
   }
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, float* ws, const ConvShape& s) override {
-    time(conv_name(s) + " backward", [&] { inner_.conv2d_backward(x, w, dy, dx, dw, db, ws, s); });
+                       float* db, float* ws, const float* columns, const ConvShape& s) override {
+    time(conv_name(s) + " backward",
+         [&] { inner_.conv2d_backward(x, w, dy, dx, dw, db, ws, columns, s); });
   }
   void maxpool_forward(const float* x, float* y, std::int32_t* a, const PoolShape& s) override {
     time(pool_name(s) + " forward", [&] { inner_.maxpool_forward(x, y, a, s); });

@@ -75,6 +75,17 @@ struct ConvShape {
   int out_w() const { return w - kernel + 1; }
 };
 
+// The bound on conv2d_columns: 2^24 floats (64 MiB) per convolution layer.
+inline constexpr std::size_t kConvKeptColumnsMax = std::size_t{1} << 24;
+
+// The floats of a convolution's im2col matrix over its whole batch, or 0
+// above kConvKeptColumnsMax: conv2d_columns of the backends that compute it.
+inline std::size_t conv2d_im2col_columns(const ConvShape& s) {
+  const std::size_t floats = std::size_t(s.c) * s.kernel * s.kernel * std::size_t(s.out_h()) *
+                             std::size_t(s.out_w()) * std::size_t(s.n);
+  return floats <= kConvKeptColumnsMax ? floats : 0;
+}
+
 struct PoolShape {
   int n = 0, c = 0, h = 0, w = 0;  // input NCHW
   int k = 2;                       // window and stride; the remainder is dropped
@@ -153,19 +164,43 @@ class Backend {
   virtual void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) = 0;
 
   // Scratch floats the convolution needs for its im2col buffers, at the
-  // current precision: size workspaces after set_precision.
+  // current precision: size workspaces after set_precision. One workspace
+  // may serve every convolution of a model in turn.
   virtual std::size_t conv2d_workspace(const ConvShape& s) const = 0;
+  // Floats of a convolution's own buffer for the im2col matrix of its input
+  // x, kept from forward for backward's weight gradient so that backward
+  // does not compute it again: c*k*k * out_h*out_w * n floats (the columns
+  // of the batch), or 0 where the convolution does not compute the matrix
+  // (oneDNN, cuDNN) or the matrix is over kConvKeptColumnsMax floats (the
+  // memory cost is one such buffer per convolution layer, beside its
+  // activations). Below the bound it grows with s.n, so a buffer sized at
+  // a model's largest batch serves the smaller ones. At the current
+  // precision, like conv2d_workspace.
+  virtual std::size_t conv2d_columns(const ConvShape&) const { return 0; }
   // w: filters x c x kernel x kernel, b: filters.
+  //
+  // columns: null, or a buffer of conv2d_columns(s) floats (never shared
+  // with another layer) when that is not 0. Forward then leaves x's im2col
+  // matrix in it, and backward reads the matrix there instead of computing
+  // it: the caller passes backward the buffer only while it still holds the
+  // matrix of this very x (unchanged since the last forward with it, same
+  // shape and precision), any number of times. Backward writes nothing to
+  // it. The matrix stays float32 (at a low precision the GEMMs round it as
+  // they round a recomputed one), so the results are the same bits with or
+  // without the buffer; without it (null), backward computes the matrix
+  // again in the workspace. The model gives each convolution layer its own
+  // buffer, allocated once, so steps stay capture-safe.
   virtual void conv2d_forward(const float* x, const float* w, const float* b, float* y,
-                              float* workspace, const ConvShape& s) = 0;
+                              float* workspace, float* columns, const ConvShape& s) = 0;
   virtual void conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
-                               float* dw, float* db, float* workspace, const ConvShape& s) = 0;
+                               float* dw, float* db, float* workspace, const float* columns,
+                               const ConvShape& s) = 0;
   // conv2d_forward, then relu_forward on y in place: a convolution followed
   // by a relu. The CUDA backend applies the relu in the convolution's
   // epilogue (cuDNN's fused forward, or the im2col path's output kernel),
   // saving a pass over y; the default makes the two calls.
   virtual void conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
-                                   float* workspace, const ConvShape& s);
+                                   float* workspace, float* columns, const ConvShape& s);
 
   // argmax: per output element, the flat input index of the chosen maximum.
   virtual void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
@@ -238,8 +273,8 @@ inline void Backend::axpby(float a, const float* x, float b, float* y, std::size
 }
 
 inline void Backend::conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
-                                         float* workspace, const ConvShape& s) {
-  conv2d_forward(x, w, b, y, workspace, s);
+                                         float* workspace, float* columns, const ConvShape& s) {
+  conv2d_forward(x, w, b, y, workspace, columns, s);
   relu_forward(y, y, std::size_t(s.n) * s.filters * s.out_h() * s.out_w());
 }
 

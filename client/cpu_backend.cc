@@ -315,17 +315,24 @@ class CpuBackend final : public Backend {
            static_cast<std::size_t>(s.out_h() * s.out_w()) * conv_chunk(s);
   }
 
+  std::size_t conv2d_columns(const ConvShape& s) const override {
+    if (conv_ && precision_ == Precision::fp32) return 0;
+    return conv2d_im2col_columns(s);
+  }
+
+  // With `columns`, each chunk's im2col matrix goes to its place in the
+  // matrix of the whole batch there rather than to the workspace.
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
-                      const ConvShape& s) override {
+                      float* columns, const ConvShape& s) override {
     if (conv_ && precision_ == Precision::fp32) return conv_->forward(x, w, b, y, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const int chunk = conv_chunk(s);
-    float* col = workspace;
     float* out = workspace + static_cast<std::size_t>(kk) * positions * chunk;
     for (int n0 = 0; n0 < s.n; n0 += chunk) {
       const int m = std::min(chunk, s.n - n0);
       const int cols = static_cast<int>(positions) * m;
+      float* col = columns ? columns + static_cast<std::size_t>(kk) * positions * n0 : workspace;
       im2col(x + static_cast<std::size_t>(n0) * s.c * s.h * s.w, col, s, m);
       gemm(CblasNoTrans, CblasNoTrans, s.filters, cols, kk, w, kk, col, cols, 0.0f, out, cols);
       // Filter-major to NCHW, adding the bias on the way.
@@ -340,8 +347,11 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // With `columns`, the kept matrix feeds the weight gradient and the
+  // column gradients go to the workspace, leaving the matrix as it was.
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, float* workspace, const ConvShape& s) override {
+                       float* db, float* workspace, const float* columns,
+                       const ConvShape& s) override {
     if (conv_ && precision_ == Precision::fp32) return conv_->backward(x, w, dy, dx, dw, db, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
@@ -367,11 +377,17 @@ class CpuBackend final : public Backend {
         }
         db[f] += sum;
       }
-      im2col(x + static_cast<std::size_t>(n0) * image, col, s, m);
-      gemm(CblasNoTrans, CblasTrans, s.filters, kk, cols, grad, cols, col, cols,
+      const float* matrix = col;
+      if (columns) {
+        matrix = columns + static_cast<std::size_t>(kk) * positions * n0;
+      } else {
+        im2col(x + static_cast<std::size_t>(n0) * image, col, s, m);
+      }
+      gemm(CblasNoTrans, CblasTrans, s.filters, kk, cols, grad, cols, matrix, cols,
            n0 == 0 ? 0.0f : 1.0f, dw, kk);
       if (dx) {
-        // The im2col matrix is no longer needed: its gradient takes its place.
+        // The workspace's im2col matrix, if any, has been consumed: the
+        // column gradients take its place.
         gemm(CblasTrans, CblasNoTrans, kk, cols, s.filters, w, kk, grad, cols, 0.0f, col, cols);
         col2im(col, dx + static_cast<std::size_t>(n0) * image, s, m);
       }

@@ -69,6 +69,7 @@ struct Model::Layer {
   std::size_t weight = 0;    // variable index of the weights; the bias follows
   DeviceMemory output;       // empty when the layer works in place
   DeviceMemory argmax;       // maxpool2d
+  DeviceMemory columns;      // conv2d: its im2col matrix from forward, if the backend keeps it
   const float* x = nullptr;  // input, for the whole batch
   float* y = nullptr;        // output
 
@@ -195,8 +196,11 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input, int 
                             InitSpec{InitKind::uniform, static_cast<float>(limit)}});
       variables_.push_back({layer.name + "/b", static_cast<std::uint64_t>(layer.out.c),
                             InitSpec{InitKind::zeros, 0.0f}});
-      if (is_conv)
+      if (is_conv) {
         workspace = std::max(workspace, backend_.conv2d_workspace(layer.conv(max_batch)));
+        if (const std::size_t kept = backend_.conv2d_columns(layer.conv(max_batch)); kept > 0)
+          layer.columns = backend_.alloc(kept * sizeof(float));
+      }
     }
     const bool in_place =
         layer.kind == LayerKind::flatten || (layer.kind == LayerKind::relu && i > 0);
@@ -258,12 +262,12 @@ void Model::forward(int n) {
         if (i + 1 < layers_.size() && layers_[i + 1].kind == LayerKind::relu) {
           backend_.conv2d_relu_forward(layer.x, params_[layer.weight].data(),
                                        params_[layer.weight + 1].data(), layer.y, workspace_.data(),
-                                       layer.conv(n));
+                                       layer.columns.data(), layer.conv(n));
           ++i;
         } else {
           backend_.conv2d_forward(layer.x, params_[layer.weight].data(),
                                   params_[layer.weight + 1].data(), layer.y, workspace_.data(),
-                                  layer.conv(n));
+                                  layer.columns.data(), layer.conv(n));
         }
         break;
       case LayerKind::relu:
@@ -307,7 +311,7 @@ void Model::forward_backward(int n,
       case LayerKind::conv2d:
         backend_.conv2d_backward(layer.x, params_[layer.weight].data(), dy, dx,
                                  grads_[layer.weight].data(), grads_[layer.weight + 1].data(),
-                                 workspace_.data(), layer.conv(n));
+                                 workspace_.data(), layer.columns.data(), layer.conv(n));
         break;
       case LayerKind::relu:
         backend_.relu_backward(layer.y, dy, dy, static_cast<std::size_t>(n) * layer.out.size());

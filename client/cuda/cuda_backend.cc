@@ -359,18 +359,27 @@ std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
          (std::size_t(s.c) * s.kernel * s.kernel + s.filters);
 }
 
+// The im2col path's matrix of the whole batch, chunk after chunk; cuDNN
+// computes none.
+std::size_t CudaBackend::conv2d_columns(const ConvShape& s) const {
+  check_conv(s, "conv2d_columns");
+  return use_cudnn() ? 0 : conv2d_im2col_columns(s);
+}
+
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
-                                 float* workspace, const ConvShape& s) {
-  conv_forward(x, w, b, y, workspace, s, false);
+                                 float* workspace, float* columns, const ConvShape& s) {
+  conv_forward(x, w, b, y, workspace, columns, s, false);
 }
 
 void CudaBackend::conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
-                                      float* workspace, const ConvShape& s) {
-  conv_forward(x, w, b, y, workspace, s, true);
+                                      float* workspace, float* columns, const ConvShape& s) {
+  conv_forward(x, w, b, y, workspace, columns, s, true);
 }
 
+// With `columns`, each chunk's im2col matrix goes to its place in the matrix
+// of the whole batch there rather than to the workspace.
 void CudaBackend::conv_forward(const float* x, const float* w, const float* b, float* y,
-                               float* workspace, const ConvShape& s, bool relu) {
+                               float* workspace, float* columns, const ConvShape& s, bool relu) {
   check_conv(s, "conv2d_forward");
   if (use_cudnn()) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
@@ -379,23 +388,26 @@ void CudaBackend::conv_forward(const float* x, const float* w, const float* b, f
   }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
-  compute({x, w, b, y, workspace}, [&](cudaStream_t st) {
+  compute({x, w, b, y, workspace, columns}, [&](cudaStream_t st) {
+    float* const tmp = workspace + std::size_t(chunk) * pixels * ckk;
     for (int first = 0; first < s.n; first += chunk) {
       const int count = std::min(chunk, s.n - first);
-      const std::size_t columns = std::size_t(count) * pixels;
-      float* col = workspace;
-      float* tmp = workspace + columns * ckk;
+      const std::size_t width = std::size_t(count) * pixels;
+      float* col = columns ? columns + std::size_t(first) * pixels * ckk : workspace;
       const float* xi = x + std::size_t(first) * s.c * s.h * s.w;
       kernels::im2col(on(st), xi, col, count, s.c, s.h, s.w, s.kernel);
-      gemm(false, false, s.filters, int(columns), ckk, w, col, 0.0f, tmp);
+      gemm(false, false, s.filters, int(width), ckk, w, col, 0.0f, tmp);
       kernels::conv_output(on(st), tmp, b, y + std::size_t(first) * s.filters * pixels, count,
                            s.filters, pixels, relu);
     }
   });
 }
 
+// With `columns`, the kept matrix feeds the weight gradient and the column
+// gradients go to the workspace, leaving the matrix as it was.
 void CudaBackend::conv2d_backward(const float* x, const float* w, const float* dy, float* dx,
-                                  float* dw, float* db, float* workspace, const ConvShape& s) {
+                                  float* dw, float* db, float* workspace, const float* columns,
+                                  const ConvShape& s) {
   check_conv(s, "conv2d_backward");
   if (use_cudnn()) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
@@ -405,24 +417,29 @@ void CudaBackend::conv2d_backward(const float* x, const float* w, const float* d
   }
   const int chunk = conv_chunk(s), pixels = s.out_h() * s.out_w();
   const int ckk = s.c * s.kernel * s.kernel;
-  compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t st) {
+  compute({x, w, dy, dx, dw, db, workspace, columns}, [&](cudaStream_t st) {
     kernels::conv_bias_grad(on(st), dy, db, workspace + conv_chunk_floats(s), s.n, s.filters,
                             pixels);
+    float* const col = workspace;
+    float* const tmp = workspace + std::size_t(chunk) * pixels * ckk;
     for (int first = 0; first < s.n; first += chunk) {
       const int count = std::min(chunk, s.n - first);
-      const std::size_t columns = std::size_t(count) * pixels;
-      float* col = workspace;
-      float* tmp = workspace + columns * ckk;
+      const std::size_t width = std::size_t(count) * pixels;
       const std::size_t image = std::size_t(s.c) * s.h * s.w;
       kernels::conv_gather(on(st), dy + std::size_t(first) * s.filters * pixels, tmp, count,
                            s.filters, pixels);
-      kernels::im2col(on(st), x + first * image, col, count, s.c, s.h, s.w, s.kernel);
-      // dw [filters x ckk] += tmp [filters x columns] * col^T.
-      gemm(false, true, s.filters, ckk, int(columns), tmp, col, first == 0 ? 0.0f : 1.0f, dw);
+      const float* matrix = col;
+      if (columns) {
+        matrix = columns + std::size_t(first) * pixels * ckk;
+      } else {
+        kernels::im2col(on(st), x + first * image, col, count, s.c, s.h, s.w, s.kernel);
+      }
+      // dw [filters x ckk] += tmp [filters x width] * matrix^T.
+      gemm(false, true, s.filters, ckk, int(width), tmp, matrix, first == 0 ? 0.0f : 1.0f, dw);
       if (!dx) continue;
-      // The column gradients reuse col, which the GEMM above has consumed
-      // (same stream).
-      gemm(true, false, ckk, int(columns), s.filters, w, tmp, 0.0f, col);
+      // The column gradients go to the workspace's im2col matrix, which the
+      // GEMM above has consumed if it was used (same stream).
+      gemm(true, false, ckk, int(width), s.filters, w, tmp, 0.0f, col);
       kernels::col2im(on(st), col, dx + first * image, count, s.c, s.h, s.w, s.kernel);
     }
   });

@@ -65,12 +65,14 @@ class CudaBackend final : public Backend {
   void relu_forward(const float* x, float* y, std::size_t n) override;
   void relu_backward(const float* y, const float* dy, float* dx, std::size_t n) override;
   std::size_t conv2d_workspace(const ConvShape& s) const override;
+  std::size_t conv2d_columns(const ConvShape& s) const override;
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
-                      const ConvShape& s) override;
+                      float* columns, const ConvShape& s) override;
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, float* workspace, const ConvShape& s) override;
+                       float* db, float* workspace, const float* columns,
+                       const ConvShape& s) override;
   void conv2d_relu_forward(const float* x, const float* w, const float* b, float* y,
-                           float* workspace, const ConvShape& s) override;
+                           float* workspace, float* columns, const ConvShape& s) override;
   void maxpool_forward(const float* x, float* y, std::int32_t* argmax, const PoolShape& s) override;
   void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx,
                         const PoolShape& s) override;
@@ -155,7 +157,7 @@ class CudaBackend final : public Backend {
   int conv_chunk(const ConvShape& s) const;
   // conv2d_forward, with the relu in the epilogue when `relu`.
   void conv_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
-                    const ConvShape& s, bool relu);
+                    float* columns, const ConvShape& s, bool relu);
   // The im2col buffers of one chunk, at the start of the workspace.
   std::size_t conv_chunk_floats(const ConvShape& s) const;
   // Frees `buffer` (a DeviceBuffer or PinnedBuffer) once the streams drained.

@@ -258,12 +258,13 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
       Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
       Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
       Buffer<> workspace(*b, b->conv2d_workspace(s));
-      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
       std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
       ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
       check_close(y.read(), ry, "conv y");
       // The relu in the epilogue; y holding the plain output must not matter.
-      b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr,
+                             s);
       std::vector<double> relu_y = ry;
       for (double& v : relu_y) v = std::max(v, 0.0);
       check_close(y.read(), relu_y, "conv relu y");
@@ -271,17 +272,17 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
                            rdw.data(), rdb.data(), s);
       b->fill(dw.data(), 7.0f, wn);
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       check_close(dx.read(), rdx, "conv dx");
       check_close(dw.read(), rdw, "conv dw");
       check_close(db.read(), rdb, "conv db");
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       check_close(dw.read(), rdw, "conv dw without dx");
       // Deterministic algorithms: the same inputs give the same bits.
       const auto first = dw.read();
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       CHECK(dw.read() == first);
     }
     CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
@@ -449,9 +450,9 @@ TEST_CASE("bf16 and fp16 convolutions equal the reference on rounded operands") 
       Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
       Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
       Buffer<> workspace(*b, b->conv2d_workspace(s));
-      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), s);
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
       b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
-                         workspace.data(), s);
+                         workspace.data(), nullptr, s);
       const auto rx = rounded(x, format), rw = rounded(w, format), rdy = rounded(dy, format);
       std::vector<double> ry(yn), rdx(xn), rdw(wn), rdb(s.filters);
       ref::conv2d_forward(rx.data(), rw.data(), widen(bias).data(), ry.data(), s);
@@ -459,6 +460,76 @@ TEST_CASE("bf16 and fp16 convolutions equal the reference on rounded operands") 
       check_close(y.read(), ry, "conv y", kLowPrecisionTolerance);
       check_close(dx.read(), rdx, "conv dx", kLowPrecisionTolerance);
       check_close(dw.read(), rdw, "conv dw", kLowPrecisionTolerance);
+    }
+    b->set_precision(pstrain::Precision::fp32);
+  }
+}
+
+// Backend::conv2d_columns on the im2col path: backward reading the matrix
+// forward kept gives the bits of backward computing it again, at fp32 and
+// the low precisions, in chunks, after the relu-fused forward, twice in a
+// row, and without dx; the workspace is poisoned in between and the buffer
+// first holds another batch's matrix. cuDNN keeps none.
+TEST_CASE("conv2d backward from the columns kept by forward equals backward recomputing them") {
+  if (auto cudnn = make_conv_backend(true);
+      cudnn->name().find("im2col convolutions") == std::string::npos)
+    CHECK(cudnn->conv2d_columns(ConvShape{3, 4, 8, 7, 5, 3}) == 0);
+  auto b = make_conv_backend(false);
+  std::mt19937 rng(13);
+  std::vector<pstrain::Precision> precisions{pstrain::Precision::fp32};
+  for (const auto [precision, format] : kLowPrecisions)
+    if (computes_at(*b, precision)) precisions.push_back(precision);
+  for (const pstrain::Precision p : precisions) {
+    b->set_precision(p);
+    // The last shape takes two im2col chunks.
+    for (ConvShape s : {ConvShape{3, 4, 8, 7, 5, 3}, ConvShape{16, 1, 28, 28, 32, 3},
+                        ConvShape{7, 2, 300, 300, 16, 3}}) {
+      INFO(to_string(p) << " n=" << s.n << " c=" << s.c << " h=" << s.h
+                        << " filters=" << s.filters);
+      const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+      const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+      const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+      REQUIRE(b->conv2d_columns(s) == wn / s.filters * s.out_h() * s.out_w() * s.n);
+      const auto x = random_vector(xn, rng), other = random_vector(xn, rng);
+      const auto w = random_vector(wn, rng), bias = random_vector(s.filters, rng),
+                 dy = random_vector(yn, rng);
+      Buffer<> bx(*b, x), bother(*b, other), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+      Buffer<> y(*b, yn), dx(*b, xn), dw(*b, wn), db(*b, s.filters);
+      Buffer<> workspace(*b, b->conv2d_workspace(s)), columns(*b, b->conv2d_columns(s));
+      b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
+      b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                         workspace.data(), nullptr, s);
+      const auto y_ref = y.read(), dx_ref = dx.read(), dw_ref = dw.read(), db_ref = db.read();
+      b->conv2d_forward(bother.data(), bw.data(), bb.data(), y.data(), workspace.data(),
+                        columns.data(), s);
+      for (const bool relu : {false, true}) {
+        INFO("relu " << relu);
+        if (relu) {
+          b->conv2d_relu_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(),
+                                 columns.data(), s);
+          std::vector<float> relu_ref = y_ref;
+          for (float& v : relu_ref) v = std::max(v, 0.0f);
+          CHECK(y.read() == relu_ref);
+        } else {
+          b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(),
+                            columns.data(), s);
+          CHECK(y.read() == y_ref);
+        }
+        for (int call = 0; call < 2; ++call) {
+          INFO("call " << call);
+          b->fill(workspace.data(), std::nanf(""), workspace.size);
+          b->fill(dx.data(), 7.0f, xn);
+          b->conv2d_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(),
+                             workspace.data(), columns.data(), s);
+          CHECK(dx.read() == dx_ref);
+          CHECK(dw.read() == dw_ref);
+          CHECK(db.read() == db_ref);
+        }
+        b->fill(dw.data(), 7.0f, wn);
+        b->conv2d_backward(bx.data(), bw.data(), bdy.data(), nullptr, dw.data(), db.data(),
+                           workspace.data(), columns.data(), s);
+        CHECK(dw.read() == dw_ref);
+      }
     }
     b->set_precision(pstrain::Precision::fp32);
   }
@@ -919,7 +990,7 @@ class TinyNet {
     int width = kPixels;
     if (cnn_) {
       b_.conv2d_forward(x_.data(), params_[0].data(), params_[1].data(), act_.data(),
-                        workspace_.data(), conv_);
+                        workspace_.data(), nullptr, conv_);
       b_.relu_forward(act_.data(), act_.data(), act_.size);
       b_.maxpool_forward(act_.data(), pooled_.data(), argmax_.data(), pool_);
       features = pooled_.data();
@@ -942,7 +1013,7 @@ class TinyNet {
       b_.maxpool_backward(dpooled_.data(), argmax_.data(), dact_.data(), pool_);
       b_.relu_backward(act_.data(), dact_.data(), dact_.data(), act_.size);
       b_.conv2d_backward(x_.data(), params_[0].data(), dact_.data(), nullptr, grads_[0].data(),
-                         grads_[1].data(), workspace_.data(), conv_);
+                         grads_[1].data(), workspace_.data(), nullptr, conv_);
     } else {
       b_.relu_backward(act_.data(), dact_.data(), dact_.data(), std::size_t(kN) * kHidden);
       b_.dense_backward(x_.data(), params_[0].data(), dact_.data(), nullptr, grads_[0].data(),

@@ -17,6 +17,9 @@
 // graphs run the work on every run(), or refuse the first one as a driver
 // without graph support would, and count their runs (graph_runs()).
 //
+// keep_conv_columns(false) makes its convolutions recompute their im2col
+// matrices in backward, where the CPU backend keeps them from forward.
+//
 // For the error paths: fail_wait() makes a later wait() throw, as a device
 // error would; released host memory is kept, filled with 0xff bytes, until
 // the backend dies, so host_written_after_release() can tell whether anything
@@ -40,7 +43,13 @@ namespace pstrain::testing {
 
 class StagingBackend final : public Backend {
  public:
-  StagingBackend() : cpu_(make_cpu_backend(1)) {}
+  explicit StagingBackend(CpuKernels kernels = cpu_kernels_from_env())
+      : cpu_(make_cpu_backend(1, kernels)) {}
+
+  // Whether convolutions keep their im2col matrices from forward for
+  // backward (Backend::conv2d_columns), as the CPU backend does; false makes
+  // a model recompute them, to compare the two.
+  void keep_conv_columns(bool keep) { keep_columns_ = keep; }
 
   std::string name() const override { return "staging(" + cpu_->name() + ")"; }
   bool host_accessible() const override { return false; }
@@ -139,13 +148,16 @@ class StagingBackend final : public Backend {
   std::size_t conv2d_workspace(const ConvShape& s) const override {
     return cpu_->conv2d_workspace(s);
   }
+  std::size_t conv2d_columns(const ConvShape& s) const override {
+    return keep_columns_ ? cpu_->conv2d_columns(s) : 0;
+  }
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* ws,
-                      const ConvShape& s) override {
-    cpu_->conv2d_forward(x, w, b, y, ws, s);
+                      float* columns, const ConvShape& s) override {
+    cpu_->conv2d_forward(x, w, b, y, ws, columns, s);
   }
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, float* ws, const ConvShape& s) override {
-    cpu_->conv2d_backward(x, w, dy, dx, dw, db, ws, s);
+                       float* db, float* ws, const float* columns, const ConvShape& s) override {
+    cpu_->conv2d_backward(x, w, dy, dx, dw, db, ws, columns, s);
   }
   void maxpool_forward(const float* x, float* y, std::int32_t* argmax,
                        const PoolShape& s) override {
@@ -196,6 +208,7 @@ class StagingBackend final : public Backend {
   int waits_to_failure_ = 0;                                  // 0: none planned
   Recording recording_ = Recording::off;
   int graph_runs_ = 0;
+  bool keep_columns_ = true;
   std::deque<Download> in_flight_;
   std::deque<PendingFence> fences_;  // issued, not completed, oldest first
   Fence completed_ = 0;

@@ -92,12 +92,12 @@ struct CpuOps {
   }
   void conv2d_forward(const T* x, const T* w, const T* b, T* y, const ConvShape& s) {
     workspace.resize(backend->conv2d_workspace(s));
-    backend->conv2d_forward(x, w, b, y, workspace.data(), s);
+    backend->conv2d_forward(x, w, b, y, workspace.data(), nullptr, s);
   }
   void conv2d_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
                        const ConvShape& s) {
     workspace.resize(backend->conv2d_workspace(s));
-    backend->conv2d_backward(x, w, dy, dx, dw, db, workspace.data(), s);
+    backend->conv2d_backward(x, w, dy, dx, dw, db, workspace.data(), nullptr, s);
   }
   void relu_forward(const T* x, T* y, std::size_t n) { backend->relu_forward(x, y, n); }
   void relu_backward(const T* y, const T* dy, T* dx, std::size_t n) {
@@ -345,6 +345,81 @@ TEST_CASE("cpu conv2d matches the reference with both libraries, im2col chunks, 
   }
 }
 
+// Backend::conv2d_columns: backward reading the im2col matrix that forward
+// kept gives the bits of backward computing it again, at fp32 and bf16 (the
+// GEMMs round the kept matrix as they round a fresh one), with the matrix
+// in chunks, after the relu-fused forward, twice in a row, and without dx.
+// The workspace is poisoned in between, as the next layer's convolution
+// would overwrite it, and the buffer first holds another batch's matrix.
+TEST_CASE(
+    "cpu conv2d: backward from the columns kept by forward equals backward recomputing them") {
+  auto backend = make_cpu_backend(1, CpuKernels::openblas);
+  // The last shape takes two im2col chunks (42 and 8 samples).
+  const ConvShape shapes[] = {ConvShape{1, 1, 3, 3, 1, 3}, ConvShape{3, 2, 9, 7, 5, 3},
+                              ConvShape{2, 3, 6, 11, 4, 1}, ConvShape{50, 16, 20, 20, 8, 3}};
+  std::mt19937 rng(21);
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    CAPTURE(to_string(p));
+    backend->set_precision(p);
+    for (const ConvShape s : shapes) {
+      CAPTURE(s.n);
+      CAPTURE(s.c);
+      CAPTURE(s.kernel);
+      const std::size_t xs = std::size_t(s.n) * s.c * s.h * s.w;
+      const std::size_t ws = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+      const std::size_t ys = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+      REQUIRE(backend->conv2d_columns(s) == ws / s.filters * s.out_h() * s.out_w() * s.n);
+      const auto x = random_floats(xs, rng), other = random_floats(xs, rng),
+                 w = random_floats(ws, rng), b = random_floats(s.filters, rng),
+                 dy = random_floats(ys, rng);
+      std::vector<float> workspace(backend->conv2d_workspace(s));
+      std::vector<float> columns(backend->conv2d_columns(s));
+      std::vector<float> y_ref(ys), dx_ref(xs), dw_ref(ws), db_ref(s.filters);
+      backend->conv2d_forward(x.data(), w.data(), b.data(), y_ref.data(), workspace.data(), nullptr,
+                              s);
+      backend->conv2d_backward(x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(),
+                               db_ref.data(), workspace.data(), nullptr, s);
+
+      std::vector<float> y(ys), dx(xs), dw(ws), db(s.filters);
+      backend->conv2d_forward(other.data(), w.data(), b.data(), y.data(), workspace.data(),
+                              columns.data(), s);
+      for (const bool relu : {false, true}) {
+        CAPTURE(relu);
+        if (relu) {
+          backend->conv2d_relu_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(),
+                                       columns.data(), s);
+          std::vector<float> relu_ref = y_ref;
+          backend->relu_forward(relu_ref.data(), relu_ref.data(), ys);
+          CHECK(y == relu_ref);
+        } else {
+          backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(),
+                                  columns.data(), s);
+          CHECK(y == y_ref);
+        }
+        for (int call = 0; call < 2; ++call) {
+          CAPTURE(call);
+          std::fill(workspace.begin(), workspace.end(), std::nanf(""));
+          std::fill(dx.begin(), dx.end(), 7.0f);
+          backend->conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
+                                   workspace.data(), columns.data(), s);
+          CHECK(dx == dx_ref);
+          CHECK(dw == dw_ref);
+          CHECK(db == db_ref);
+        }
+        std::fill(dw.begin(), dw.end(), 7.0f);
+        backend->conv2d_backward(x.data(), w.data(), dy.data(), nullptr, dw.data(), db.data(),
+                                 workspace.data(), columns.data(), s);
+        CHECK(dw == dw_ref);
+      }
+    }
+  }
+  // Over the bound (2^24 floats), and where oneDNN convolves without im2col,
+  // nothing is kept.
+  backend->set_precision(Precision::fp32);
+  CHECK(backend->conv2d_columns(ConvShape{1000, 16, 20, 20, 8, 3}) == 0);
+  CHECK(make_cpu_backend(1, CpuKernels::onednn)->conv2d_columns(shapes[3]) == 0);
+}
+
 TEST_CASE("cpu backend: PSTRAIN_CPU_KERNELS picks the kernel library, oneDNN unless told") {
   auto with = [](const char* value) {
     if (value) {
@@ -495,9 +570,10 @@ TEST_CASE("conv2d_relu_forward is conv2d_forward then relu_forward") {
   const auto w = random_floats(std::size_t(s.filters) * s.c * s.kernel * s.kernel, rng);
   const auto b = random_floats(s.filters, rng);
   std::vector<float> workspace(backend->conv2d_workspace(s)), y(yn), fused(yn);
-  backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), s);
+  backend->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), nullptr, s);
   backend->relu_forward(y.data(), y.data(), yn);
-  backend->conv2d_relu_forward(x.data(), w.data(), b.data(), fused.data(), workspace.data(), s);
+  backend->conv2d_relu_forward(x.data(), w.data(), b.data(), fused.data(), workspace.data(),
+                               nullptr, s);
   CHECK(std::count(y.begin(), y.end(), 0.0f) > 0);
   CHECK(fused == y);
 }

@@ -2,6 +2,7 @@
 // callback order, local training on the synthetic set, determinism.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -11,6 +12,7 @@
 #include "client/cpu_backend.h"
 #include "client/dataset.h"
 #include "client/model.h"
+#include "tests/support/staging_backend.h"
 
 using namespace pstrain;
 
@@ -217,4 +219,46 @@ TEST_CASE("model: a small CNN learns the synthetic set") {
   const EvalResult result = model.evaluate(test_set);
   MESSAGE("cnn synthetic: accuracy " << result.accuracy << ", loss " << result.loss);
   CHECK(result.accuracy >= 0.9);
+}
+
+// A model whose convolutions keep their im2col matrices from forward
+// (Backend::conv2d_columns) computes the bits of one that recomputes them:
+// two convolutions (the lower one without dx and fused with its relu, the
+// upper one with dx and a pool after it), steps at the largest batch and a
+// smaller one on new inputs (the kept matrices must be the current
+// batch's). The staging backend computes in fp32 only; the layer test in
+// test_layers.cc covers bf16.
+TEST_CASE("model: kept convolution columns give the gradients of recomputed ones, bit for bit") {
+  const InputShape input{2, 12, 11};
+  const int classes = 3, max_batch = 5;
+  const ModelConfig config = custom({{"conv2d", 0, 4, 3},
+                                     {"relu", 0, 0, 0},
+                                     {"conv2d", 0, 3, 3},
+                                     {"maxpool2d", 0, 0, 2},
+                                     {"relu", 0, 0, 0},
+                                     {"flatten", 0, 0, 0},
+                                     {"dense", classes, 0, 0}});
+  testing::StagingBackend keeping(CpuKernels::openblas), recomputing(CpuKernels::openblas);
+  recomputing.keep_conv_columns(false);
+  REQUIRE(keeping.conv2d_columns(ConvShape{max_batch, 2, 12, 11, 4, 3}) > 0);
+  Model kept(config, keeping, input, classes, max_batch);
+  Model recomputed(config, recomputing, input, classes, max_batch);
+  kept.initialize(5);
+  recomputed.initialize(5);
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  for (const int n : {max_batch, 3, max_batch}) {
+    CAPTURE(n);
+    for (int i = 0; i < n * 2 * 12 * 11; ++i)
+      kept.input_buffer()[i] = recomputed.input_buffer()[i] = pixel(rng);
+    for (int i = 0; i < n; ++i) kept.label_buffer()[i] = recomputed.label_buffer()[i] = i % 3;
+    kept.forward_backward(n, [](std::size_t) {});
+    recomputed.forward_backward(n, [](std::size_t) {});
+    CHECK(std::equal(kept.loss_buffer(), kept.loss_buffer() + n, recomputed.loss_buffer()));
+    for (std::size_t v = 0; v < kept.variables().size(); ++v) {
+      CAPTURE(kept.variables()[v].name);
+      const float* g = kept.grad(v).data();
+      CHECK(std::equal(g, g + kept.variables()[v].size, recomputed.grad(v).data()));
+    }
+  }
 }

@@ -119,16 +119,16 @@ TEST_CASE("precision: cpu bf16 convolutions equal fp32 ones on bf16-rounded inpu
   auto cpu = make_cpu_backend(1);
   std::vector<float> workspace(cpu->conv2d_workspace(s));
   std::vector<float> y_ref(y_size), dx_ref(x_size), dw_ref(w_size), db_ref(8);
-  cpu->conv2d_forward(xr.data(), wr.data(), b.data(), y_ref.data(), workspace.data(), s);
+  cpu->conv2d_forward(xr.data(), wr.data(), b.data(), y_ref.data(), workspace.data(), nullptr, s);
   cpu->conv2d_backward(xr.data(), wr.data(), dyr.data(), dx_ref.data(), dw_ref.data(),
-                       db_ref.data(), workspace.data(), s);
+                       db_ref.data(), workspace.data(), nullptr, s);
 
   cpu->set_precision(Precision::bf16);
   workspace.resize(cpu->conv2d_workspace(s));  // the bf16 GEMMs' im2col path needs one
   std::vector<float> y(y_size), dx(x_size), dw(w_size), db(8);
-  cpu->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), s);
+  cpu->conv2d_forward(x.data(), w.data(), b.data(), y.data(), workspace.data(), nullptr, s);
   cpu->conv2d_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
-                       workspace.data(), s);
+                       workspace.data(), nullptr, s);
   auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
     std::size_t bad = 0;
     for (std::size_t i = 0; i < got.size(); ++i)
