@@ -35,7 +35,13 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   auto weights = [&](std::size_t i) { return host.weights(i); };
   auto grads = [&](std::size_t i) { return host.grads(i); };
   BatchFeeder feeder(backend, model, shard, config.train.batch_size);
-  GradAccumulator accumulator(backend, model, config.train.accumulate_steps);
+  // Forward and backward replayed from a CUDA graph where steps are
+  // recorded (train.cuda_graphs): the gradients' downloads then follow the
+  // whole backward instead of each layer's, which the saved launches more
+  // than pay for on a GPU.
+  GradAccumulator accumulator(
+      backend, model, config.train.accumulate_steps,
+      records_steps(config, backend) ? static_cast<int>(config.train.batch_size) : 0);
   const std::uint64_t steps = optimizer_steps(config, shard);
 
   const auto pull_all = [&] {
@@ -71,14 +77,6 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
   // finite (an overflow skips the step), so none is sent during backward.
   std::optional<LossScaler> scaler;
   if (scales_loss(config, backend)) scaler.emplace(registry);
-  // Forward and backward replayed from a CUDA graph (train.cuda_graphs): the
-  // gradients' downloads then follow the whole backward instead of each
-  // layer's, which the saved launches more than pay for on a GPU.
-  std::optional<StepGraphs> graphs;
-  if (records_steps(config, backend))
-    graphs.emplace(
-        backend, static_cast<int>(config.train.batch_size), "forward and backward",
-        [&](int n, const StepScalars&) { model.forward_backward(n, [](std::size_t) {}); });
   const auto finite = [](std::span<const float> g) {
     return std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); });
   };
@@ -127,13 +125,7 @@ TrainSummary train_async(const TrainContext& context, std::uint64_t first_step) 
         pending.pop_front();
       }
     };
-    if (graphs) {
-      // One micro-batch per step where steps are recorded (records_steps).
-      graphs->run(static_cast<int>(b.size), {});
-      for (std::size_t i = nv; i-- > 0;) grad_issued(i);
-    } else {
-      accumulator.finish(static_cast<int>(b.size), grad_issued);
-    }
+    accumulator.finish(static_cast<int>(b.size), grad_issued);
     feeder.fetch_losses();
     feeder.stage_next();
     if (!direct) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -110,8 +112,17 @@ StepGraphs::Ran StepGraphs::run(int n, const StepScalars& scalars) {
   }
 }
 
-GradAccumulator::GradAccumulator(Backend& backend, Model& model, std::uint32_t steps)
+GradAccumulator::GradAccumulator(Backend& backend, Model& model, std::uint32_t steps,
+                                 int record_batch)
     : backend_(backend), model_(model) {
+  if (record_batch > 0) {
+    if (steps > 1)
+      throw std::invalid_argument("recorded steps take one micro-batch each, not " +
+                                  std::to_string(steps));
+    graphs_.emplace(
+        backend, record_batch, "forward and backward",
+        [&model](int n, const StepScalars&) { model.forward_backward(n, [](std::size_t) {}); });
+  }
   if (steps < 2) return;
   for (const auto& v : model.variables()) sums_.push_back(backend.alloc(v.size * sizeof(float)));
 }
@@ -129,6 +140,11 @@ void GradAccumulator::add(int n) {
 void GradAccumulator::finish(int n,
                              const std::function<void(std::size_t variable)>& on_grad_issued) {
   const auto& vars = model_.variables();
+  if (graphs_) {
+    graphs_->run(n, {});
+    for (std::size_t i = vars.size(); i-- > 0;) on_grad_issued(i);
+    return;
+  }
   const double total = samples_ + n;
   const double scale = model_.loss_scale();
   model_.forward_backward(n, [&](std::size_t i) {

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,8 +120,8 @@ bool scales_loss(const ClusterConfig& config, const Backend& backend);
 // (CUDA), at fp32 and with one micro-batch per step. A replay repeats
 // recorded calls, so none of a step's host decisions may change between
 // steps: not fp16's loss scale and overflow checks, not accumulation's
-// axpby (which goes through the host), not the reduced-precision GEMMs'
-// scratch memory, which grows as needed.
+// sums (a step's first micro-batch starts them, the later ones add), not
+// the reduced-precision GEMMs' scratch memory, which grows as needed.
 bool records_steps(const ClusterConfig& config, const Backend& backend);
 
 // A trainer's step work (forward and backward, or the optimizer step) for
@@ -158,9 +159,14 @@ class StepGraphs {
 // The running sum lives in backend memory beside the model's gradients, one
 // buffer per variable, allocated only when steps > 1. A loss scale
 // (Model::set_loss_scale) is divided out of the step's gradient.
+//
+// Where steps are recorded (`record_batch` > 0, as records_steps allows:
+// one micro-batch per step), finish() replays a batch of record_batch's
+// forward and backward from a step graph (StepGraphs) and then issues every
+// gradient, last layer first: they are known only once the whole graph is.
 class GradAccumulator {
  public:
-  GradAccumulator(Backend& backend, Model& model, std::uint32_t steps);
+  GradAccumulator(Backend& backend, Model& model, std::uint32_t steps, int record_batch = 0);
 
   // Forward and backward on the first n samples of the model's input, a
   // micro-batch before the step's last: its gradients join the sum.
@@ -176,6 +182,7 @@ class GradAccumulator {
   Model& model_;
   std::vector<DeviceMemory> sums_;
   double samples_ = 0;  // in sums_
+  std::optional<StepGraphs> graphs_;
 };
 
 // Puts batches into the model's input and reads back their losses. On

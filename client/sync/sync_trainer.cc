@@ -59,7 +59,7 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
       enqueued_(!backend.host_accessible()),
       overlap_(overlap && backend.host_accessible() && local_steps == 0),
       local_steps_(local_steps),
-      accumulator_(backend, model, accumulate_steps) {
+      accumulator_(backend, model, accumulate_steps, record_batch) {
   const auto& vars = model.variables();
   std::size_t total = 0;
   for (const auto& v : vars) {
@@ -96,23 +96,10 @@ SyncReplica::SyncReplica(Backend& backend, Model& model, Communicator& comm,
   for (std::size_t i = 0; i < vars.size(); ++i)
     tensors_.push_back({model.param(i).data(), grads[i],
                         slots_ > 0 ? state_.data() + offset_[i] * slots_ : nullptr, vars[i].size});
-  if (record_batch > 0) {
-    forward_graphs_.emplace(
-        backend, record_batch, "forward and backward",
-        [this](int n, const StepScalars&) { model_.forward_backward(n, [](std::size_t) {}); });
+  if (record_batch > 0)
     optimizer_graphs_.emplace(backend, 0, "optimizer step",
                               [this](int, const StepScalars& s) { apply_optimizer(s); });
-  }
   if (overlap_) thread_ = std::jthread([this](std::stop_token stop) { communicate(stop); });
-}
-
-void SyncReplica::forward_backward(
-    int n, const std::function<void(std::size_t variable)>& on_grad_issued) {
-  if (!forward_graphs_) return accumulator_.finish(n, on_grad_issued);
-  // One micro-batch and no loss scaling where steps are recorded
-  // (records_steps): the accumulator would add nothing.
-  forward_graphs_->run(n, {});
-  for (std::size_t i = model_.variables().size(); i-- > 0;) on_grad_issued(i);
 }
 
 void SyncReplica::optimize(const StepScalars& scalars) {
@@ -186,7 +173,7 @@ SyncStepTimes SyncReplica::local_step(int n, float lr_scale) {
   const auto& vars = model_.variables();
   const auto t_compute = Clock::now();
   if (scaler_) model_.set_loss_scale(scaler_->scale());
-  forward_backward(n, [](std::size_t) {});
+  accumulator_.finish(n, [](std::size_t) {});
   const auto t_optimizer = Clock::now();
   times.compute_ms = ms_between(t_compute, t_optimizer);
   bool finite = true;
@@ -226,7 +213,7 @@ SyncStepTimes SyncReplica::step(int n, float lr_scale) {
   }
   const auto t_compute = Clock::now();
   if (scaler_) model_.set_loss_scale(scaler_->scale());
-  forward_backward(n, [&](std::size_t i) {
+  accumulator_.finish(n, [&](std::size_t i) {
     // Into its bucket, behind the work that wrote it (axpby with a = 1 and
     // b = 0 copies exactly, on the backend's own stream).
     backend_.axpby(1.0f, model_.grad(i).data(), 0.0f, in_bucket_[i], vars[i].size);

@@ -133,9 +133,6 @@ class SyncReplica {
   void enqueue(std::size_t bucket);
   void wait_reduced();
   SyncStepTimes local_step(int n, float lr_scale);
-  // Forward and backward of the step's last micro-batch; on_grad_issued as
-  // in GradAccumulator::finish.
-  void forward_backward(int n, const std::function<void(std::size_t variable)>& on_grad_issued);
   // Sync: averages the reduced gradients; both: the optimizer step. From
   // optimizer_graphs_ where steps are recorded, else by apply_optimizer.
   void optimize(const StepScalars& scalars);
@@ -157,10 +154,10 @@ class SyncReplica {
   // SGD) and state, for one apply_optimizers call.
   std::vector<OptimizerTensor> tensors_;
   DeviceMemory state_;
-  GradAccumulator accumulator_;
-  // Recorded steps, when asked for: forward and backward, and optimize()
-  // (whose shape never changes: its "batch" is 0).
-  std::optional<StepGraphs> forward_graphs_, optimizer_graphs_;
+  GradAccumulator accumulator_;  // and forward and backward's step graph
+  // optimize()'s step graph where steps are recorded (its shape never
+  // changes: its "batch" is 0).
+  std::optional<StepGraphs> optimizer_graphs_;
   LossScaler* scaler_ = nullptr;
   std::uint64_t steps_ = 0;
 
