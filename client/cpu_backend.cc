@@ -277,7 +277,7 @@ class CpuBackend final : public Backend {
 
   void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                      int out) override {
-    if (dense_ && precision_ == Precision::fp32) return dense_->forward(x, w, b, y, n, in, out);
+    if (OnednnDense* dense = onednn_dense()) return dense->forward(x, w, b, y, n, in, out);
     for (int i = 0; i < n; ++i) {
       std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
     }
@@ -291,8 +291,7 @@ class CpuBackend final : public Backend {
       const float* row = dy + static_cast<std::size_t>(i) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
-    if (dense_ && precision_ == Precision::fp32)
-      return dense_->backward(x, w, dy, dx, dw, n, in, out);
+    if (OnednnDense* dense = onednn_dense()) return dense->backward(x, w, dy, dx, dw, n, in, out);
     gemm(CblasTrans, CblasNoTrans, in, out, n, x, in, dy, out, 0.0f, dw, out);
     if (dx) {
       gemm(CblasNoTrans, CblasTrans, n, in, out, dy, out, w, out, 0.0f, dx, in);
@@ -310,13 +309,13 @@ class CpuBackend final : public Backend {
   // (F x m*P) of one chunk.
   // oneDNN keeps the buffers of its own layouts and needs none.
   std::size_t conv2d_workspace(const ConvShape& s) const override {
-    if (conv_ && precision_ == Precision::fp32) return 0;
+    if (onednn_conv()) return 0;
     return static_cast<std::size_t>(s.c * s.kernel * s.kernel + s.filters) *
            static_cast<std::size_t>(s.out_h() * s.out_w()) * conv_chunk(s);
   }
 
   std::size_t conv2d_columns(const ConvShape& s) const override {
-    if (conv_ && precision_ == Precision::fp32) return 0;
+    if (onednn_conv()) return 0;
     return conv2d_im2col_columns(s);
   }
 
@@ -324,7 +323,7 @@ class CpuBackend final : public Backend {
   // matrix of the whole batch there rather than to the workspace.
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
                       float* columns, const ConvShape& s) override {
-    if (conv_ && precision_ == Precision::fp32) return conv_->forward(x, w, b, y, s);
+    if (OnednnConv* conv = onednn_conv()) return conv->forward(x, w, b, y, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const int chunk = conv_chunk(s);
@@ -352,7 +351,7 @@ class CpuBackend final : public Backend {
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* workspace, const float* columns,
                        const ConvShape& s) override {
-    if (conv_ && precision_ == Precision::fp32) return conv_->backward(x, w, dy, dx, dw, db, s);
+    if (OnednnConv* conv = onednn_conv()) return conv->backward(x, w, dy, dx, dw, db, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
     const std::size_t image = static_cast<std::size_t>(s.c) * s.h * s.w;
@@ -532,9 +531,15 @@ class CpuBackend final : public Backend {
                 ldb, beta, c, ldc);
   }
 
+  // oneDNN's kernels where they apply: null with OpenBLAS kernels and at the
+  // low precisions, which go through gemm() below.
+  OnednnConv* onednn_conv() const { return precision_ == Precision::fp32 ? conv_.get() : nullptr; }
+  OnednnDense* onednn_dense() const {
+    return precision_ == Precision::fp32 ? dense_.get() : nullptr;
+  }
+
   int threads_;
-  // Both null with OpenBLAS kernels; used at fp32 only (the low precisions
-  // go through gemm() below).
+  // Both null with OpenBLAS kernels (onednn_conv, onednn_dense).
   std::unique_ptr<OnednnConv> conv_;
   std::unique_ptr<OnednnDense> dense_;
   Fence fences_ = 0;
