@@ -12,6 +12,7 @@
 
 #include "shared/child_process.h"
 #include "shared/config.h"
+#include "tests/support/pstrain_binary.h"
 
 namespace pstrain {
 namespace {
@@ -31,7 +32,7 @@ Result run_cli(const TempDir& dir, std::vector<std::string> args,
                std::vector<std::string> env = {}) {
   static int runs = 0;
   const auto log = dir.path() / ("cli-" + std::to_string(runs++) + ".log");
-  args.insert(args.begin(), PSTRAIN_BINARY);
+  args.insert(args.begin(), pstrain::testing::pstrain_binary());
   for (const char* blank : {"TF_CONFIG=", "SLURM_PROCID=", "KUBERNETES_SERVICE_HOST="}) {
     const std::string name = std::string(blank).substr(0, std::string(blank).size() - 1);
     const bool given = std::any_of(env.begin(), env.end(),
@@ -130,8 +131,8 @@ TEST_CASE("cli: ps 0 records the resolved config in run_dir") {
   const auto run_dir = dir.path() / "run";
   const std::vector<std::string> overrides = {"run_dir=" + run_dir.string(), "train.seed=9",
                                               "mode=sync"};
-  ChildProcess ps({PSTRAIN_BINARY, "--role", "ps", "--index", "0", "--cluster", cluster, "--set",
-                   overrides[0], "--set", overrides[1], "--mode", "sync"},
+  ChildProcess ps({pstrain::testing::pstrain_binary(), "--role", "ps", "--index", "0", "--cluster",
+                   cluster, "--set", overrides[0], "--set", overrides[1], "--mode", "sync"},
                   dir.path() / "ps.log");
   const auto written = run_dir / "config.yaml";
   const auto deadline = std::chrono::steady_clock::now() + 10s;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "shared/child_process.h"
+#include "tests/support/pstrain_binary.h"
 
 using namespace pstrain;
 using namespace std::chrono_literals;
@@ -53,8 +54,8 @@ class SyncCluster {
  private:
   std::unique_ptr<ChildProcess> start_role(const std::string& role, int index) {
     return std::make_unique<ChildProcess>(
-        std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index),
-                                 "--cluster", cluster_.string()},
+        std::vector<std::string>{pstrain::testing::pstrain_binary(), "--role", role, "--index",
+                                 std::to_string(index), "--cluster", cluster_.string()},
         dir_.path() / (role + std::to_string(index) + ".out"));
   }
 

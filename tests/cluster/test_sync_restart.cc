@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "shared/child_process.h"
+#include "tests/support/pstrain_binary.h"
 
 using namespace pstrain;
 using namespace std::chrono_literals;
@@ -79,8 +80,8 @@ class RestartCluster {
   std::unique_ptr<ChildProcess> start_role(const std::string& role, int index,
                                            const std::string& log) {
     return std::make_unique<ChildProcess>(
-        std::vector<std::string>{PSTRAIN_BINARY, "--role", role, "--index", std::to_string(index),
-                                 "--cluster", cluster_.string()},
+        std::vector<std::string>{pstrain::testing::pstrain_binary(), "--role", role, "--index",
+                                 std::to_string(index), "--cluster", cluster_.string()},
         dir_.path() / log);
   }
 

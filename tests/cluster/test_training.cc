@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "shared/child_process.h"
+#include "tests/support/pstrain_binary.h"
 #include "tests/support/raw_peer.h"
 
 using namespace pstrain;
@@ -37,8 +38,13 @@ struct Run {
   }
 
   std::vector<std::string> argv(const std::string& role, int index) const {
-    return {PSTRAIN_BINARY, "--role",        role, "--index", std::to_string(index),
-            "--cluster",    cluster.string()};
+    return {pstrain::testing::pstrain_binary(),
+            "--role",
+            role,
+            "--index",
+            std::to_string(index),
+            "--cluster",
+            cluster.string()};
   }
   void start_ps(const std::vector<std::string>& ps_extra = {}) {
     for (int i = 0; i < n_ps; ++i) {
@@ -113,7 +119,7 @@ TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") 
   CHECK(std::filesystem::exists(run.run_dir() / "worker0.metrics.jsonl"));
 
   // The saved model scores the same on its own.
-  ChildProcess eval({PSTRAIN_BINARY, "--role", "eval", "--model",
+  ChildProcess eval({pstrain::testing::pstrain_binary(), "--role", "eval", "--model",
                      (run.run_dir() / "model.bin").string(), "--cluster", run.cluster.string()},
                     run.dir.path() / "eval.out");
   REQUIRE(eval.wait_for(60s) == 0);
@@ -176,7 +182,7 @@ TEST_CASE("async: 1 ps + 2 workers take role, index and hosts from TF_CONFIG alo
                            R"("], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": )";
   const auto start = [&](const std::string& type, int index) {
     return std::make_unique<ChildProcess>(
-        std::vector<std::string>{PSTRAIN_BINARY, "--cluster", cluster.string()},
+        std::vector<std::string>{pstrain::testing::pstrain_binary(), "--cluster", cluster.string()},
         dir.path() / (type + std::to_string(index) + ".out"),
         std::vector<std::string>{"TF_CONFIG=" + spec + R"({"type": ")" + type + R"(", "index": )" +
                                  std::to_string(index) + "}}"});

@@ -18,6 +18,7 @@
 #include "shared/child_process.h"
 #include "shared/config.h"
 #include "shared/curve_keys.h"
+#include "tests/support/pstrain_binary.h"
 
 namespace pstrain::testing {
 
@@ -92,7 +93,7 @@ class PsCluster {
   // Starts ps `index` (again, after the previous process of that index ended).
   ChildProcess& start_ps(std::uint32_t index, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv{
-        PSTRAIN_BINARY,        "--role", "ps", "--index", std::to_string(index), "--cluster",
+        pstrain_binary(),      "--role", "ps", "--index", std::to_string(index), "--cluster",
         cluster_file_.string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (ps_.size() <= index) ps_.resize(index + 1);
