@@ -34,6 +34,23 @@ std::string cuda_line() {
 #endif
 }
 
+// Whether a GPU worker's convolutions would run on cuDNN here.
+std::string cudnn_line() {
+#ifdef PSTRAIN_CUDA_ARCHITECTURES_TEXT
+  try {
+    const cuda::CudnnStatus status = cuda::cudnn_status();
+    if (status.usable)
+      return "cuDNN: " + status.text +
+             ", for the CUDA backend's convolutions (probed on the GPU when a worker starts)";
+    return "cuDNN: not usable (" + status.text + "): GPU convolutions take the im2col path";
+  } catch (const cuda::CudaUnavailable&) {
+    return "cuDNN: not checked (the CUDA library is not usable here, see above)";
+  }
+#else
+  return "cuDNN: not used (built without CUDA)";
+#endif
+}
+
 }  // namespace
 
 std::string build_description() {
@@ -41,7 +58,7 @@ std::string build_description() {
   out << "wire protocol " << wire::kProtocolVersion << "\n";
   out << "build: " << PSTRAIN_BUILD_TYPE << ", " << kCompiler << "\n";
   out << cuda_line() << "\n";
-  out << "cuDNN: not used (the CUDA backend's layers are its own kernels and cuBLAS)\n";
+  out << cudnn_line() << "\n";
   int major = 0, minor = 0, patch = 0;
   zmq_version(&major, &minor, &patch);
   out << "CURVE: "

@@ -1,7 +1,7 @@
 #pragma once
 // The compute backend interface: the layer operations of the models, over
-// memory the backend owns. The CPU backend (OpenBLAS) is the tested
-// reference; the CUDA backend (libpstrain_cuda.so, loaded on demand)
+// memory the backend owns. The CPU backend (oneDNN or OpenBLAS) is the
+// tested reference; the CUDA backend (libpstrain_cuda.so, loaded on demand)
 // implements the same calls on a stream.
 //
 // Conventions: float32, row-major, images NCHW, convolutions stride 1 with no
@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -26,6 +27,10 @@
 namespace pstrain {
 
 class Backend;
+
+// How many ops each implementation served (Backend::path_counts), keyed
+// "OP PATH": "conv2d cudnn", "dense cublaslt refused", "step_graph replayed".
+using PathCounts = std::map<std::string, std::uint64_t>;
 
 // Memory owned by a backend, freed through it: DeviceMemory is device memory
 // for CUDA and aligned host memory for the CPU; HostMemory is host memory
@@ -74,6 +79,13 @@ struct ConvShape {
   int out_h() const { return h - kernel + 1; }
   int out_w() const { return w - kernel + 1; }
 };
+
+// "n=64 c=1 h=28 w=28 filters=32 kernel=3", for messages.
+inline std::string to_string(const ConvShape& s) {
+  return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
+         " w=" + std::to_string(s.w) + " filters=" + std::to_string(s.filters) +
+         " kernel=" + std::to_string(s.kernel);
+}
 
 // The bound on conv2d_columns: 2^24 floats (64 MiB) per convolution layer.
 inline constexpr std::size_t kConvKeptColumnsMax = std::size_t{1} << 24;
@@ -256,6 +268,16 @@ class Backend {
   // Whether make_step_graph records (false: its graphs run the work eagerly,
   // which gains nothing). The default: false.
   virtual bool records_steps() const { return false; }
+
+  // Which implementation served the ops issued so far, and how often: the
+  // fast paths a backend takes where it can and the paths it falls back to
+  // ("conv2d cudnn" or "conv2d im2col", "dense cublaslt" beside "dense
+  // cublaslt refused", "step_graph recorded" and "step_graph replayed"), so
+  // the worker's log and metrics, and tests, can tell a fast path that ran
+  // from one that fell back in silence. A captured op counts once, when it
+  // is recorded; its replays count as "step_graph replayed". Read it from
+  // the thread that drives the backend. The default counts nothing.
+  virtual PathCounts path_counts() const { return {}; }
   // A StepGraph of `work`; the default issues the work on every run().
   virtual std::unique_ptr<StepGraph> make_step_graph(StepWork work);
 };

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "client/cuda_api.h"
+#include "cuda_abi_hash.h"
 
 namespace pstrain::cuda {
 namespace {
@@ -16,7 +17,9 @@ constexpr const char* kLibraryName = "libpstrain_cuda.so";
 // The library's entry points, resolved once.
 struct Library {
   decltype(&pstrain_cuda_abi_version) abi_version = nullptr;
+  decltype(&pstrain_cuda_abi_hash) abi_hash = nullptr;
   decltype(&pstrain_cuda_architectures) architectures = nullptr;
+  decltype(&pstrain_cudnn_status) cudnn_status = nullptr;
   decltype(&pstrain_cuda_device_count) device_count = nullptr;
   decltype(&pstrain_cuda_create_backend) create_backend = nullptr;
   decltype(&pstrain_nccl_unique_id) nccl_unique_id = nullptr;
@@ -75,7 +78,21 @@ Library load(const std::filesystem::path& path) {
                           ", this pstrain needs " + std::to_string(PSTRAIN_CUDA_ABI_VERSION) +
                           ": rebuild them together");
   }
+  // The version is bumped by hand; the hash follows the interface's
+  // declarations, so a library built from other ones is refused even where
+  // a bump was forgotten. A library without it predates the hash.
+  if (!dlsym(handle, "pstrain_cuda_abi_hash")) {
+    throw CudaUnavailable(path.string() + " has no interface hash (built before " +
+                          "pstrain_cuda_abi_hash existed), this pstrain needs " +
+                          PSTRAIN_CUDA_ABI_HASH + ": rebuild them together");
+  }
+  resolve(handle, "pstrain_cuda_abi_hash", lib.abi_hash);
+  if (const std::string hash = lib.abi_hash(); hash != PSTRAIN_CUDA_ABI_HASH) {
+    throw CudaUnavailable(path.string() + " was built from other interface headers (hash " + hash +
+                          ", this pstrain's " + PSTRAIN_CUDA_ABI_HASH + "): rebuild them together");
+  }
   resolve(handle, "pstrain_cuda_architectures", lib.architectures);
+  resolve(handle, "pstrain_cudnn_status", lib.cudnn_status);
   resolve(handle, "pstrain_cuda_device_count", lib.device_count);
   resolve(handle, "pstrain_cuda_create_backend", lib.create_backend);
   resolve(handle, "pstrain_nccl_unique_id", lib.nccl_unique_id);
@@ -110,6 +127,14 @@ struct ErrorText {
 }  // namespace
 
 std::filesystem::path library_path() { return find_library(); }
+
+void check_library(const std::filesystem::path& path) { load(path); }
+
+CudnnStatus cudnn_status() {
+  ErrorText text;
+  const bool usable = library().cudnn_status(text.data(), text.size()) == 1;
+  return {usable, text.str()};
+}
 
 std::string architectures() { return library().architectures(); }
 

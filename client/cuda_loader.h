@@ -39,6 +39,20 @@ using NcclId = std::array<std::uint8_t, 128>;
 // when it is in neither place.
 std::filesystem::path library_path();
 
+// Loads the library at `path` and checks that it was built from this
+// pstrain's interface (ABI version and interface hash); throws
+// CudaUnavailable naming the mismatch. What every use of the library does
+// first, exposed for tests of the check.
+void check_library(const std::filesystem::path& path);
+
+// Whether the CUDA backend's convolutions can use cuDNN on this host, and
+// which (version, CUDA version, path), or why not; needs no device.
+struct CudnnStatus {
+  bool usable = false;
+  std::string text;
+};
+CudnnStatus cudnn_status();
+
 // "75;80;90+PTX": the architectures the library carries code for.
 std::string architectures();
 

@@ -6,7 +6,9 @@
 #include <memory>
 
 #include "client/cuda/cuda_backend.h"
+#include "client/cuda/cudnn_convolution.h"
 #include "client/cuda/nccl_communicator.h"
+#include "cuda_abi_hash.h"
 #include "cuda_build_info.h"
 
 // The library is built with hidden visibility; only these symbols are its
@@ -38,6 +40,17 @@ auto guarded(char* error, std::size_t size, decltype(std::declval<F>()()) failed
 extern "C" {
 
 int pstrain_cuda_abi_version() { return PSTRAIN_CUDA_ABI_VERSION; }
+
+const char* pstrain_cuda_abi_hash() { return PSTRAIN_CUDA_ABI_HASH; }
+
+int pstrain_cudnn_status(char* text, std::size_t text_size) {
+  std::string status;
+  const bool usable = guarded(text, text_size, false, [&] {
+    return pstrain::cuda::CudnnConvolutions::library_status(status);
+  });
+  if (!status.empty()) set_error(text, text_size, status.c_str());
+  return usable ? 1 : 0;
+}
 
 const char* pstrain_cuda_architectures() { return PSTRAIN_CUDA_ARCHITECTURES_TEXT; }
 

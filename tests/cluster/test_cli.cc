@@ -78,6 +78,37 @@ TEST_CASE("cli: --help lists the roles, --version answers") {
   }
 }
 
+#ifdef PSTRAIN_FAKE_CUDNN_OTHER_CUDA
+TEST_CASE("cli: --version says whether GPU convolutions can use cuDNN, and why not") {
+  TempDir dir;
+  const auto line = [&](std::vector<std::string> env) {
+    env.push_back(std::string("PSTRAIN_CUDA_LIB=") + PSTRAIN_CUDA_LIBRARY);
+    const auto version = run_cli(dir, {"--version"}, env);
+    REQUIRE(version.code == 0);
+    const auto at = version.output.find("\ncuDNN: ");
+    REQUIRE_MESSAGE(at != std::string::npos, version.output);
+    return version.output.substr(at + 1, version.output.find('\n', at + 1) - at - 1);
+  };
+  // The toolkit's own cuDNN, where the build found its headers, serves.
+  if (std::filesystem::exists("/usr/local/cuda/include/cudnn.h")) {
+    CHECK_MESSAGE(std::regex_search(line({}), std::regex("^cuDNN: 9\\.[0-9]+\\.[0-9]+ for CUDA "
+                                                         "[0-9]+\\.[0-9]+ from .*libcudnn")),
+                  line({}));
+  }
+  const std::string other =
+      line({std::string("PSTRAIN_CUDNN_LIB=") + PSTRAIN_FAKE_CUDNN_OTHER_CUDA});
+  CHECK_MESSAGE(other.starts_with("cuDNN: not usable ("), other);
+  CHECK_MESSAGE(std::regex_search(other, std::regex("was built for CUDA [0-9]+\\.8, this library "
+                                                    "for CUDA [0-9]+\\.[0-9]+\\): GPU "
+                                                    "convolutions take the im2col path$")),
+                other);
+  const std::string broken = line({std::string("PSTRAIN_CUDNN_LIB=") + PSTRAIN_FAKE_CUDNN_BROKEN});
+  CHECK_MESSAGE(broken.find("has no cudnnGetErrorString") != std::string::npos, broken);
+  CHECK(line({"PSTRAIN_CUDNN_LIB=off"}) ==
+        "cuDNN: not usable (PSTRAIN_CUDNN_LIB=off): GPU convolutions take the im2col path");
+}
+#endif
+
 TEST_CASE("cli: bad command lines exit 2 naming the problem") {
   TempDir dir;
   const std::string cluster = cluster_file(dir);

@@ -163,6 +163,18 @@ TEST_CASE("cuda loader: loads the library and reports its architectures") {
   CHECK(pstrain::cuda::architectures() == want);
 }
 
+TEST_CASE("cuda loader: a library built from other interface headers is refused") {
+  // The same ABI version number, another interface: what an older install
+  // whose version bump was forgotten looks like.
+  CHECK_THROWS_WITH_AS(pstrain::cuda::check_library(PSTRAIN_FAKE_CUDA_OTHER_HASH),
+                       doctest::Contains("was built from other interface headers (hash "
+                                         "0123456789abcdef"),
+                       pstrain::cuda::CudaUnavailable);
+  CHECK_THROWS_WITH_AS(pstrain::cuda::check_library(PSTRAIN_FAKE_CUDA_NO_HASH),
+                       doctest::Contains("has no interface hash"), pstrain::cuda::CudaUnavailable);
+  CHECK_NOTHROW(pstrain::cuda::check_library(PSTRAIN_CUDA_LIBRARY));
+}
+
 TEST_CASE("cuda loader: NCCL unique ids need no GPU") {
   point_loader_at_library();
   const auto a = pstrain::cuda::nccl_unique_id();
