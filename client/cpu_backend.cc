@@ -253,6 +253,7 @@ class CpuBackend final : public Backend {
            (threads_ == 1 ? " thread)" : " threads)");
   }
   bool host_accessible() const override { return true; }
+  PathCounts path_counts() const override { return paths_; }
 
   DeviceMemory alloc(std::size_t bytes) override {
     return DeviceMemory(this, allocate(bytes), bytes);
@@ -277,6 +278,7 @@ class CpuBackend final : public Backend {
 
   void dense_forward(const float* x, const float* w, const float* b, float* y, int n, int in,
                      int out) override {
+    ++paths_[onednn_dense() ? "dense onednn" : "dense gemm"];
     if (OnednnDense* dense = onednn_dense()) return dense->forward(x, w, b, y, n, in, out);
     for (int i = 0; i < n; ++i) {
       std::copy_n(b, out, y + static_cast<std::size_t>(i) * out);
@@ -286,6 +288,7 @@ class CpuBackend final : public Backend {
 
   void dense_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                       float* db, int n, int in, int out) override {
+    ++paths_[onednn_dense() ? "dense onednn" : "dense gemm"];
     std::fill_n(db, out, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float* row = dy + static_cast<std::size_t>(i) * out;
@@ -323,6 +326,7 @@ class CpuBackend final : public Backend {
   // matrix of the whole batch there rather than to the workspace.
   void conv2d_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
                       float* columns, const ConvShape& s) override {
+    ++paths_[onednn_conv() ? "conv2d onednn" : "conv2d im2col"];
     if (OnednnConv* conv = onednn_conv()) return conv->forward(x, w, b, y, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
@@ -351,6 +355,7 @@ class CpuBackend final : public Backend {
   void conv2d_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                        float* db, float* workspace, const float* columns,
                        const ConvShape& s) override {
+    ++paths_[onednn_conv() ? "conv2d onednn" : "conv2d im2col"];
     if (OnednnConv* conv = onednn_conv()) return conv->backward(x, w, dy, dx, dw, db, s);
     const int kk = s.c * s.kernel * s.kernel;
     const std::size_t positions = static_cast<std::size_t>(s.out_h()) * s.out_w();
@@ -543,6 +548,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<OnednnConv> conv_;
   std::unique_ptr<OnednnDense> dense_;
   Fence fences_ = 0;
+  PathCounts paths_;
   Precision precision_ = Precision::fp32;
   std::optional<OnednnBf16Gemm> bf16_matmul_;  // bf16 without cblas_sbgemm, where oneDNN has one
   // Rounded operands of the low-precision GEMMs, kept between calls.

@@ -79,6 +79,13 @@ bool scales_loss(const ClusterConfig& config, const Backend& backend) {
          backend.precision_unavailable(Precision::fp16).empty();
 }
 
+std::string describe_paths(const PathCounts& paths) {
+  std::string text;
+  for (const auto& [path, count] : paths)
+    text += (text.empty() ? "" : ", ") + path + " " + std::to_string(count);
+  return text.empty() ? "none counted" : text;
+}
+
 bool records_steps(const ClusterConfig& config, const Backend& backend) {
   return config.train.cuda_graphs && backend.records_steps() &&
          config.train.precision == Precision::fp32 && config.train.accumulate_steps == 1;
@@ -256,6 +263,11 @@ ProgressReporter::ProgressReporter(const TrainContext& context)
                 .with()),
       compute_(mean_ms("compute_ms", "pstrain_worker_compute_seconds",
                        "Forward and backward time per step.")),
+      backend_ops_(context.registry.counter(
+          "pstrain_worker_backend_ops_total",
+          "Ops the compute backend issued, by op and the implementation that served it "
+          "(cudnn or im2col, cublaslt or cublas, step graphs recorded or replayed).",
+          {"op", "path"})),
       loss_mean_(loss_) {}
 
 void ProgressReporter::step(std::size_t samples, double loss, double compute_s) {
@@ -332,6 +344,13 @@ void ProgressReporter::report() {
   const double loss = loss_mean_.take();
   samples_per_s_.set(local_rate);
   recent_loss_.set(loss);
+  // The backend counts; its counters are raised to them.
+  for (const auto& [key, count] : context_.backend.path_counts()) {
+    const auto space = key.find(' ');
+    Counter& c = backend_ops_.with(
+        {key.substr(0, space), space == std::string::npos ? "" : key.substr(space + 1)});
+    c.add(static_cast<double>(count) - c.value());
+  }
   JsonObject line;
   line.add("role", "worker")
       .add("index", static_cast<int>(context_.index))

@@ -124,6 +124,10 @@ bool scales_loss(const ClusterConfig& config, const Backend& backend);
 // the reduced-precision GEMMs' scratch memory, which grows as needed.
 bool records_steps(const ClusterConfig& config, const Backend& backend);
 
+// "conv2d cudnn 480, dense cublaslt 960, step_graph replayed 239": which
+// implementations a backend's ops took (Backend::path_counts), for the log.
+std::string describe_paths(const PathCounts& paths);
+
 // A trainer's step work (forward and backward, or the optimizer step) for
 // batches of `batch_size`, from a step graph. The first full batch runs
 // eagerly, so that lazy set-up (cuBLASLt's and cuDNN's plans, the loading of
@@ -231,7 +235,8 @@ class BatchFeeder {
 // writes a metrics line rendered from the registry and calls the hook. The
 // line (README.md, "Metrics") holds role, index, step, epoch, local_samples,
 // global_samples, loss, samples_per_s, global_samples_per_s, compute_ms,
-// then the trainer's figures in the order they were added; means and maxima
+// then the trainer's figures in the order they were added (the backend's
+// path counts go to the registry only); means and maxima
 // are over the window since the line before. The worker's liveness does not
 // depend on these reports: client/heartbeat.h.
 class ProgressReporter {
@@ -283,6 +288,9 @@ class ProgressReporter {
   Gauge& recent_loss_;     // the line's loss
   Histogram& loss_;
   Histogram& compute_;
+  // pstrain_worker_backend_ops_total{op, path}: Backend::path_counts, as of
+  // the last report.
+  MetricFamily<Counter>& backend_ops_;
   WindowedMean loss_mean_;
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_heartbeat_ = start_;

@@ -151,6 +151,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ", summary.seconds,
       " s; waiting for the other workers");
+  log("backend paths: ", describe_paths(backend->path_counts()));
   // Every worker's last push (sync: worker 0's last assign) lands before
   // anyone evaluates or saves. Worker 0 goes on evaluating while slower
   // workers still train, so the accuracy curve has no gap at the end.

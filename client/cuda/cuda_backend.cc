@@ -21,15 +21,9 @@ constexpr std::size_t kConvWorkspaceFloats = std::size_t{1} << 24;
 // watchdog (default timeout 60 s) aborts it.
 constexpr double kReleaseTimeoutS = 90;
 
-std::string conv_text(const ConvShape& s) {
-  return "n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
-         " w=" + std::to_string(s.w) + " filters=" + std::to_string(s.filters) +
-         " kernel=" + std::to_string(s.kernel);
-}
-
 void check_conv(const ConvShape& s, const char* op) {
   check_dims(s.n > 0 && s.c > 0 && s.filters > 0 && s.kernel > 0 && s.out_h() > 0 && s.out_w() > 0,
-             op, "invalid shape " + conv_text(s));
+             op, "invalid shape " + to_string(s));
 }
 
 void check_pool(const PoolShape& s, const char* op) {
@@ -250,6 +244,9 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
   // tensor-core GEMM on them with float32 accumulation.
   const std::size_t size_a = std::size_t(m) * k, size_b = std::size_t(k) * n;
   if (half_capacity_ < size_a + size_b) {
+    // Unreachable through make_step_graph, which refuses these precisions:
+    // a capture cannot allocate, and a graph keeps the old scratch's address.
+    check_dims(!capturing_, "gemm", "a step graph cannot grow the half-precision scratch");
     if (half_operands_) free_when_idle(half_operands_);  // queued GEMMs may read it
     half_capacity_ = 0;                                  // until the new buffer is there
     half_operands_ = device_buffer<std::uint16_t>(size_a + size_b);
@@ -275,6 +272,8 @@ std::string CudaBackend::precision_unavailable(Precision p) const {
 void CudaBackend::set_precision(Precision p) {
   if (const std::string why = precision_unavailable(p); !why.empty())
     throw std::invalid_argument(why);
+  check_dims(p == Precision::fp32 || step_graphs_ == 0, "set_precision",
+             "step graphs exist, and they record fp32 steps only");
   precision_ = p;
 }
 
@@ -302,7 +301,11 @@ void CudaBackend::dense_forward(const float* x, const float* w, const float* b, 
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
   compute({x, w, b, y}, [&](cudaStream_t s) {
-    if (precision_ == Precision::fp32 && lt_->forward(x, w, b, y, n, in, out)) return;
+    if (precision_ == Precision::fp32) {
+      if (lt_->forward(x, w, b, y, n, in, out)) return count_path("dense cublaslt");
+      count_path("dense cublaslt refused");
+    }
+    count_path("dense cublas");
     kernels::broadcast_rows(on(s), b, y, n, out);
     gemm(false, false, n, out, in, x, w, 1.0f, y);
   });
@@ -314,7 +317,13 @@ void CudaBackend::dense_backward(const float* x, const float* w, const float* dy
              "n, in and out must be positive (got " + std::to_string(n) + ", " +
                  std::to_string(in) + ", " + std::to_string(out) + ")");
   compute({x, w, dy, dx, dw, db}, [&](cudaStream_t s) {
-    if (precision_ != Precision::fp32 || !lt_->weight_grad(x, dy, dw, db, n, in, out)) {
+    bool fused = false;
+    if (precision_ == Precision::fp32) {
+      fused = lt_->weight_grad(x, dy, dw, db, n, in, out);
+      count_path(fused ? "dense cublaslt" : "dense cublaslt refused");
+    }
+    if (!fused) {
+      count_path("dense cublas");
       gemm(true, false, in, out, n, x, dy, 0.0f, dw);
       kernels::column_sums(on(s), dy, db, n, out);
     }
@@ -350,7 +359,7 @@ std::size_t CudaBackend::conv2d_workspace(const ConvShape& s) const {
   const std::size_t im2col =
       conv_chunk_floats(s) +
       std::size_t(kernels::conv_bias_slices(s.n, s.filters, sm_count_)) * s.filters;
-  if (!cudnn_) return im2col;
+  if (!use_cudnn(s)) return im2col;
   return std::max(im2col, (cudnn_->workspace_bytes(s) + sizeof(float) - 1) / sizeof(float));
 }
 
@@ -363,7 +372,7 @@ std::size_t CudaBackend::conv_chunk_floats(const ConvShape& s) const {
 // computes none.
 std::size_t CudaBackend::conv2d_columns(const ConvShape& s) const {
   check_conv(s, "conv2d_columns");
-  return use_cudnn() ? 0 : conv2d_im2col_columns(s);
+  return use_cudnn(s) ? 0 : conv2d_im2col_columns(s);
 }
 
 void CudaBackend::conv2d_forward(const float* x, const float* w, const float* b, float* y,
@@ -381,7 +390,8 @@ void CudaBackend::conv2d_relu_forward(const float* x, const float* w, const floa
 void CudaBackend::conv_forward(const float* x, const float* w, const float* b, float* y,
                                float* workspace, float* columns, const ConvShape& s, bool relu) {
   check_conv(s, "conv2d_forward");
-  if (use_cudnn()) {
+  count_conv_path(s);
+  if (use_cudnn(s)) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
     return compute({x, w, b, y, workspace},
                    [&](cudaStream_t) { cudnn_->forward(x, w, b, y, workspace, bytes, s, relu); });
@@ -409,7 +419,8 @@ void CudaBackend::conv2d_backward(const float* x, const float* w, const float* d
                                   float* dw, float* db, float* workspace, const float* columns,
                                   const ConvShape& s) {
   check_conv(s, "conv2d_backward");
-  if (use_cudnn()) {
+  count_conv_path(s);
+  if (use_cudnn(s)) {
     const std::size_t bytes = conv2d_workspace(s) * sizeof(float);
     return compute({x, w, dy, dx, dw, db, workspace}, [&](cudaStream_t) {
       cudnn_->backward(x, w, dy, dx, dw, db, workspace, bytes, s);
@@ -487,7 +498,15 @@ void CudaBackend::apply_optimizer(const OptimizerConfig& c, float* w, const floa
           [&](cudaStream_t st) { kernels::optimizer(on(st), s, live, w, g, state); });
 }
 
+bool CudaBackend::records_steps() const { return precision_ == Precision::fp32; }
+
+// At bf16 and fp16 the GEMMs' operand scratch grows with cudaMalloc as
+// shapes need and frees the old buffer once idle: a capture cannot allocate,
+// and a replay would use freed memory. Such steps run eagerly.
 std::unique_ptr<StepGraph> CudaBackend::make_step_graph(StepWork work) {
+  check_dims(precision_ == Precision::fp32, "make_step_graph",
+             "step graphs record fp32 steps only, not " + std::string(to_string(precision_)) +
+                 " (the half-precision scratch grows as shapes need)");
   return std::make_unique<CudaStepGraph>(*this, std::move(work));
 }
 
@@ -495,6 +514,15 @@ void CudaBackend::apply_optimizers(const OptimizerConfig& c,
                                    std::span<const OptimizerTensor> tensors, std::uint64_t step,
                                    float lr_scale) {
   const DeviceScope scope(device_);
+  const auto launch = [&](const kernels::LiveStep* live) {
+    kernels::optimizers(on(order_.compute_stream()), opt::OptimizerStep::make(c, 0, step, lr_scale),
+                        live, tensors.data(), tensors.size());
+  };
+  // While a step graph captures, launch only, as compute() does: ordering
+  // against copies and side work (NCCL's buckets) would make the captured
+  // stream wait for events recorded outside the capture, which CUDA refuses;
+  // the graph's launch is ordered as a whole instead (CudaStepGraph::run).
+  if (capturing_) return launch(capturing_->live_step(c));
   // compute() orders a fixed list of buffers; here every tensor's three are
   // ordered, then recorded as touched by the launches even when one throws
   // (the chunks before it are queued).
@@ -502,10 +530,8 @@ void CudaBackend::apply_optimizers(const OptimizerConfig& c,
   const auto issued = [&]() noexcept {
     for (const OptimizerTensor& t : tensors) order_.after_compute({t.w, t.g, t.state});
   };
-  const kernels::LiveStep* live = capturing_ ? capturing_->live_step(c) : nullptr;
   try {
-    kernels::optimizers(on(order_.compute_stream()), opt::OptimizerStep::make(c, 0, step, lr_scale),
-                        live, tensors.data(), tensors.size());
+    launch(nullptr);
   } catch (...) {
     issued();
     throw;

@@ -96,8 +96,17 @@ class CudaBackend final : public Backend {
   // A flag set on the device and one int downloaded, not the whole buffer.
   bool all_finite(const float* x, std::size_t n) override;
 
-  bool records_steps() const override { return true; }
+  // Step graphs record fp32 steps only: make_step_graph refuses the others,
+  // and set_precision refuses them while a graph exists.
+  bool records_steps() const override;
   std::unique_ptr<StepGraph> make_step_graph(StepWork work) override;
+
+  // "dense cublaslt" (and "dense cublaslt refused" where cuBLASLt had no
+  // plan), "dense cublas" (the unfused GEMM), "conv2d cudnn" or "conv2d
+  // im2col" (with "conv2d cudnn unsupported" where cuDNN is loaded but has
+  // no algorithm for the shape), "step_graph recorded" and "step_graph
+  // replayed".
+  PathCounts path_counts() const override { return paths_; }
 
   // Tests: the compute stream waits until *host_flag (pinned memory from
   // alloc_host) is non-zero, for 60 s at most (pstrain_cuda_hold_compute).
@@ -153,7 +162,17 @@ class CudaBackend final : public Backend {
                 cudaMemcpyKind kind, const char* op);
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, const float* b,
             float beta, float* c);
-  bool use_cudnn() const { return cudnn_ && precision_ == Precision::fp32; }
+  // cuDNN where it loaded and serves the shape, at fp32 (it computes in
+  // float32 here; other precisions round the im2col path's GEMM operands).
+  bool use_cudnn(const ConvShape& s) const {
+    return cudnn_ && precision_ == Precision::fp32 && cudnn_->supports(s);
+  }
+  void count_path(const char* path) { ++paths_[path]; }
+  void count_conv_path(const ConvShape& s) {
+    if (cudnn_ && precision_ == Precision::fp32 && !use_cudnn(s))
+      count_path("conv2d cudnn unsupported");
+    count_path(use_cudnn(s) ? "conv2d cudnn" : "conv2d im2col");
+  }
   int conv_chunk(const ConvShape& s) const;
   // conv2d_forward, with the relu in the epilogue when `relu`.
   void conv_forward(const float* x, const float* w, const float* b, float* y, float* workspace,
@@ -196,6 +215,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer<int> nonfinite_;         // all_finite's flag
   PinnedBuffer<int> nonfinite_host_;    // and where it is downloaded
   CudaStepGraph* capturing_ = nullptr;  // the step graph capturing the compute stream
+  int step_graphs_ = 0;                 // live CudaStepGraphs
+  PathCounts paths_;
   std::unordered_map<void*, DeviceBuffer<std::byte>> device_allocations_;
   std::unordered_map<void*, PinnedBuffer<std::byte>> host_allocations_;
 };

@@ -21,9 +21,11 @@ CudaStepGraph::CudaStepGraph(CudaBackend& backend, StepWork work)
   const DeviceScope scope(backend_.device_);
   cublas_workspace_ = device_buffer<std::byte>(CudaBackend::kCublasWorkspaceBytes);
   live_ = device_buffer<kernels::LiveStep>(kMaxOptimizers);
+  ++backend_.step_graphs_;
 }
 
 CudaStepGraph::~CudaStepGraph() {
+  --backend_.step_graphs_;
   try {
     const DeviceScope scope(backend_.device_);
     // A launch still in flight keeps the executable graph until it ends, but
@@ -95,7 +97,8 @@ void CudaStepGraph::run(const StepScalars& scalars) {
   check_dims(!backend_.capturing_, "step graph", "a step graph cannot run inside another");
   StreamOrder& order = backend_.order_;
   cudaStream_t stream = order.compute_stream();
-  if (!exec_) capture(scalars);
+  const bool replay = exec_ != nullptr;
+  if (!replay) capture(scalars);
   order.before_compute_all();
   // Even a launch that fails may have queued work: later ops wait for it.
   struct Issued {
@@ -112,6 +115,7 @@ void CudaStepGraph::run(const StepScalars& scalars) {
                                        cudaMemcpyHostToDevice, stream));
   }
   PSTRAIN_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+  backend_.count_path(replay ? "step_graph replayed" : "step_graph recorded");
 }
 
 }  // namespace pstrain::cuda

@@ -11,6 +11,7 @@
 #include "client/dataset.h"
 #include "client/model.h"
 #include "client/ps_client.h"
+#include "client/train_loop.h"
 #include "shared/init.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/staging_backend.h"
@@ -102,6 +103,34 @@ TEST_CASE(
       INFO("variable ", i);
       CHECK(direct[i] == recorded[i]);
     }
+  }
+}
+
+TEST_CASE("async trainer: the worker's metrics say which backend paths ran, graphs included") {
+  // A trainer that asked for recorded steps must show them recorded once and
+  // replayed after, and every path the backend counted must reach the
+  // registry (what /metrics serves) with its count.
+  StagingBackend staging;
+  staging.record_steps(StagingBackend::Recording::on);
+  Worker worker(staging);
+  const TrainSummary summary = train_async(worker.context);
+  const PathCounts paths = staging.path_counts();
+  INFO(describe_paths(paths));
+  CHECK(paths.count("step_graph recorded") == 1);
+  CHECK(paths.at("step_graph recorded") == 1);
+  // Full batches after the warm-up and the recording one are replayed (an
+  // epoch's short last batch runs eagerly).
+  CHECK(paths.at("step_graph replayed") > 0);
+  CHECK(paths.at("step_graph replayed") <= summary.steps - 2);
+  CHECK(paths.count("dense onednn") + paths.count("dense gemm") == 1);
+  const std::string text = worker.registry.prometheus_text();
+  for (const auto& [key, count] : paths) {
+    const auto space = key.find(' ');
+    const std::string series = "pstrain_worker_backend_ops_total{op=\"" + key.substr(0, space) +
+                               "\",path=\"" + key.substr(space + 1) + "\"} " +
+                               std::to_string(count) + "\n";
+    INFO(series);
+    CHECK(text.find(series) != std::string::npos);
   }
 }
 

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -228,6 +229,31 @@ TEST_CASE("relu forward and backward match the reference") {
   check_close(dx.read(), rdx, "relu dx");
 }
 
+// Whether the library finds a cuDNN it can use on this host (before the
+// backend's probe): the conv cases then demand that it serves.
+bool cudnn_usable() {
+  std::array<char, 512> text{};
+  const bool usable = pstrain_cudnn_status(text.data(), text.size()) == 1;
+  MESSAGE("cuDNN: " << (usable ? "" : "not usable: ") << text.data());
+  return usable;
+}
+
+std::string describe(const pstrain::PathCounts& paths) {
+  std::string text;
+  for (const auto& [path, count] : paths) text += path + " " + std::to_string(count) + "; ";
+  return text;
+}
+
+// How often `path` ran between two path_counts().
+std::uint64_t ran(const pstrain::PathCounts& before, const pstrain::PathCounts& after,
+                  const std::string& path) {
+  const auto at = [&](const pstrain::PathCounts& p) {
+    const auto found = p.find(path);
+    return found == p.end() ? std::uint64_t{0} : found->second;
+  };
+  return at(after) - at(before);
+}
+
 // Both convolution paths: cuDNN where it loads, and im2col + cuBLAS, which
 // PSTRAIN_CUDNN_LIB=off selects for backends made while it is set.
 std::unique_ptr<Backend> make_conv_backend(bool cudnn) {
@@ -287,6 +313,18 @@ TEST_CASE("conv2d forward and backward match the reference, cuDNN and im2col") {
       CHECK(dw.read() == first);
     }
     CHECK_THROWS_AS(b->conv2d_workspace(ConvShape{1, 1, 2, 2, 1, 3}), std::invalid_argument);
+    // The path that ran is the one asked for: where cuDNN is usable here,
+    // a backend that silently took im2col would pass every check above.
+    const pstrain::PathCounts paths = b->path_counts();
+    INFO("paths: " << describe(paths));
+    if (cudnn && cudnn_usable()) {
+      CHECK(paths.count("conv2d cudnn") == 1);
+      CHECK(paths.count("conv2d im2col") == 0);
+      CHECK(paths.count("conv2d cudnn unsupported") == 0);
+    } else {
+      CHECK(paths.count("conv2d cudnn") == 0);
+      CHECK(paths.count("conv2d im2col") == 1);
+    }
   }
 }
 
@@ -1097,6 +1135,10 @@ TEST_CASE("a step graph replays forward, backward and Adam bit for bit like eage
       CHECK(after != before);  // the step did something
       before = after;
     }
+    const auto paths = b->path_counts();
+    INFO("paths: " << describe(paths));
+    CHECK(paths.at("step_graph recorded") == (cnn ? 2u : 1u));
+    CHECK(paths.at("step_graph replayed") == (cnn ? 10u : 5u));
   }
 }
 
@@ -1146,6 +1188,165 @@ TEST_CASE(
   b->scale(x.data(), 2.0f, n);
   for (float v : x.read())
     if (v != 6.0f) FAIL("eager work after the failed capture gave " << v);
+}
+
+TEST_CASE("cuBLASLt serves the MLP's dense layers, counted as it runs") {
+  auto b = make_backend();
+  std::mt19937 rng(40);
+  // The mlp preset's shapes at batch 64 (784 -> 256 -> 128 -> 10).
+  for (const auto& [n, in, out] :
+       {std::tuple{64, 784, 256}, std::tuple{64, 256, 128}, std::tuple{64, 128, 10}}) {
+    INFO(n << " x " << in << " -> " << out);
+    const auto x = random_vector(std::size_t(n) * in, rng),
+               w = random_vector(std::size_t(in) * out, rng);
+    const auto bias = random_vector(out, rng), dy = random_vector(std::size_t(n) * out, rng);
+    Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), bdy(*b, dy);
+    Buffer<> y(*b, std::size_t(n) * out), dx(*b, std::size_t(n) * in), dw(*b, w.size()),
+        db(*b, bias.size());
+    const auto before = b->path_counts();
+    b->dense_forward(bx.data(), bw.data(), bb.data(), y.data(), n, in, out);
+    b->dense_backward(bx.data(), bw.data(), bdy.data(), dx.data(), dw.data(), db.data(), n, in,
+                      out);
+    b->synchronize();
+    const auto after = b->path_counts();
+    INFO("paths: " << describe(after));
+    // Forward, and the weight gradient with the bias gradient, fused: the
+    // hidden layers' shapes at least (whether the 10-wide output layer has a
+    // plan is cuBLASLt's call; its fallback computes the same).
+    CHECK(ran(before, after, "dense cublaslt") + ran(before, after, "dense cublaslt refused") == 2);
+    if (out != 10) CHECK(ran(before, after, "dense cublaslt") == 2);
+    std::vector<double> ry(y.size), rdx(dx.size), rdw(dw.size), rdb(db.size);
+    ref::dense_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), n, in, out);
+    check_close(y.read(), ry, "dense y");
+    ref::dense_backward(widen(x).data(), widen(w).data(), widen(dy).data(), rdx.data(), rdw.data(),
+                        rdb.data(), n, in, out);
+    check_close(dw.read(), rdw, "dense dw");
+    check_close(db.read(), rdb, "dense db");
+  }
+}
+
+// tests/support/fake_cudnn.cc's stand-ins, built into tests/fakes/ beside
+// this executable.
+std::string fake_cudnn(const char* name) {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  REQUIRE_MESSAGE(!ec, "cannot read /proc/self/exe");
+  const auto path = exe.parent_path() / "tests" / "fakes" / (std::string("lib") + name + ".so");
+  REQUIRE_MESSAGE(std::filesystem::exists(path), path.string() << " is missing (build it)");
+  return path.string();
+}
+
+TEST_CASE("a cuDNN that loads but cannot serve leaves convolutions on im2col, said and counted") {
+  // fake_cudnn_broken lacks the convolution calls; fake_cudnn_partial has
+  // them all but its sub-libraries are missing, which only the backend's
+  // probe (running a tiny convolution) finds. Either way the backend starts,
+  // names the im2col path, and its convolutions are right.
+  for (const char* name : {"fake_cudnn_broken", "fake_cudnn_partial"}) {
+    INFO(name);
+    setenv("PSTRAIN_CUDNN_LIB", fake_cudnn(name).c_str(), 1);
+    std::unique_ptr<Backend> b;
+    try {
+      b = make_backend();
+    } catch (const std::exception& e) {
+      unsetenv("PSTRAIN_CUDNN_LIB");
+      FAIL("the backend did not start: " << e.what());
+    }
+    unsetenv("PSTRAIN_CUDNN_LIB");
+    CHECK(b->name().find("im2col convolutions") != std::string::npos);
+    const ConvShape s{4, 2, 9, 9, 5, 3};
+    std::mt19937 rng(41);
+    const std::size_t xn = std::size_t(s.n) * s.c * s.h * s.w;
+    const std::size_t wn = std::size_t(s.filters) * s.c * s.kernel * s.kernel;
+    const std::size_t yn = std::size_t(s.n) * s.filters * s.out_h() * s.out_w();
+    const auto x = random_vector(xn, rng), w = random_vector(wn, rng);
+    const auto bias = random_vector(s.filters, rng);
+    Buffer<> bx(*b, x), bw(*b, w), bb(*b, bias), y(*b, yn);
+    Buffer<> workspace(*b, b->conv2d_workspace(s));
+    b->conv2d_forward(bx.data(), bw.data(), bb.data(), y.data(), workspace.data(), nullptr, s);
+    std::vector<double> ry(yn);
+    ref::conv2d_forward(widen(x).data(), widen(w).data(), widen(bias).data(), ry.data(), s);
+    check_close(y.read(), ry, "conv y");
+    const auto paths = b->path_counts();
+    INFO("paths: " << describe(paths));
+    CHECK(paths.count("conv2d im2col") == 1);
+    CHECK(paths.count("conv2d cudnn") == 0);
+  }
+}
+
+TEST_CASE("step graphs record fp32 steps only, and the backend itself refuses the others") {
+  auto b = make_backend();
+  CHECK(b->records_steps());
+  const std::size_t n = 256;
+  Buffer<> x(*b, std::vector<float>(n, 1.0f));
+  {
+    auto graph = b->make_step_graph([&](const pstrain::StepScalars&) { b->scale(x.data(), 2, n); });
+    // While a graph exists, its steps must stay fp32.
+    CHECK_THROWS_WITH_AS(b->set_precision(pstrain::Precision::fp16),
+                         doctest::Contains("step graphs exist"), std::invalid_argument);
+    graph->run({1, 1.0f});
+    graph->run({2, 1.0f});
+  }
+  for (float v : x.read()) REQUIRE(v == 4.0f);
+  b->set_precision(pstrain::Precision::fp16);
+  CHECK_FALSE(b->records_steps());
+  CHECK_THROWS_WITH_AS(b->make_step_graph([](const pstrain::StepScalars&) {}),
+                       doctest::Contains("step graphs record fp32 steps only, not fp16"),
+                       std::invalid_argument);
+  b->set_precision(pstrain::Precision::fp32);
+  CHECK(b->records_steps());
+}
+
+TEST_CASE(
+    "apply_optimizers in a step graph after an NCCL all-reduce records, and replays exactly") {
+  // The sync trainer's order: gradients all-reduced on NCCL's stream, then
+  // the optimizer step from a graph. The capture must not make the compute
+  // stream wait for the all-reduce's events (recorded outside the capture,
+  // which CUDA refuses): the graph's launch waits for it instead.
+  auto b = make_backend();
+  auto comm = make_comm(*b, unique_id(), 0, 1);
+  pstrain::OptimizerConfig adam;
+  adam.kind = pstrain::OptimizerKind::adam;
+  adam.lr = 0.01f;
+  std::mt19937 rng(42);
+  const std::vector<std::size_t> sizes{1 << 16, 1000, 10};
+  std::vector<Buffer<>> eager_w, graph_w, grads, eager_state, graph_state;
+  std::vector<pstrain::OptimizerTensor> eager, recorded;
+  for (std::size_t size : sizes) {
+    const auto w = random_vector(size, rng);
+    eager_w.emplace_back(*b, w);
+    graph_w.emplace_back(*b, w);
+    grads.emplace_back(*b, size);
+    eager_state.emplace_back(*b, std::vector<float>(2 * size, 0.0f));
+    graph_state.emplace_back(*b, std::vector<float>(2 * size, 0.0f));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    eager.push_back({eager_w[i].data(), grads[i].data(), eager_state[i].data(), sizes[i]});
+    recorded.push_back({graph_w[i].data(), grads[i].data(), graph_state[i].data(), sizes[i]});
+  }
+  auto graph = b->make_step_graph([&](const pstrain::StepScalars& s) {
+    b->apply_optimizers(adam, recorded, s.step, s.lr_scale);
+  });
+  const auto before = b->path_counts();
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    INFO("step " << step);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto g = random_vector(sizes[i], rng);
+      b->upload(g.data(), grads[i].data(), g.size() * sizeof(float));
+      b->synchronize();                                // g goes out of scope
+      comm->allreduce_sum(grads[i].data(), sizes[i]);  // one rank: the identity
+    }
+    const pstrain::StepScalars scalars{step, 1.0f / float(step)};
+    graph->run(scalars);  // first, right behind the all-reduces
+    b->apply_optimizers(adam, eager, scalars.step, scalars.lr_scale);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      check_same_bits(graph_w[i].read(), eager_w[i].read(), "weights");
+      check_same_bits(graph_state[i].read(), eager_state[i].read(), "state");
+    }
+  }
+  const auto after = b->path_counts();
+  INFO("paths: " << describe(after));
+  CHECK(ran(before, after, "step_graph recorded") == 1);
+  CHECK(ran(before, after, "step_graph replayed") == 3);
 }
 
 // Cases that need more than one device, and how many: main() leaves them out

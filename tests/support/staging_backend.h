@@ -85,15 +85,25 @@ class StagingBackend final : public Backend {
           throw std::runtime_error("staging backend: capture refused");
         work_(scalars);
         ++owner_.graph_runs_;
+        ++owner_.graph_paths_[ran_ ? "step_graph replayed" : "step_graph recorded"];
+        ran_ = true;
       }
 
      private:
       StagingBackend& owner_;
       StepWork work_;
+      bool ran_ = false;
     };
     return std::make_unique<Graph>(*this, std::move(work));
   }
   int graph_runs() const { return graph_runs_; }
+  // The CPU backend's paths, and its graphs' first runs as recorded and
+  // later ones as replayed, as the CUDA backend counts them.
+  PathCounts path_counts() const override {
+    PathCounts counts = cpu_->path_counts();
+    counts.insert(graph_paths_.begin(), graph_paths_.end());
+    return counts;
+  }
 
   // The wait() after the next `waits` ones throws std::runtime_error.
   void fail_wait(int waits) { waits_to_failure_ = waits + 1; }
@@ -208,6 +218,7 @@ class StagingBackend final : public Backend {
   int waits_to_failure_ = 0;                                  // 0: none planned
   Recording recording_ = Recording::off;
   int graph_runs_ = 0;
+  PathCounts graph_paths_;
   bool keep_columns_ = true;
   std::deque<Download> in_flight_;
   std::deque<PendingFence> fences_;  // issued, not completed, oldest first
