@@ -17,6 +17,7 @@
 #include "shared/log.h"
 #include "shared/metrics.h"
 #include "shared/metrics_server.h"
+#include "shared/modes.h"
 
 namespace pstrain {
 namespace {
@@ -90,7 +91,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   // A restarted async worker goes on where ps 0 counted it (a restored ps 0:
   // as of its checkpoint); sync workers join the step their peers recorded.
   std::uint64_t first_step = 0;
-  if (!allreduce_mode(config.mode)) {
+  if (!traits(config.mode).allreduce()) {
     if (const auto done = ps.samples_counted(); done > 0) {
       // A partly done accumulation group is done again from its start.
       first_step =
@@ -147,7 +148,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
   const TrainSummary summary =
-      allreduce_mode(config.mode) ? train_sync(context) : train_async(context, first_step);
+      traits(config.mode).allreduce() ? train_sync(context) : train_async(context, first_step);
 
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ", summary.seconds,
       " s; waiting for the other workers");

@@ -156,7 +156,7 @@ class Coordinator {
   // with one per worker only: an end-of-run snapshot seeds a new run, whose
   // workers start their shards afresh.
   void restore_progress(const SnapshotInfo& info, std::uint64_t state_updates);
-  // The data handlers applied one chunk update (push, push_pull, assign) of
+  // The chunk handlers applied one chunk update (push, push_pull, assign) of
   // `request`; a resend answered from the record is not applied again.
   void applied_update(const wire::Header& request);
 

@@ -4,15 +4,16 @@
 #include <thread>
 
 #include "server/checkpointer.h"
+#include "server/chunk_handlers.h"
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
-#include "server/data_handlers.h"
 #include "server/ps_stats.h"
 #include "server/request_loop.h"
 #include "server/shard_file.h"
 #include "shared/curve_keys.h"
 #include "shared/log.h"
 #include "shared/metrics_server.h"
+#include "shared/modes.h"
 
 namespace pstrain {
 namespace {
@@ -35,7 +36,7 @@ std::optional<ps::CurveServerOptions> curve_options(const ClusterConfig& config,
       .own = read_key_pair(dir, {Identity::Role::ps, index}),
       .allowed = read_public_keys(dir),
       .rights = {.workers = static_cast<std::uint32_t>(config.workers.size()),
-                 .sync = allreduce_mode(config.mode)}};
+                 .sync = traits(config.mode).allreduce()}};
   if (public_key_of(curve.allowed, {Identity::Role::ps, index}, dir) != curve.own.public_key)
     throw CurveKeyError((dir / kPublicKeysFile).string() +
                         ": the key listed for ps:" + std::to_string(index) + " is not the one of " +
@@ -99,13 +100,13 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
        std::chrono::duration<double>(takeover_silence(config.net))},
       loop);
   if (restored) coordinator.restore_progress(restored->info, store.version_sum());
-  ps::DataHandlers data(store, coordinator, loop, stats, config.run_dir, index, hash,
-                        {.mode = config.mode,
-                         .workers = static_cast<std::uint32_t>(config.workers.size()),
-                         .staleness_bound = config.train.staleness_bound,
-                         .backup_workers = config.train.backup_workers,
-                         .lr_scaling = config.train.lr_scaling,
-                         .accumulate_steps = config.train.accumulate_steps});
+  ps::ChunkHandlers data(store, coordinator, loop, stats, config.run_dir, index, hash,
+                         {.mode = config.mode,
+                          .workers = static_cast<std::uint32_t>(config.workers.size()),
+                          .staleness_bound = config.train.staleness_bound,
+                          .backup_workers = config.train.backup_workers,
+                          .lr_scaling = config.train.lr_scaling,
+                          .accumulate_steps = config.train.accumulate_steps});
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
   stats.add_handler(loop.handlers(), loop, store, coordinator);

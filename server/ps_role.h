@@ -19,7 +19,7 @@
 // The ps is built of: server/request_loop.h (socket, replies),
 // server/dispatcher.h (decoding, checks, dispatch, resends),
 // server/coordinator.h (barriers, kv store, liveness, exit policy),
-// server/data_handlers.h (chunk ops, snapshot), server/shard_file.h (files,
+// server/chunk_handlers.h (chunk ops, snapshot), server/shard_file.h (files,
 // restore), server/checkpointer.h, server/ps_stats.h.
 #include <cstdint>
 #include <filesystem>

@@ -13,8 +13,8 @@
 //   parked_barrier, parked_kv_get, parked_read (mode ssp), parked_gradient
 //   (mode backup), updates_lost (per worker: acknowledged updates a restore
 //   of this ps lost), ssp_staleness_max (mode ssp: the largest staleness in
-//   steps of an applied update, server/ssp_gate.h), gradients_dropped (mode
-//   backup: late gradients never applied, server/backup_aggregator.h),
+//   steps of an applied update, server/consistency/ssp_gate.h), gradients_dropped (mode
+//   backup: late gradients never applied, server/consistency/backup_aggregator.h),
 //   uptime_seconds.
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.

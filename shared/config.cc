@@ -16,6 +16,7 @@
 #include "shared/config_field.h"
 #include "shared/config_override.h"
 #include "shared/init.h"
+#include "shared/modes.h"
 #include "shared/shard_map.h"
 
 // The schema: one field table per section (shared/config_field.h says how a
@@ -46,13 +47,11 @@ std::string_view to_string(Mode mode) {
       return "ssp";
     case Mode::backup:
       return "backup";
-    case Mode::local:
+    case Mode::local_sgd:
       return "local";
   }
   return "unknown";
 }
-
-bool allreduce_mode(Mode mode) { return mode == Mode::sync || mode == Mode::local; }
 
 std::string_view to_string(WorkerLoss loss) {
   return loss == WorkerLoss::fail ? "fail" : "continue";
@@ -422,13 +421,11 @@ Field<ClusterConfig> workers_field() {
 Field<ClusterConfig> mode_field() {
   Field<ClusterConfig> field =
       choice("mode", &ClusterConfig::mode,
-             {Mode::async, Mode::sync, Mode::ssp, Mode::backup, Mode::local});
+             {Mode::async, Mode::sync, Mode::ssp, Mode::backup, Mode::local_sgd});
   field.read = [read = field.read](const Reader& r, const YAML::Node& node, const std::string& path,
                                    ClusterConfig& c) {
     read(r, node, path, c);
-    // Every step of an all-reduce needs every worker; through the ps the
-    // others go on (ssp and backup count only the live ones).
-    c.train.on_worker_loss = allreduce_mode(c.mode) ? WorkerLoss::fail : WorkerLoss::continue_;
+    c.train.on_worker_loss = traits(c.mode).on_worker_loss;
   };
   return field;
 }

@@ -50,13 +50,11 @@ struct WorkerSpec {
 //   steps ahead of the slowest (the ps holds its pulls);
 // - backup: each step the ps applies the mean of the first N - b gradients
 //   (train.backup_workers b) and drops the late ones;
-// - local: each worker steps on its own for train.local_steps steps, then
-//   the workers average their weights through the all-reduce.
-enum class Mode { async, sync, ssp, backup, local };
-
-// The modes whose workers all-reduce between themselves (Gloo or NCCL),
-// with the ps holding only a copy worker 0 assigns: sync and local.
-bool allreduce_mode(Mode mode);
+// - local (local SGD): each worker steps on its own for train.local_steps
+//   steps, then the workers average their weights through the all-reduce.
+// What each implies for the ps, the worker and a lost worker:
+// shared/modes.h.
+enum class Mode { async, sync, ssp, backup, local_sgd };
 
 // What a ps does when a worker that has not finished goes silent for
 // net.worker_timeout: go on with the live ones, or exit 3 naming it.

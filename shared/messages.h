@@ -29,12 +29,12 @@ namespace pstrain::wire {
 // reply's values travel in: the ps rounds its f32 values for the reply.
 // pull, push and push_pull also carry the sender's clock: the steps it
 // completed before the one it pulls for or pushes from (mode ssp holds a
-// pull of a worker too far ahead, server/ssp_gate.h); push and push_pull
+// pull of a worker too far ahead, server/consistency/ssp_gate.h); push and push_pull
 // the chunk's version their gradient was computed on, the one the sender
 // last pulled: the ps counts the updates applied since as the update's
 // staleness (0 from a sender that never pulled, such as a tool), and mode
 // backup drops a gradient of a step already applied
-// (server/backup_aggregator.h). `priority`: the variable's place in the
+// (server/consistency/backup_aggregator.h). `priority`: the variable's place in the
 // model, layer 0's first (P3's priority order): a ps serves what it finds
 // queued together lowest first, so the weights the next forward pass needs
 // first leave first and the gradients of the last layers, sent first in

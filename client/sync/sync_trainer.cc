@@ -9,6 +9,7 @@
 #include "client/sync/communicator_factory.h"
 #include "client/sync/rendezvous.h"
 #include "shared/log.h"
+#include "shared/modes.h"
 
 namespace pstrain {
 namespace {
@@ -312,7 +313,8 @@ TrainSummary train_sync(const TrainContext& context) {
   const auto train_attempt = [&](const SyncAttempt& attempt, Communicator& comm) {
     read_from_ps();
     shard.seek(attempt.step * accumulate_steps, config.train.batch_size);
-    const std::uint32_t local_steps = config.mode == Mode::local ? config.train.local_steps : 0;
+    const std::uint32_t local_steps =
+        traits(config.mode).worker == WorkerStrategy::local_sgd ? config.train.local_steps : 0;
     SyncReplica replica(
         backend, model, comm, config.optimizer, config.train.bucket_bytes, true, local_steps,
         accumulate_steps,

@@ -1,5 +1,5 @@
 // Fuzz target: the ps's request handling in-process. The modules
-// server/ps_role.cc wires (coordinator, data handlers, stats) serve behind
+// server/ps_role.cc wires (coordinator, chunk handlers, stats) serve behind
 // the dispatcher the request loop uses (server/dispatcher.h), with a sink
 // that encodes every reply, as the loop's socket side does, instead of
 // sending it. Each input is a fresh ps fed a sequence of messages (format in
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "server/chunk_handlers.h"
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
-#include "server/data_handlers.h"
 #include "server/dispatcher.h"
 #include "server/ps_stats.h"
 #include "shared/config.h"
@@ -56,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       stats, wire_sink);
   ps::Coordinator coordinator(
       {"ps 0", fuzz::kPsWorkers, std::chrono::seconds(1), WorkerLoss::continue_}, dispatcher);
-  ps::DataHandlers handlers(store, coordinator, dispatcher, stats, run_dir.path, 0, fuzz::kPsRunId);
+  ps::ChunkHandlers handlers(store, coordinator, dispatcher, stats, run_dir.path, 0,
+                             fuzz::kPsRunId);
   coordinator.add_handlers(dispatcher.handlers());
   handlers.add_handlers(dispatcher.handlers());
   stats.add_handler(dispatcher.handlers(), dispatcher, store, coordinator);

@@ -383,7 +383,7 @@ class RestartPolicyTest(unittest.TestCase):
 
     def env(self, plan):
         return {"PSTRAIN": FAKE_PSTRAIN, "FAKE_PSTRAIN_LOG": self.log,
-                "FAKE_PSTRAIN_PLAN": json.dumps(plan)}
+                "FAKE_PSTRAIN_PLAN": json.dumps(plan), "FAKE_PSTRAIN_REAL": support.PSTRAIN}
 
     def launch(self, plan, *args):
         r = support.run_tool("launch", [self.w.cluster, "--run-dir", self.run_dir,
@@ -425,14 +425,24 @@ class RestartPolicyTest(unittest.TestCase):
                          [1, 2, 4, 8, 16, 30, 30])
         self.assertEqual(launch.backoff(3, 0.25), 1.0)
 
-    def test_on_worker_loss_defaults_to_the_modes(self):
+    def test_on_worker_loss_is_what_pstrain_resolved_for_the_mode(self):
+        """The launcher restarts by train.on_worker_loss as `pstrain --check`
+        resolves it (each mode's default comes from shared/modes.h), and
+        refuses a config without one rather than guessing."""
         launch = support.load_tool("launch")
-        self.assertEqual(launch.on_worker_loss({"mode": "async", "train": {}}), "continue")
-        self.assertEqual(launch.on_worker_loss({"mode": "sync", "train": {}}), "fail")
-        self.assertEqual(launch.on_worker_loss(
-            {"mode": "async", "train": {"on_worker_loss": "fail"}}), "fail")
-        self.assertEqual(launch.on_worker_loss(
-            {"mode": "sync", "train": {"on_worker_loss": "continue"}}), "continue")
+        cluster_config = launch.cluster_config
+        expected = {"async": "continue", "ssp": "continue", "backup": "continue",
+                    "sync": "fail", "local": "fail"}
+        for mode, loss in expected.items():
+            for given in (None, "continue", "fail"):
+                train = {} if given is None else {"on_worker_loss": given}
+                w = support.Workspace(support.cluster(mode=mode, train=train))
+                self.addCleanup(w.cleanup)
+                _, cfg = cluster_config.check(support.PSTRAIN, w.cluster)
+                self.assertEqual(launch.on_worker_loss(cfg), given or loss, (mode, given))
+        with self.assertRaises(cluster_config.ConfigError) as refused:
+            launch.on_worker_loss({"mode": "sync", "train": {}})
+        self.assertIn("train.on_worker_loss None", str(refused.exception))
 
     def test_a_ps_that_keeps_failing_exhausts_its_restarts_and_fails_the_run(self):
         snapshot = os.path.join(self.w.path, "old-snapshot")

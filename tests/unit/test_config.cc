@@ -12,6 +12,7 @@
 #include "shared/child_process.h"
 #include "shared/config.h"
 #include "shared/init.h"
+#include "shared/modes.h"
 
 namespace pstrain {
 namespace {
@@ -100,6 +101,34 @@ TEST_CASE("config: train.on_worker_loss defaults by mode, a given value wins") {
   const auto sync = parse(kMinimal, {"mode=sync"});
   CHECK(sync.to_yaml().find("on_worker_loss: fail") != std::string::npos);
   CHECK(parse(sync.to_yaml()).to_yaml() == sync.to_yaml());
+}
+
+TEST_CASE("modes: one table says what each mode implies, and the config reads it") {
+  // The table of shared/modes.h, spelled out: a change to it must be meant.
+  struct Row {
+    const char* name;
+    ServerPolicy server;
+    WorkerStrategy worker;
+    WorkerLoss loss;
+    bool allreduce;
+  };
+  for (const Row& row :
+       {Row{"async", ServerPolicy::async, WorkerStrategy::through_ps, WorkerLoss::continue_, false},
+        Row{"ssp", ServerPolicy::ssp, WorkerStrategy::through_ps, WorkerLoss::continue_, false},
+        Row{"backup", ServerPolicy::backup, WorkerStrategy::through_ps, WorkerLoss::continue_,
+            false},
+        Row{"sync", ServerPolicy::async, WorkerStrategy::allreduce, WorkerLoss::fail, true},
+        Row{"local", ServerPolicy::async, WorkerStrategy::local_sgd, WorkerLoss::fail, true}}) {
+    INFO(row.name);
+    const ClusterConfig c = parse(kMinimal, {std::string("mode=") + row.name});
+    const ModeTraits& t = traits(c.mode);
+    CHECK(t.mode == c.mode);
+    CHECK(t.server == row.server);
+    CHECK(t.worker == row.worker);
+    CHECK(t.on_worker_loss == row.loss);
+    CHECK(t.allreduce() == row.allreduce);
+    CHECK(c.train.on_worker_loss == row.loss);  // the config's default is the table's
+  }
 }
 
 TEST_CASE("config: every section is read") {

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "server/backup_aggregator.h"
+#include "server/chunk_handlers.h"
+#include "server/consistency/backup_aggregator.h"
+#include "server/consistency/ssp_gate.h"
 #include "server/coordinator.h"
-#include "server/data_handlers.h"
-#include "server/ssp_gate.h"
 #include "shared/messages.h"
 #include "shared/metrics_registry.h"
 #include "tests/support/recording_sink.h"
@@ -92,7 +92,7 @@ struct Ps {
   Coordinator coordinator;
   MetricsRegistry registry;
   PsStats stats;
-  DataHandlers data;
+  ChunkHandlers data;
   std::vector<std::vector<float>> grads;  // alive while the handlers read them
   std::uint64_t next_id = 0;
 };

@@ -1,4 +1,4 @@
-#include "server/ssp_gate.h"
+#include "server/consistency/ssp_gate.h"
 
 #include <algorithm>
 #include <limits>

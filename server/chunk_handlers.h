@@ -15,11 +15,11 @@
 // widened, and values leave as a copy rounded to the request's dtype: the
 // store, its optimizer state and snapshots stay f32 (shared/messages.h).
 //
-// In modes ssp and backup pushes and pulls are answered as those modes say
-// (server/ssp_gate.h, server/backup_aggregator.h): a reply may be held
-// until the slowest worker catches up, or until a step has its gradients;
-// tick() lets go of what the coordinator's news (a worker lost or finished)
-// releases. A resend of a held request is answered by the held reply.
+// Pushes and pulls, once decoded and checked, are answered as the mode's
+// consistency policy says (server/consistency/policy.h): at once in async,
+// or held until the slowest worker catches up (ssp) or a step has its
+// gradients (backup); tick() lets the policy answer what the coordinator's
+// news (a worker lost or finished) releases.
 //
 // A snapshot takes a cut of the shard (references to the chunks, which
 // updates then copy on write) and a thread of its own writes it, so serving
@@ -33,47 +33,30 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <thread>
 
-#include "server/backup_aggregator.h"
 #include "server/chunk_store.h"
+#include "server/consistency/policy.h"
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
-#include "server/ssp_gate.h"
-#include "shared/config.h"
 #include "shared/messages.h"
 
 namespace pstrain::ps {
 
-// How the ps answers pushes and pulls (ClusterConfig::mode and its train.*
-// keys). Modes other than ssp and backup are answered as async: the ps of
-// an all-reduce mode only receives worker 0's assigns.
-struct Consistency {
-  Mode mode = Mode::async;
-  std::uint32_t workers = 0;
-  std::uint64_t staleness_bound = 0;  // ssp
-  std::uint32_t backup_workers = 0;   // backup
-  // backup: a step's mean applied with the learning rate times the
-  // gradients it averages (train.lr_scaling: the linear scaling rule),
-  // times the micro-batches each of them averages (train.accumulate_steps).
-  bool lr_scaling = false;
-  std::uint32_t accumulate_steps = 1;
-};
-
-class DataHandlers {
+class ChunkHandlers {
  public:
   // `run_dir` and `ps_index` place the snapshot file; `config_hash` is
   // written in it.
   // `coordinator` counts the updates applied (Coordinator::applied_update).
   // `stats` counts refused updates.
-  DataHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink, PsStats& stats,
-               std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash,
-               Consistency consistency = {});
+  // `consistency` picks the policy pushes and pulls go through.
+  ChunkHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink, PsStats& stats,
+                std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash,
+                const Consistency& consistency = {});
 
   // Registers init, pull, push, push_pull, assign and snapshot.
   void add_handlers(Handlers& handlers);
@@ -94,13 +77,12 @@ class DataHandlers {
   void tick();
   // Waits for a snapshot being written and answers it; the destructor too.
   void finish();
-  // Modes ssp and backup: logs what the mode did (the largest staleness of
-  // an applied update against the bound; steps applied and late gradients
-  // dropped), for the end of the ps's log.
-  void log_summary() const;
-  ~DataHandlers();
-  DataHandlers(const DataHandlers&) = delete;
-  DataHandlers& operator=(const DataHandlers&) = delete;
+  // What the mode did, for the end of the ps's log (ssp: the largest
+  // staleness against the bound; backup: steps applied, gradients dropped).
+  void log_summary() const { policy_->log_summary(); }
+  ~ChunkHandlers();
+  ChunkHandlers(const ChunkHandlers&) = delete;
+  ChunkHandlers& operator=(const ChunkHandlers&) = delete;
 
  private:
   struct SnapshotWrite {
@@ -116,22 +98,6 @@ class DataHandlers {
   // value of an update is finite.
   void refuse_nonfinite(const Request& request, std::span<const float> values);
 
-  void reply_version(const Request& request, const Chunk& chunk);
-  void reply_values(const Request& request, const Chunk& chunk);
-  // A push's or push_pull's answer: the version, or the values.
-  void reply_update(const Request& request, const Chunk& chunk);
-  const Chunk& chunk_of(const wire::ChunkRequest& id) const;
-
-  // Mode ssp: the fewest steps a worker not lost completed, and the reads
-  // `slowest` lets go.
-  std::uint64_t slowest() const;
-  void release_reads(std::uint64_t slowest);
-  // Mode backup: a gradient for its step; a step's mean applied.
-  void push_backup(const Request& request, const wire::ChunkRequest& id,
-                   std::span<const float> grad);
-  void apply_step(const BackupAggregator::Step& step);
-  void count_held();
-
   ChunkStore& store_;
   Coordinator& coordinator_;
   ReplySink& sink_;
@@ -140,13 +106,8 @@ class DataHandlers {
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;
   std::uint64_t config_hash_;
-  std::unique_ptr<SnapshotWrite> snapshot_;                  // the one being written, if any
-  std::optional<SspGate> ssp_;                               // mode ssp
-  std::optional<BackupAggregator> backup_;                   // mode backup
-  bool lr_scaling_ = false;                                  // mode backup
-  std::uint32_t accumulate_steps_ = 1;                       // mode backup
-  std::uint64_t largest_staleness_ = 0;                      // mode ssp
-  std::uint64_t steps_applied_ = 0, gradients_dropped_ = 0;  // mode backup
+  std::unique_ptr<SnapshotWrite> snapshot_;  // the one being written, if any
+  std::unique_ptr<ConsistencyPolicy> policy_;
 };
 
 }  // namespace pstrain::ps

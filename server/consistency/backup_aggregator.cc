@@ -1,4 +1,4 @@
-#include "server/backup_aggregator.h"
+#include "server/consistency/backup_aggregator.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,0 +1,35 @@
+#pragma once
+// Mode ssp: gradients applied as in async; a read (a pull, or the reply to
+// a push_pull, which is the read of the pusher's next step) of a worker too
+// far ahead of the slowest is held by the gate (ssp_gate.h) and answered
+// when the slowest catches up, or when the workers holding it back are lost.
+#include <cstdint>
+
+#include "server/consistency/policy.h"
+#include "server/consistency/ssp_gate.h"
+
+namespace pstrain::ps {
+
+class SspPolicy final : public ConsistencyPolicy {
+ public:
+  SspPolicy(const PolicyContext& context, std::uint32_t workers, std::uint64_t bound)
+      : context_(context), gate_(workers, bound) {}
+  void on_pull(const Request& request, const wire::ChunkRequest& id, const Chunk& c) override;
+  void on_push(const Request& request, const wire::ChunkRequest& id,
+               std::span<const float> grad) override;
+  void on_tick() override { release_reads(slowest()); }
+  // The largest staleness of an applied update against the bound.
+  void log_summary() const override;
+
+ private:
+  // The fewest steps a worker not lost completed, and the reads it lets go.
+  std::uint64_t slowest() const;
+  void release_reads(std::uint64_t slowest);
+  void park(const Request& read, std::uint64_t clock);
+
+  PolicyContext context_;
+  SspGate gate_;
+  std::uint64_t largest_staleness_ = 0;
+};
+
+}  // namespace pstrain::ps
