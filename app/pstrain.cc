@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "app/build_info.h"
-#include "client/model_io.h"
-#include "client/worker_role.h"
+#include "client/model/model_io.h"
+#include "client/train/worker_role.h"
 #include "server/ps_role.h"
 #include "shared/atomic_file.h"
 #include "shared/config.h"

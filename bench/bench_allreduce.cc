@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
-#include "client/sync/gloo_communicator.h"
-#include "client/sync/sync_trainer.h"
-#include "shared/child_process.h"
+#include "client/comm/gloo_communicator.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/train/sync_trainer.h"
+#include "tests/support/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;

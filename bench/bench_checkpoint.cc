@@ -15,9 +15,9 @@
 #include <regex>
 #include <thread>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "server/ps_role.h"
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;

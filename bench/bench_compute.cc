@@ -8,7 +8,7 @@
 // median, min and max are reported. A second pass through a timing wrapper
 // splits one step's time by layer and direction (the wrapper's own cost is
 // small against it). PSTRAIN_CPU_KERNELS picks the kernel library
-// (client/cpu_backend.h); the backend's name says which ran. --json prints
+// (client/compute/cpu/cpu_backend.h); the backend's name says which ran. --json prints
 // one JSON object per model instead, without the split, for tools/bench.
 // --precision sets the GEMMs' precision (train.precision); one the CPU lacks
 // is an error naming why.
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "client/cuda_loader.h"
-#include "client/model.h"
+#include "client/compute/cuda_loader.h"
+#include "client/model/model.h"
 
 namespace {
 

@@ -29,9 +29,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "server/ps_role.h"
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;

@@ -23,12 +23,12 @@
 #include <thread>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
-#include "client/ps_client.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/ps/ps_client.h"
 #include "server/ps_role.h"
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 
 using namespace pstrain;
 using Clock = std::chrono::steady_clock;

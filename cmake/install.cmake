@@ -2,7 +2,7 @@
 # pstrain, relative to the prefix:
 #
 #   lib/pstrain/pstrain              the binary; its CUDA library beside it, as
-#   lib/pstrain/libpstrain_cuda.so   in the build tree (client/cuda_loader.h)
+#   lib/pstrain/libpstrain_cuda.so   in the build tree (client/compute/cuda_loader.h)
 #   lib/pstrain/bench/bench_*        what pstrain-bench runs
 #   lib/pstrain/tools/               launch, compare, bench and their modules
 #   bin/pstrain, bin/pstrain-launch, bin/pstrain-compare, bin/pstrain-bench

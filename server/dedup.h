@@ -2,7 +2,7 @@
 // The ps's record of the updates it applied, per client, so that a resent
 // request is answered instead of applied a second time.
 //
-// A client resends a data request it got no reply to (client/ps_client.h)
+// A client resends a data request it got no reply to (client/ps/ps_client.h)
 // with the same request id; the id is a sequence number within the client's
 // incarnation (random per process start). The record keeps, per incarnation,
 // the ids of the last kWindow applied init, push, push_pull and assign

@@ -63,7 +63,7 @@ enum class WorkerLoss { continue_, fail };
 // The arithmetic of a worker's GEMMs (dense layers and the convolutions'
 // products): operands rounded to this format (shared/low_precision.h), float32
 // accumulation and outputs, float32 master weights on the worker and the ps.
-// fp16 also scales the loss (client/loss_scaler.h). A backend that cannot
+// fp16 also scales the loss (client/train/loss_scaler.h). A backend that cannot
 // compute at the chosen precision says why (Backend::precision_unavailable),
 // and the worker trains in fp32, saying so.
 enum class Precision { fp32, bf16, fp16 };
@@ -105,7 +105,7 @@ struct TrainConfig {
   std::uint32_t sync_every = 50;     // sync mode: steps between writes to the ps
   bool lr_scaling = false;           // sync mode: lr x workers (Goyal et al.)
   std::uint32_t warmup_steps = 0;    // sync mode: linear warm-up to the scaled lr
-  // Workers slowed down on purpose (client/straggler.h): an index, -1 for
+  // Workers slowed down on purpose (client/train/straggler.h): an index, -1 for
   // none, or kEveryWorker.
   std::int32_t straggler_worker = -1;
   double straggler_delay_ms = 0;           // ... by this much per step
@@ -125,7 +125,7 @@ struct TrainConfig {
   std::uint32_t accumulate_steps = 1;
   Precision precision = Precision::fp32;
   // GPU workers record each step's kernels once as a CUDA graph and replay
-  // it (client/train_loop.h, StepGraphs); false: every step launches them.
+  // it (client/train/train_loop.h, StepGraphs); false: every step launches them.
   bool cuda_graphs = true;
   // Follows the mode unless given (the mode's field sets it): an async run
   // can finish without a worker, a sync one cannot.
@@ -142,7 +142,7 @@ struct NetConfig {
   FaultConfig fault;  // for testing only
 };
 
-// Seconds between a worker's liveness heartbeats (client/heartbeat.h):
+// Seconds between a worker's liveness heartbeats (client/ps/heartbeat.h):
 // net.heartbeat, or a quarter of net.worker_timeout when that is shorter.
 double liveness_interval(const NetConfig& net);
 // How long the process holding a worker index must have been silent before
@@ -256,7 +256,7 @@ std::string_view to_string(Device device);
 std::uint32_t ps_apply_threads(const ClusterConfig& config, std::uint32_t ps_index, unsigned cores);
 std::string_view to_string(WorkerLoss loss);
 // Inline: libpstrain_cuda.so, which links none of pstrain_shared, names
-// precisions in its messages (client/backend.h).
+// precisions in its messages (client/compute/backend.h).
 inline std::string_view to_string(Precision precision) {
   switch (precision) {
     case Precision::fp32:

@@ -17,7 +17,7 @@ struct InitSpec {
 };
 
 // splitmix64's output function: a well-mixed 64-bit hash of x, the step of
-// every counter-based generator here (also client/straggler.h's).
+// every counter-based generator here (also client/train/straggler.h's).
 std::uint64_t splitmix64(std::uint64_t x);
 
 // 64-bit FNV-1a; also names variables in the generator's counter.

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "shared/hd.h"
+#include "shared/host_device.h"
 
 namespace pstrain {
 

@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "shared/hd.h"
+#include "shared/host_device.h"
 #include "shared/optimizer.h"
 
 #if !defined(__CUDACC__)

@@ -10,7 +10,7 @@ a process of its own so that an absent or broken PyTorch only costs its rows.
                          [--eval-every 30000]
 
 Each prints one JSON object per line. The models have the shapes of pstrain's
-presets (client/model.cc): mlp 784-256-128-10, cnn conv 32 3x3, pool 2,
+presets (client/model/model.cc): mlp 784-256-128-10, cnn conv 32 3x3, pool 2,
 conv 64 3x3, pool 2, dense 128, 10, on 1x28x28 inputs, ReLU after every
 hidden layer, softmax cross-entropy. `tta` trains pstrain's default job
 (cluster.yaml) with DDP instead: the MLP (or --model cnn) on Fashion-MNIST,

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <string>
 
-#include "client/async_trainer.h"
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
-#include "client/ps_client.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/ps/ps_client.h"
+#include "client/train/async_trainer.h"
 #include "tests/support/ps_cluster.h"
 
 using namespace pstrain;

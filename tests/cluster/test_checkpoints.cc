@@ -10,7 +10,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "server/shard_file.h"
 #include "shared/snapshot.h"
 #include "tests/support/ps_cluster.h"

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "shared/child_process.h"
 #include "shared/config.h"
+#include "tests/support/child_process.h"
 #include "tests/support/pstrain_binary.h"
 
 namespace pstrain {

@@ -6,7 +6,7 @@
 
 #include <zmq.h>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "shared/messages.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/raw_peer.h"

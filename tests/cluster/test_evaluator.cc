@@ -7,11 +7,11 @@
 
 #include <future>
 
-#include "client/dataset.h"
-#include "client/evaluator.h"
-#include "client/heartbeat.h"
-#include "client/model.h"
-#include "client/ps_client.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/ps/heartbeat.h"
+#include "client/ps/ps_client.h"
+#include "client/train/evaluator.h"
 #include "tests/support/ps_cluster.h"
 
 using namespace pstrain;
@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Not a worker, as worker 0's evaluator (client/worker_role.cc).
+// Not a worker, as worker 0's evaluator (client/train/worker_role.cc).
 constexpr std::uint32_t kEvaluatorSender = 1u << 16;
 
 std::string read_text(const std::filesystem::path& p) {

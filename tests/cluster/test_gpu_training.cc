@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "client/async_trainer.h"
-#include "client/cpu_backend.h"
-#include "client/cuda_loader.h"
-#include "client/dataset.h"
-#include "client/model.h"
-#include "client/ps_client.h"
-#include "client/sync/sync_trainer.h"
-#include "client/train_loop.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/compute/cuda_loader.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/ps/ps_client.h"
+#include "client/train/async_trainer.h"
+#include "client/train/sync_trainer.h"
+#include "client/train/train_loop.h"
 #include "shared/init.h"
 #include "tests/support/gpu_exit.h"
 #include "tests/support/ps_cluster.h"
@@ -190,7 +190,7 @@ TEST_CASE("gpu training: steps replayed from CUDA graphs end bit for bit where e
 
 TEST_CASE("gpu training: fp16 with loss scaling trains like fp32, the scaler at work") {
   // Each step's gradients are checked for overflow on the device and the
-  // loss scale kept by the trainer (client/loss_scaler.h); the CPU has no
+  // loss scale kept by the trainer (client/train/loss_scaler.h); the CPU has no
   // fp16 GEMMs, so only a GPU runs this path inside a trainer.
   auto gpu_backend = cuda::make_cuda_backend(0);
   for (const std::string mode : {"async", "sync"}) {

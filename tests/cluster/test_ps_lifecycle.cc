@@ -7,7 +7,7 @@
 #include <future>
 #include <thread>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "tests/support/ps_cluster.h"
 
 using namespace pstrain;

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "tests/support/exact_pushes.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/raw_peer.h"

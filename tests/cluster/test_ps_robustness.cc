@@ -12,7 +12,7 @@
 #include <random>
 #include <thread>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "server/coordinator.h"
 #include "shared/messages.h"
 #include "tests/support/ps_cluster.h"

@@ -15,7 +15,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "shared/low_precision.h"
 #include "shared/optimizer.h"
 #include "shared/snapshot.h"

@@ -6,12 +6,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "client/async_trainer.h"
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
-#include "client/ps_client.h"
-#include "client/train_loop.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/ps/ps_client.h"
+#include "client/train/async_trainer.h"
+#include "client/train/train_loop.h"
 #include "shared/init.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/staging_backend.h"

@@ -12,7 +12,7 @@
 #include <regex>
 #include <thread>
 
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 #include "tests/support/pstrain_binary.h"
 
 using namespace pstrain;

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 #include "tests/support/pstrain_binary.h"
 
 using namespace pstrain;

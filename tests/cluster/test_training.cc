@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 #include "tests/support/pstrain_binary.h"
 #include "tests/support/raw_peer.h"
 

@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "client/backend.h"
-#include "client/cuda_api.h"
-#include "client/sync/communicator.h"
+#include "client/comm/communicator.h"
+#include "client/compute/backend.h"
+#include "client/compute/cuda_api.h"
 #include "shared/config.h"
 #include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
@@ -398,7 +398,7 @@ TEST_CASE("softmax cross-entropy matches the reference") {
   }
 }
 
-// Mixed precision (train.precision, client/backend.h): a backend's GEMMs at
+// Mixed precision (train.precision, client/compute/backend.h): a backend's GEMMs at
 // bf16 and fp16 against the double reference on operands rounded with
 // shared/low_precision.h, the rounding the CPU backend is tested with. Each
 // precision the backend reports unavailable is skipped, saying why.

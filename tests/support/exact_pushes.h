@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "client/ps_client.h"
+#include "client/ps/ps_client.h"
 #include "tests/support/ps_cluster.h"
 
 namespace pstrain::testing {

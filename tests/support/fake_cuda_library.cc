@@ -2,7 +2,7 @@
 // reports this build's ABI version, so only the interface hash can tell it
 // apart (or, with PSTRAIN_FAKE_NO_HASH, it predates the hash). For the
 // loader's checks (tests/unit/test_cuda_library.cc).
-#include "client/cuda_api.h"
+#include "client/compute/cuda_api.h"
 
 extern "C" {
 __attribute__((visibility("default"))) int pstrain_cuda_abi_version() {

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "shared/child_process.h"
 #include "shared/config.h"
 #include "shared/curve_keys.h"
+#include "tests/support/child_process.h"
 #include "tests/support/pstrain_binary.h"
 
 namespace pstrain::testing {

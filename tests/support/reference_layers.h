@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "client/backend.h"
+#include "client/compute/backend.h"
 
 namespace pstrain::reference {
 

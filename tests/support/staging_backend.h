@@ -36,8 +36,8 @@
 #include <utility>
 #include <vector>
 
-#include "client/backend.h"
-#include "client/cpu_backend.h"
+#include "client/compute/backend.h"
+#include "client/compute/cpu/cpu_backend.h"
 
 namespace pstrain::testing {
 

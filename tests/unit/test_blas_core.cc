@@ -2,7 +2,7 @@
 // CPUs and the cores Debian's OpenBLAS 0.3.21 picks for them by itself.
 #include <doctest/doctest.h>
 
-#include "client/blas_core.h"
+#include "client/compute/cpu/blas_core.h"
 
 using namespace pstrain;
 

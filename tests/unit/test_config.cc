@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "shared/child_process.h"
 #include "shared/config.h"
 #include "shared/init.h"
 #include "shared/modes.h"
+#include "tests/support/child_process.h"
 
 namespace pstrain {
 namespace {

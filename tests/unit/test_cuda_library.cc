@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "client/cuda_loader.h"
+#include "client/compute/cuda_loader.h"
 
 namespace {
 

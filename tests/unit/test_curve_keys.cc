@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "server/rights.h"
-#include "shared/child_process.h"
 #include "shared/messages.h"
+#include "tests/support/child_process.h"
 
 using namespace pstrain;
 using Role = Identity::Role;

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "client/dataset.h"
-#include "client/idx_reader.h"
-#include "shared/child_process.h"
+#include "client/data/dataset.h"
+#include "client/data/idx_reader.h"
+#include "tests/support/child_process.h"
 
 namespace fs = std::filesystem;
 using namespace pstrain;

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/elementwise.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/compute/elementwise.h"
 #include "tests/support/reference_layers.h"
 
 using namespace pstrain;

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
 #include "tests/support/staging_backend.h"
 
 using namespace pstrain;

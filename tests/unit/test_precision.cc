@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/loss_scaler.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/train/loss_scaler.h"
 #include "shared/low_precision.h"
 #include "shared/metrics_registry.h"
 #include "tests/support/staging_backend.h"

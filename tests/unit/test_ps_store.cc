@@ -12,8 +12,8 @@
 
 #include "server/chunk_store.h"
 #include "shared/atomic_file.h"
-#include "shared/child_process.h"
 #include "shared/snapshot.h"
+#include "tests/support/child_process.h"
 
 using namespace pstrain;
 

@@ -1,4 +1,4 @@
-// The straggler schedule (client/straggler.h): which workers sleep after a
+// The straggler schedule (client/train/straggler.h): which workers sleep after a
 // step and for how long, checked against delays worked out by hand from a
 // step's draw, and the draws against the properties a schedule needs
 // (deterministic per seed, worker and step; uniform; its own per worker).
@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "client/straggler.h"
+#include "client/train/straggler.h"
 
 using namespace pstrain;
 

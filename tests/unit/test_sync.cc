@@ -19,12 +19,12 @@
 #include <thread>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/loss_scaler.h"
-#include "client/model.h"
-#include "client/sync/gloo_communicator.h"
-#include "client/sync/sync_trainer.h"
+#include "client/comm/gloo_communicator.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/train/loss_scaler.h"
+#include "client/train/sync_trainer.h"
 #include "tests/support/staging_backend.h"
 
 namespace pstrain {

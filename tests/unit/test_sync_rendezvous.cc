@@ -7,12 +7,12 @@
 #include <cstdlib>
 #include <future>
 
-#include "client/cpu_backend.h"
-#include "client/ps_client.h"
-#include "client/sync/communicator_factory.h"
-#include "client/sync/rendezvous.h"
+#include "client/comm/communicator_factory.h"
+#include "client/comm/rendezvous.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/ps/ps_client.h"
 #include "server/ps_role.h"
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 
 namespace pstrain {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "shared/child_process.h"
+#include "tests/support/child_process.h"
 #include "tests/support/gpu_exit.h"
 #include "tests/support/pstrain_binary.h"
 

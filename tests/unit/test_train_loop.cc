@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "client/cpu_backend.h"
-#include "client/dataset.h"
-#include "client/model.h"
-#include "client/train_loop.h"
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/train/train_loop.h"
 #include "tests/support/staging_backend.h"
 
 using namespace pstrain;

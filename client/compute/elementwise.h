@@ -1,0 +1,60 @@
+#pragma once
+// Per-element arithmetic of the layers, shared by the CPU backend and the
+// CUDA kernels (PSTRAIN_HD) so both compute the same values and the CPU tests
+// cover the definitions the GPU runs. Only functions that exist on the device
+// too (expf, logf, fmaxf) may appear here.
+#include <cstdint>
+
+#include "shared/host_device.h"
+
+#if !defined(__CUDACC__)
+#include <cmath>
+#endif
+
+namespace pstrain::ew {
+
+PSTRAIN_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+
+// The derivative in terms of the forward output y, so the backward pass needs
+// no copy of the input; the subgradient at 0 is 0.
+PSTRAIN_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+// Gradient accumulation's y = a x + b y, where b == 0 ignores y's old value
+// (a fresh buffer may hold NaNs, and 0 * NaN is NaN).
+PSTRAIN_HD float axpby(float a, float x, float b, float y) {
+  return b != 0.0f ? a * x + b * y : a * x;
+}
+
+// Softmax cross-entropy of one row of logits, in the log-sum-exp form that
+// cannot overflow: lse = max + log(sum_j exp(logit_j - max)).
+PSTRAIN_HD float softmax_exp_term(float logit, float max) { return expf(logit - max); }
+PSTRAIN_HD float log_sum_exp(float max, float sum_exp) { return max + logf(sum_exp); }
+// d loss / d logit for one element, already divided by the batch size n
+// (the mean over the batch): (softmax - onehot) / n.
+PSTRAIN_HD float xent_grad(float logit, float lse, bool is_label, float inv_n) {
+  return (expf(logit - lse) - (is_label ? 1.0f : 0.0f)) * inv_n;
+}
+// The per-sample loss: -log softmax(label) = lse - logit[label].
+PSTRAIN_HD float xent_loss(float label_logit, float lse) { return lse - label_logit; }
+
+// Argmax with ties broken towards the lower index, so every backend picks the
+// same class (and the same pooling input) for equal values: scan in
+// increasing index order and replace the best only on a strict improvement.
+PSTRAIN_HD bool takes_max(float candidate, float best) { return candidate > best; }
+
+// Stable argmax of row[0..n): the first index of the maximum.
+PSTRAIN_HD int argmax(const float* row, int n) {
+  int best = 0;
+  for (int j = 1; j < n; ++j) {
+    if (takes_max(row[j], row[best])) best = j;
+  }
+  return best;
+}
+
+// 1 where the predicted class is the label, as the float the per-sample
+// accuracy buffers hold.
+PSTRAIN_HD float correct(int predicted, std::int32_t label) {
+  return predicted == label ? 1.0f : 0.0f;
+}
+
+}  // namespace pstrain::ew

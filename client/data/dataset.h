@@ -1,0 +1,99 @@
+#pragma once
+// Training and test data held in host memory, and each worker's view of the
+// training set.
+//
+// Every dataset here is images NCHW (1x28x28) as float32 in [0, 1] with int32
+// labels in [0, classes).
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "client/data/idx_reader.h"
+#include "shared/config.h"
+
+namespace pstrain {
+
+struct Dataset {
+  std::string name;  // "fashion-mnist/train", "synthetic/test", ...
+  int channels = 1, height = 28, width = 28;
+  int classes = 10;
+  std::vector<float> images;         // size() * sample_floats()
+  std::vector<std::int32_t> labels;  // size()
+
+  std::size_t size() const { return labels.size(); }
+  std::size_t sample_floats() const { return static_cast<std::size_t>(channels) * height * width; }
+  const float* image(std::size_t i) const { return images.data() + i * sample_floats(); }
+};
+
+// Fashion-MNIST's `train` (60,000) or `t10k` (10,000) split from the four
+// *-ubyte.gz files in `dir`. Throws DataError naming the file, what is wrong
+// and how to get the files (Debian's dataset-fashion-mnist, or data.dir).
+Dataset load_fashion_mnist(const std::filesystem::path& dir, bool train);
+
+// A learnable stand-in for fast tests: each class is a fixed random pattern of
+// blobs, each sample its class's pattern at a random brightness plus noise.
+// The patterns depend only on the class, the samples on (split, index), so
+// the train and test splits share classes but no samples.
+Dataset make_synthetic(std::size_t size, bool train);
+
+// The dataset DataConfig names (fashion-mnist or synthetic), train or test.
+Dataset load_dataset(const DataConfig& config, bool train);
+
+struct Batch {
+  std::size_t size = 0;     // samples copied; 0 never happens
+  std::uint64_t epoch = 0;  // the epoch the batch belongs to
+  std::size_t index = 0;    // the batch's number within its epoch
+};
+
+// Worker `worker` of `workers` owns the contiguous part
+// [worker * part, (worker + 1) * part) of the training set, with
+// part = size / workers: every worker gets the same number of samples, so in
+// sync mode all take the same number of steps (the < workers samples left
+// over are not used). Each epoch visits the part in a new order, a pure
+// function of (seed, worker, epoch). The last batch of an epoch is smaller
+// when the batch size does not divide the part: it is kept, so an epoch sees
+// every owned sample exactly once.
+class WorkerShard {
+ public:
+  // Keeps a reference to `data`, which must outlive the shard. Throws
+  // std::invalid_argument when the dataset has fewer samples than
+  // workers, or worker >= workers.
+  WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers, std::uint64_t seed);
+
+  const Dataset& data() const { return data_; }
+  std::size_t size() const { return part_; }
+  std::size_t first() const { return first_; }  // first owned sample
+  std::size_t batches_per_epoch(std::size_t batch_size) const {
+    return (size() + batch_size - 1) / batch_size;
+  }
+
+  // Copies the next up to `batch_size` samples into images (batch_size *
+  // sample_floats floats) and labels (batch_size), moving to the next epoch
+  // (and its order) when the current one is used up.
+  Batch next_batch(std::size_t batch_size, float* images, std::int32_t* labels);
+
+  // Puts the shard where `batches` calls of next_batch(batch_size) on a fresh
+  // shard leave it (epoch, position and batch number), without reading any
+  // samples: a sync-mode worker that restarts at step s seeks to s batches
+  // and goes on with the batch it would have read next. Throws
+  // std::invalid_argument when batch_size is 0.
+  void seek(std::uint64_t batches, std::size_t batch_size);
+
+  // The order of the owned samples (dataset indices) in `epoch`.
+  std::vector<std::size_t> epoch_order(std::uint64_t epoch) const;
+
+ private:
+  const Dataset& data_;
+  std::uint32_t worker_;
+  std::uint64_t seed_;
+  std::size_t part_;
+  std::size_t first_;
+  std::uint64_t epoch_ = 0;
+  std::size_t position_ = 0;  // next sample of order_
+  std::size_t batch_index_ = 0;
+  std::vector<std::size_t> order_;
+};
+
+}  // namespace pstrain

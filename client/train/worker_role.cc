@@ -1,0 +1,201 @@
+#include "client/train/worker_role.h"
+
+#include <cstdio>
+
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/compute/cuda_loader.h"
+#include "client/data/dataset.h"
+#include "client/model/model.h"
+#include "client/model/model_io.h"
+#include "client/ps/heartbeat.h"
+#include "client/ps/ps_client.h"
+#include "client/ps/ps_restarts.h"
+#include "client/train/async_trainer.h"
+#include "client/train/evaluator.h"
+#include "client/train/progress.h"
+#include "client/train/sync_trainer.h"
+#include "shared/log.h"
+#include "shared/metrics.h"
+#include "shared/metrics_server.h"
+#include "shared/modes.h"
+
+namespace pstrain {
+namespace {
+
+// Evaluators talk to the ps under ids no worker has, so the ps does not count
+// them as workers (liveness, done).
+constexpr std::uint32_t kEvaluatorSender = 1u << 16;
+
+std::unique_ptr<Backend> make_backend(const ClusterConfig& config, std::uint32_t index) {
+  const WorkerSpec& spec = config.workers.at(index);
+  const int threads = static_cast<int>(config.train.threads);
+  if (spec.device == Device::cpu) return make_cpu_backend(threads);
+  const int gpu = spec.gpu < 0 ? 0 : spec.gpu;
+  if (spec.device == Device::cuda) return cuda::make_cuda_backend(gpu);
+  try {
+    return cuda::make_cuda_backend(gpu);
+  } catch (const cuda::CudaUnavailable& e) {
+    log("device auto: no usable GPU (", e.what(), "); training on the CPU");
+    return make_cpu_backend(threads);
+  }
+}
+
+void print_final(const EvalPoint& point, double seconds) {
+  std::printf("final test accuracy %.4f (loss %.4f) after %llu global samples, %.1f s\n",
+              point.accuracy, point.loss, static_cast<unsigned long long>(point.global_samples),
+              seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
+  if (config.workers_auto)
+    throw ConfigError(
+        "workers: auto is resolved by tools/launch; give an explicit list "
+        "or {count: N} to start workers by hand");
+  const auto n_workers = static_cast<std::uint32_t>(config.workers.size());
+  // First: a metrics port already taken stops the worker before it joins.
+  ProcessMetrics process_metrics(config, Role::worker, index);
+  MetricsRegistry& registry = process_metrics.registry();
+  // A restarted worker is a new process: its start time says so.
+  registry.gauge("pstrain_worker_start_time_seconds", "UNIX time this worker process started.")
+      .with()
+      .set(unix_time());
+  // From the start, so that loading the data and a slow GPU start count as
+  // alive as much as a long step or the final evaluation do.
+  auto heartbeats = std::make_unique<HeartbeatThread>(config, index);
+
+  auto backend = make_backend(config, index);
+  const Precision precision = apply_precision(*backend, config.train.precision);
+  registry
+      .gauge("pstrain_worker_precision_fallback",
+             "1 when the backend cannot compute at train.precision and trains in fp32.")
+      .with()
+      .set(precision != config.train.precision ? 1 : 0);
+  const Dataset train = load_dataset(config.data, true);
+  WorkerShard shard(train, index, n_workers, config.train.seed);
+  Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
+              train.classes, static_cast<int>(config.train.batch_size));
+  log("backend ", backend->name(), ", model ", config.model.preset, " (", model.parameter_count(),
+      " parameters), ", shard.size(), " training samples of ", train.size(), ", batch ",
+      config.train.batch_size, " x ", config.train.accumulate_steps, " accumulated, precision ",
+      to_string(precision));
+
+  PsClient ps(config, index, shard_map_for(config, model.variables()));
+  const auto state_updates = ps.hello();
+  // ps 0 has counted samples once the run is under way: then no ps may
+  // serve fresh values (one restarted without its checkpoint).
+  refuse_fresh_servers(ps, state_updates, ps.report_samples(0) > 0);
+  ps.init(config.train.seed);
+  // A restarted async worker goes on where ps 0 counted it (a restored ps 0:
+  // as of its checkpoint); sync workers join the step their peers recorded.
+  std::uint64_t first_step = 0;
+  if (!traits(config.mode).allreduce()) {
+    if (const auto done = ps.samples_counted(); done > 0) {
+      // A partly done accumulation group is done again from its start.
+      first_step =
+          steps_for_samples(shard, done, config.train.batch_size) / config.train.accumulate_steps;
+      shard.seek(first_step * config.train.accumulate_steps, config.train.batch_size);
+      log("resuming after ", done, " samples ps 0 counted of this worker: step ", first_step);
+    }
+  }
+
+  MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
+  std::unique_ptr<Evaluator> evaluator;
+  std::unique_ptr<ProgressDisplay> progress;
+  Gauge* test_accuracy = nullptr;
+  Gauge* test_loss = nullptr;
+  if (index == 0) {
+    test_accuracy = &registry
+                         .gauge("pstrain_worker_test_accuracy",
+                                "Test accuracy of worker 0's latest evaluation.")
+                         .with();
+    test_loss =
+        &registry.gauge("pstrain_worker_test_loss", "Test loss of worker 0's latest evaluation.")
+             .with();
+    // Under security.curve a request's sender is its key's, and this process
+    // holds worker 0's key only: the evaluator speaks as worker 0 (its pulls
+    // count as worker 0 being heard, which it is).
+    const auto evaluator_sender = config.security.curve ? index : kEvaluatorSender;
+    evaluator = std::make_unique<Evaluator>(config, evaluator_sender,
+                                            load_dataset(config.data, false), metrics);
+    progress = std::make_unique<ProgressDisplay>();
+  }
+
+  ProgressHook hook;
+  if (evaluator) {
+    const double total =
+        config.train.epochs * static_cast<double>(train.size() / n_workers) * n_workers;
+    // `total` by value: it ends with this block, the hook lives on.
+    hook = [&, total](std::uint64_t global, double epoch, double loss, double rate) {
+      evaluator->on_global_samples(global);
+      ProgressState state;
+      state.epoch = epoch;
+      state.epochs = config.train.epochs;
+      state.global_samples = global;
+      state.samples_per_s = rate;
+      state.loss = loss;
+      if (auto last = evaluator->latest()) {
+        state.test_accuracy = last->accuracy;
+        test_accuracy->set(last->accuracy);
+        test_loss->set(last->loss);
+      }
+      state.eta_s = rate > 0 ? std::max(0.0, total - static_cast<double>(global)) / rate : -1;
+      progress->update(state);
+    };
+  }
+
+  const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
+  const TrainSummary summary =
+      traits(config.mode).allreduce() ? train_sync(context) : train_async(context, first_step);
+
+  log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ", summary.seconds,
+      " s; waiting for the other workers");
+  log("backend paths: ", describe_paths(backend->path_counts()));
+  // Every worker's last push (sync: worker 0's last assign) lands before
+  // anyone evaluates or saves. Worker 0 goes on evaluating while slower
+  // workers still train, so the accuracy curve has no gap at the end.
+  ps.barrier("train-done", n_workers, [&](std::uint64_t global) {
+    if (evaluator) evaluator->on_global_samples(global);
+  });
+
+  if (evaluator) {
+    // After the barrier ps 0 has counted every worker's samples.
+    const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat(0));
+    test_accuracy->set(final_point.accuracy);
+    test_loss->set(final_point.loss);
+    progress.reset();
+    print_final(final_point, summary.seconds);
+    const auto model_path = config.run_dir / "model.bin";
+    save_model(model_path, evaluator->model(), config, final_point.global_samples);
+    metrics.write(eval_record("final", final_point).add("train_s", summary.seconds));
+    log("saved the model to ", model_path.string());
+    // The servers' full state (values, optimizer state, versions), so a
+    // later run can continue with `pstrain --role ps --restore
+    // <run_dir>/snapshot`.
+    for (std::uint32_t s = 0; s < config.ps.size(); ++s) ps.snapshot(s);
+    log("snapshot of every ps in ", (config.run_dir / "snapshot").string());
+  }
+  // Stopped first: once every worker is done the servers exit, and a
+  // heartbeat to them would wait out its timeout.
+  heartbeats.reset();
+  ps.done(summary.local_samples);
+  process_metrics.finish();
+  return 0;
+}
+
+int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model_path) {
+  const Dataset test = load_dataset(config.data, false);
+  auto backend = make_cpu_backend(static_cast<int>(config.train.threads));
+  Model model(config.model, *backend, InputShape{test.channels, test.height, test.width},
+              test.classes, 500);
+  load_model_weights(model_path, model);
+  const EvalResult result = model.evaluate(test);
+  std::printf("%s: test accuracy %.4f, loss %.4f on %zu samples (%s)\n",
+              model_path.string().c_str(), result.accuracy, result.loss, result.samples,
+              test.name.c_str());
+  return 0;
+}
+
+}  // namespace pstrain
