@@ -243,7 +243,9 @@ void wait_until_training(Run& run, int worker, int reports = 1) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (lines() < reports && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(50ms);
-  REQUIRE(lines() >= reports);
+  REQUIRE_MESSAGE(lines() >= reports, "worker " << worker
+                                                << " wrote no metrics line in 60 s; its log:\n"
+                                                << run.workers[worker]->log_text());
 }
 
 // The same, then kills it.
