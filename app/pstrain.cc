@@ -22,6 +22,7 @@
 #include "shared/atomic_file.h"
 #include "shared/config.h"
 #include "shared/curve_keys.h"
+#include "shared/error.h"
 #include "shared/log.h"
 #include "shared/metrics_server.h"
 #include "shared/protocol.h"
@@ -58,8 +59,8 @@ constexpr const char* kNoRole =
     "gives it (TF_CONFIG, SLURM_PROCID and KUBERNETES_SERVICE_HOST are unset)";
 
 // A bad command line: reported with exit code 2 before anything starts.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct UsageError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 struct Args {

@@ -42,13 +42,14 @@
 #include "server/request.h"
 #include "server/rights.h"
 #include "shared/curve_keys.h"
+#include "shared/error.h"
 #include "shared/fault.h"
 
 namespace pstrain::ps {
 
 // The socket cannot be bound, or failed while serving; the message says why.
-struct NetworkError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct NetworkError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 // security.curve: the ps's own key pair, the keys it accepts (each with its

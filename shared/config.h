@@ -14,14 +14,15 @@
 #include <string_view>
 #include <vector>
 
+#include "shared/error.h"
 #include "shared/fault.h"
 #include "shared/optimizer.h"
 #include "shared/shard_map.h"
 
 namespace pstrain {
 
-struct ConfigError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct ConfigError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 struct PsEndpoint {

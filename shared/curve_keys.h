@@ -25,12 +25,14 @@
 #include <string_view>
 #include <vector>
 
+#include "shared/error.h"
+
 namespace pstrain {
 
 struct ClusterConfig;
 
-struct CurveKeyError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct CurveKeyError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 struct Identity {

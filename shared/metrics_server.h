@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "shared/config.h"
+#include "shared/error.h"
 #include "shared/metrics_registry.h"
 #include "shared/thread_annotations.h"
 
@@ -37,8 +38,8 @@ namespace pstrain {
 
 // The endpoint cannot listen (the port is taken, the host has no such
 // address); the message names the address.
-struct MetricsServerError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct MetricsServerError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 // Serves `registry` at http://host:port/metrics (and nothing else: 404).

@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shared/error.h"
 #include "shared/low_precision.h"
 
 namespace pstrain::wire {
@@ -129,8 +130,8 @@ struct Header {
   void serialize(Archive& ar);  // defined in protocol.cc (bounded strings)
 };
 
-struct ProtocolError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct ProtocolError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 std::vector<std::uint8_t> encode_header(const Header& header);

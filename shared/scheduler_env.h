@@ -30,11 +30,13 @@
 #include <string_view>
 #include <vector>
 
+#include "shared/error.h"
+
 namespace pstrain {
 
 // A missing or inconsistent scheduler variable; the message names it.
-struct SchedulerError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct SchedulerError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 using Environment = std::map<std::string, std::string>;

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "shared/error.h"
+
 namespace pstrain {
 
 inline constexpr std::uint32_t kSnapshotFormatVersion = 2;
@@ -76,8 +78,8 @@ struct Snapshot : SnapshotInfo {
 
 // A missing, truncated or corrupt file; the message names the file and what
 // is wrong with it.
-struct SnapshotError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct SnapshotError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot);

@@ -8,12 +8,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "shared/error.h"
+
 namespace pstrain {
 
 // A peer that died or hung surfaces as this error, naming the peer when the
 // transport can tell which one.
-struct CommError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct CommError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 class Communicator {

@@ -26,11 +26,12 @@
 
 #include "client/comm/communicator.h"
 #include "client/compute/backend.h"
+#include "shared/error.h"
 
 namespace pstrain::cuda {
 
-struct CudaUnavailable : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct CudaUnavailable : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 using NcclId = std::array<std::uint8_t, 128>;

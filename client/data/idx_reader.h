@@ -11,12 +11,14 @@
 #include <stdexcept>
 #include <vector>
 
+#include "shared/error.h"
+
 namespace pstrain {
 
 // A dataset file that is missing, unreadable or malformed. The message names
 // the file and what is wrong with it.
-struct DataError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct DataError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 struct IdxArray {

@@ -45,14 +45,15 @@
 
 #include "shared/config.h"
 #include "shared/curve_keys.h"
+#include "shared/error.h"
 #include "shared/shard_map.h"
 
 namespace pstrain {
 
 // An error reply, a timeout or a broken peer; the message names the ps (index
 // and address), the operation and the variable.
-struct PsError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct PsError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 struct PsClientOptions {

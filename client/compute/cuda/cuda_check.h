@@ -11,11 +11,12 @@
 #include <string>
 
 #include "client/comm/communicator.h"
+#include "shared/error.h"
 
 namespace pstrain::cuda {
 
-struct CudaError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct CudaError : pstrain::Error {
+  using pstrain::Error::Error;
 };
 
 [[noreturn]] inline void throw_cuda(cudaError_t status, const char* call) {
