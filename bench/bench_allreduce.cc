@@ -26,7 +26,7 @@
 #include "client/compute/cpu/cpu_backend.h"
 #include "client/data/dataset.h"
 #include "client/model/model.h"
-#include "client/train/sync_trainer.h"
+#include "client/train/sync_replica.h"
 #include "tests/support/child_process.h"
 
 using namespace pstrain;

@@ -126,7 +126,7 @@ struct TrainConfig {
   std::uint32_t accumulate_steps = 1;
   Precision precision = Precision::fp32;
   // GPU workers record each step's kernels once as a CUDA graph and replay
-  // it (client/train/train_loop.h, StepGraphs); false: every step launches them.
+  // it (client/train/step_graphs.h); false: every step launches them.
   bool cuda_graphs = true;
   // Follows the mode unless given (the mode's field sets it): an async run
   // can finish without a worker, a sync one cannot.

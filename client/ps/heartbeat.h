@@ -6,7 +6,7 @@
 // server/coordinator.h, "Liveness").
 //
 // These heartbeats carry no samples: the training loop's progress reports
-// (client/train/train_loop.h, ProgressReporter) and done still bring the worker's
+// (client/train/step_metrics.h) and done still bring the worker's
 // sample count to the servers, as before.
 //
 // The thread owns its own PsClient (a PsClient is used by one thread) under

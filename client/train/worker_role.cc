@@ -10,10 +10,11 @@
 #include "client/ps/heartbeat.h"
 #include "client/ps/ps_client.h"
 #include "client/ps/ps_restarts.h"
-#include "client/train/async_trainer.h"
+#include "client/train/backend_setup.h"
 #include "client/train/evaluator.h"
-#include "client/train/progress.h"
-#include "client/train/sync_trainer.h"
+#include "client/train/progress_line.h"
+#include "client/train/step_budget.h"
+#include "client/train/trainer.h"
 #include "shared/log.h"
 #include "shared/metrics.h"
 #include "shared/metrics_server.h"
@@ -96,14 +97,13 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
       // A partly done accumulation group is done again from its start.
       first_step =
           steps_for_samples(shard, done, config.train.batch_size) / config.train.accumulate_steps;
-      shard.seek(first_step * config.train.accumulate_steps, config.train.batch_size);
       log("resuming after ", done, " samples ps 0 counted of this worker: step ", first_step);
     }
   }
 
   MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
   std::unique_ptr<Evaluator> evaluator;
-  std::unique_ptr<ProgressDisplay> progress;
+  std::unique_ptr<ProgressLine> progress;
   Gauge* test_accuracy = nullptr;
   Gauge* test_loss = nullptr;
   if (index == 0) {
@@ -120,17 +120,17 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     const auto evaluator_sender = config.security.curve ? index : kEvaluatorSender;
     evaluator = std::make_unique<Evaluator>(config, evaluator_sender,
                                             load_dataset(config.data, false), metrics);
-    progress = std::make_unique<ProgressDisplay>();
+    progress = std::make_unique<ProgressLine>();
   }
 
-  ProgressHook hook;
+  ReportHook hook;
   if (evaluator) {
     const double total =
         config.train.epochs * static_cast<double>(train.size() / n_workers) * n_workers;
     // `total` by value: it ends with this block, the hook lives on.
     hook = [&, total](std::uint64_t global, double epoch, double loss, double rate) {
       evaluator->on_global_samples(global);
-      ProgressState state;
+      ProgressFigures state;
       state.epoch = epoch;
       state.epochs = config.train.epochs;
       state.global_samples = global;
@@ -147,8 +147,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   }
 
   const TrainContext context{config, index, *backend, model, ps, shard, metrics, registry, hook};
-  const TrainSummary summary =
-      traits(config.mode).allreduce() ? train_sync(context) : train_async(context, first_step);
+  const TrainSummary summary = pstrain::train(context, first_step);
 
   log("trained ", summary.local_samples, " samples in ", summary.steps, " steps, ", summary.seconds,
       " s; waiting for the other workers");

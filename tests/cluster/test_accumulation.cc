@@ -11,7 +11,7 @@
 #include "client/data/dataset.h"
 #include "client/model/model.h"
 #include "client/ps/ps_client.h"
-#include "client/train/async_trainer.h"
+#include "client/train/trainer.h"
 #include "tests/support/ps_cluster.h"
 
 using namespace pstrain;
@@ -45,7 +45,7 @@ Run train(std::uint32_t batch_size, std::uint32_t accumulate_steps) {
   MetricsFile metrics(cluster.dir() / "worker0.metrics.jsonl");
   MetricsRegistry registry;
   const TrainSummary summary =
-      train_async(TrainContext{config, 0, *backend, model, ps, shard, metrics, registry, {}});
+      train(TrainContext{config, 0, *backend, model, ps, shard, metrics, registry, {}});
   CHECK(summary.local_samples == data.size());
 
   Run run;

@@ -23,9 +23,8 @@
 #include "client/data/dataset.h"
 #include "client/model/model.h"
 #include "client/ps/ps_client.h"
-#include "client/train/async_trainer.h"
-#include "client/train/sync_trainer.h"
-#include "client/train/train_loop.h"
+#include "client/train/backend_setup.h"
+#include "client/train/trainer.h"
 #include "shared/init.h"
 #include "tests/support/gpu_exit.h"
 #include "tests/support/ps_cluster.h"
@@ -93,7 +92,7 @@ Run train(Backend& backend, const std::string& mode, const std::string& preset, 
   MetricsRegistry registry;
   const TrainContext context{config, 0, backend, model, ps, shard, metrics, registry, {}};
   const PathCounts before = backend.path_counts();
-  const TrainSummary summary = mode == "sync" ? train_sync(context) : train_async(context, 0);
+  const TrainSummary summary = pstrain::train(context);
   CHECK(summary.steps == 24);
   run.final = pull();
   backend.set_precision(Precision::fp32);  // the next run's default

@@ -10,8 +10,8 @@
 #include "client/data/dataset.h"
 #include "client/model/model.h"
 #include "client/ps/ps_client.h"
-#include "client/train/async_trainer.h"
-#include "client/train/train_loop.h"
+#include "client/train/backend_setup.h"
+#include "client/train/trainer.h"
 #include "shared/init.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/staging_backend.h"
@@ -56,7 +56,7 @@ struct Worker {
 
 std::vector<std::vector<float>> train_and_pull(Backend& backend) {
   Worker worker(backend);
-  const TrainSummary summary = train_async(worker.context);
+  const TrainSummary summary = train(worker.context);
   CHECK(summary.local_samples == worker.data.size());
   return worker.pull();
 }
@@ -113,7 +113,7 @@ TEST_CASE("async trainer: the worker's metrics say which backend paths ran, grap
   StagingBackend staging;
   staging.record_steps(StagingBackend::Recording::on);
   Worker worker(staging);
-  const TrainSummary summary = train_async(worker.context);
+  const TrainSummary summary = train(worker.context);
   const PathCounts paths = staging.path_counts();
   INFO(describe_paths(paths));
   CHECK(paths.count("step_graph recorded") == 1);
@@ -142,7 +142,7 @@ TEST_CASE("async trainer: a failed fence wait leaves no ps request writing into 
   StagingBackend staging;
   Worker worker(staging);
   staging.fail_wait(1);
-  CHECK_THROWS_WITH_AS(train_async(worker.context), "staging backend: injected failure of wait()",
+  CHECK_THROWS_WITH_AS(train(worker.context), "staging backend: injected failure of wait()",
                        std::runtime_error);
   // Whatever the trainer left in flight goes on now: a gradient sent (or
   // resent) from a freed buffer holds its 0xff fill, NaNs the ps refuses, and

@@ -23,8 +23,10 @@
 #include "client/compute/cpu/cpu_backend.h"
 #include "client/data/dataset.h"
 #include "client/model/model.h"
+#include "client/train/local_sgd_replica.h"
 #include "client/train/loss_scaler.h"
-#include "client/train/sync_trainer.h"
+#include "client/train/replica_step.h"
+#include "client/train/sync_replica.h"
 #include "tests/support/staging_backend.h"
 
 namespace pstrain {
@@ -98,9 +100,13 @@ struct Worker {
               kBatch) {
     model.initialize(42);
     comm = std::make_unique<GlooCommunicator>(two_workers(rank), std::move(store));
-    replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
-                                            overlap, local_steps, accumulate_steps,
-                                            on == On::recording ? kBatch : 0);
+    const int record = on == On::recording ? kBatch : 0;
+    if (local_steps > 0)
+      replica = std::make_unique<LocalSgdReplica>(*backend, model, *comm, optimizer, local_steps,
+                                                  accumulate_steps, record);
+    else
+      replica = std::make_unique<SyncReplica>(*backend, model, *comm, optimizer, bucket_bytes,
+                                              overlap, accumulate_steps, record);
   }
   int step(float lr_scale = 1) {
     const Batch b = shard.next_batch(kBatch, model.input_buffer(), model.label_buffer());
@@ -111,7 +117,7 @@ struct Worker {
   WorkerShard shard;
   Model model;
   std::unique_ptr<GlooCommunicator> comm;
-  std::unique_ptr<SyncReplica> replica;
+  std::unique_ptr<Replica> replica;
 };
 
 // Builds both workers concurrently (the mesh needs both) and runs
@@ -141,7 +147,8 @@ TEST_CASE("sync: replicas stay bit-identical after every step, for every bucketi
     std::array<std::vector<std::uint64_t>, 2> hashes;
     std::array<std::size_t, 2> buckets{};
     run_pair(data, adam, bucket_bytes, overlap, [&](Worker& w) {
-      buckets[static_cast<std::size_t>(w.comm->rank())] = w.replica->buckets();
+      buckets[static_cast<std::size_t>(w.comm->rank())] =
+          dynamic_cast<SyncReplica&>(*w.replica).buckets();
       for (int s = 0; s < 6; ++s) {
         w.step();
         hashes[static_cast<std::size_t>(w.comm->rank())].push_back(weights_hash(w.model));

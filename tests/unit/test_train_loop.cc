@@ -14,7 +14,10 @@
 #include "client/compute/cpu/cpu_backend.h"
 #include "client/data/dataset.h"
 #include "client/model/model.h"
-#include "client/train/train_loop.h"
+#include "client/train/backend_setup.h"
+#include "client/train/batch_feeder.h"
+#include "client/train/grad_accumulator.h"
+#include "client/train/step_graphs.h"
 #include "tests/support/staging_backend.h"
 
 using namespace pstrain;

@@ -1,4 +1,4 @@
-#include "client/train/progress.h"
+#include "client/train/progress_line.h"
 
 #include <unistd.h>
 
@@ -29,15 +29,15 @@ std::string duration(double s) {
 
 }  // namespace
 
-ProgressDisplay::ProgressDisplay(double interval_s)
+ProgressLine::ProgressLine(double interval_s)
     : tty_(::isatty(STDOUT_FILENO) == 1), interval_s_(interval_s) {}
 
-ProgressDisplay::~ProgressDisplay() {
+ProgressLine::~ProgressLine() {
   if (tty_ && drawn_) std::fputs("\n", stdout);
   std::fflush(stdout);
 }
 
-void ProgressDisplay::update(const ProgressState& s) {
+void ProgressLine::update(const ProgressFigures& s) {
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_).count();
   if (since < (tty_ ? 0.1 : interval_s_)) return;

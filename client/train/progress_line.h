@@ -1,5 +1,5 @@
 #pragma once
-// Worker 0's progress display. On a terminal it redraws one line in place;
+// Worker 0's progress line. On a terminal it redraws one line in place;
 // otherwise (a pipe, the launcher) it prints a plain line at most every
 // `interval` seconds. Lines start with "progress " so the launcher can keep
 // the latest one at the bottom of its own terminal.
@@ -9,7 +9,8 @@
 
 namespace pstrain {
 
-struct ProgressState {
+// What the line shows.
+struct ProgressFigures {
   double epoch = 0;   // this worker's passes over its part, fractional
   double epochs = 0;  // the budget
   std::uint64_t global_samples = 0;
@@ -19,16 +20,16 @@ struct ProgressState {
   double eta_s = -1;                    // < 0: unknown
 };
 
-class ProgressDisplay {
+class ProgressLine {
  public:
-  explicit ProgressDisplay(double interval_s = 2.0);
-  ~ProgressDisplay();  // ends the in-place line on a terminal
-  ProgressDisplay(const ProgressDisplay&) = delete;
-  ProgressDisplay& operator=(const ProgressDisplay&) = delete;
+  explicit ProgressLine(double interval_s = 2.0);
+  ~ProgressLine();  // ends the in-place line on a terminal
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
 
   // Shows `state` if the last line is older than the interval (a terminal
   // redraws at most 10 times a second).
-  void update(const ProgressState& state);
+  void update(const ProgressFigures& state);
 
  private:
   bool tty_;

@@ -1,0 +1,84 @@
+#pragma once
+// Steps through the parameter servers (modes async, ssp and backup; the ps's
+// consistency policy tells them apart, server/consistency/): pull, forward
+// and backward on one batch (or train.accumulate_steps micro-batches, their
+// gradients averaged: client/train/grad_accumulator.h), push, never waiting
+// for other workers. A step is one push of every variable; the ps's clocks
+// (ssp) and a restart's resume point count them.
+//
+// Each variable's gradient goes out as a push_pull the moment backward has
+// produced it, so the ps applies it (and the reply brings the new weights)
+// while backward still runs on earlier layers; the next step starts once
+// every reply has landed. On backends whose memory the host cannot reach
+// (CUDA), gradients are downloaded into pinned buffers and pushed as each
+// download's fence completes, and the pulled weights are uploaded before the
+// next forward.
+//
+// train.precision fp16 (where the backend computes it) scales the loss
+// (client/train/loss_scaler.h): the step's gradients are pushed after
+// backward, once all are known to be finite, and a step with an overflow
+// pushes nothing (the ps sees a late step: ssp's clock moves on, backup waits
+// for others).
+//
+// A ps that restarts (client/ps/ps_restarts.h) is met before the next step:
+// the worker says hello again and re-pulls every variable, or stops with an
+// error naming a ps that restarted without its checkpoint.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+#include "client/train/grad_accumulator.h"
+#include "client/train/host_views.h"
+#include "client/train/loss_scaler.h"
+#include "client/train/step_strategy.h"
+
+namespace pstrain {
+
+class PsStep final : public StepStrategy {
+ public:
+  PsStep(const TrainContext& context, StepMetrics& metrics);
+
+  std::uint64_t start(std::uint64_t resume_step) override;
+  void begin(std::uint64_t step) override;
+  void accumulate(int n) override;
+  void issue(std::uint64_t step, int n) override;
+  void finish(std::uint64_t step, bool last) override;
+  // Nothing to recover: no peer is all-reduced with.
+  bool recover(const CommError&) override { return false; }
+  // Tells the ps this worker pushes no more (backup stops waiting for it).
+  void end() override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void pull_all();
+  void upload_weights();
+  // Pushes variable i's gradient and pulls its new weights.
+  void send(std::size_t variable);
+  // Variable i's gradient is in the model's memory: on its way to the ps
+  // (not yet where fp16 checks the whole step first).
+  void grad_issued(std::size_t variable);
+
+  const TrainContext& context_;
+  const HostViews host_;
+  // After host_: abandons requests that would outlive its buffers.
+  const PsRequestsGuard requests_;
+  GradAccumulator accumulator_;
+  std::optional<LossScaler> scaler_;
+  // Gradients downloading into host_ (backends the host cannot reach), in
+  // the order backward issued them.
+  struct Pending {
+    std::size_t variable;
+    Backend::Fence fence;
+  };
+  std::deque<Pending> pending_;
+  Clock::time_point first_send_{};  // of the current step; {}: none yet
+  Histogram& push_pull_;
+  Histogram& wait_;
+  Histogram& staleness_;
+  Gauge& max_staleness_;
+  Counter& ps_restarts_;
+};
+
+}  // namespace pstrain
