@@ -42,6 +42,7 @@ void Coordinator::add_handlers(Handlers& handlers) {
   handlers.on(Op::kv_set, [this](const Request& r) { kv_set(r); });
   handlers.on(Op::kv_get, [this](const Request& r) { kv_get(r); });
   handlers.on(Op::heartbeat, [this](const Request& r) { heartbeat(r); });
+  handlers.on(Op::progress, [this](const Request& r) { progress(r); });
   handlers.on(Op::done, [this](const Request& r) { done(r); });
   handlers.on(Op::shutdown, [this](const Request& r) { shutdown(r); });
 }
@@ -210,14 +211,21 @@ void Coordinator::check_worker(std::uint32_t sender, const char* op) const {
 
 void Coordinator::heartbeat(const Request& request) {
   check_worker(request.header.sender, "heartbeat");
-  const auto beat = wire::Heartbeat::read(request.header);
+  Reply reply{wire::reply_to(request.header), {}};
+  wire::GlobalSamples{global_samples_, worker_samples_[request.header.sender]}.write(reply.header);
+  sink_.send(request.from, std::move(reply));
+}
+
+void Coordinator::progress(const Request& request) {
+  check_worker(request.header.sender, "progress");
+  const auto report = wire::Progress::read(request.header);
   // A count that would wrap the total is not one a worker can have trained.
-  if (beat.samples > UINT64_MAX - global_samples_)
-    throw std::invalid_argument("heartbeat count " + std::to_string(beat.samples) +
+  if (report.samples > UINT64_MAX - global_samples_)
+    throw std::invalid_argument("progress count " + std::to_string(report.samples) +
                                 " overflows the global sample count");
-  global_samples_ += beat.samples;
-  worker_samples_[request.header.sender] += beat.samples;
-  if (beat.finished_pushing) workers_[request.header.sender].finished_pushing = true;
+  global_samples_ += report.samples;
+  worker_samples_[request.header.sender] += report.samples;
+  if (report.finished_pushing) workers_[request.header.sender].finished_pushing = true;
   Reply reply{wire::reply_to(request.header), {}};
   wire::GlobalSamples{global_samples_, worker_samples_[request.header.sender]}.write(reply.header);
   sink_.send(request.from, std::move(reply));

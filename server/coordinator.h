@@ -82,7 +82,8 @@ class Coordinator {
 
   Coordinator(CoordinatorOptions options, ReplySink& sink);
 
-  // Registers hello, barrier, kv_set, kv_get, heartbeat, done and shutdown.
+  // Registers hello, barrier, kv_set, kv_get, heartbeat, progress, done and
+  // shutdown.
   void add_handlers(Handlers& handlers);
 
   // The handlers (requests read through shared/messages.h). Each throws
@@ -103,7 +104,8 @@ class Coordinator {
   // Replies, or parks until set or deadline; refuses to park beyond the
   // kMaxParked* limits.
   void kv_get(const Request& request);
-  void heartbeat(const Request& request);  // workers only; adds to global samples
+  void heartbeat(const Request& request);  // workers only; liveness (every request is)
+  void progress(const Request& request);   // workers only; adds to global samples
   void done(const Request& request);       // workers only
   void shutdown(const Request& request);
 
@@ -144,11 +146,11 @@ class Coordinator {
   // continue); false for any other sender.
   bool absent(std::uint32_t worker) const;
   // Workers still training: pending or live (not done, not lost), and not
-  // finished pushing (a heartbeat says so after a worker's last step; a
+  // finished pushing (a progress report says so after a worker's last step; a
   // restarted process of it trains again).
   std::size_t workers_training() const;
   // What a checkpoint records of progress: the global samples and, per
-  // worker, its samples (its heartbeats' sum, or its done's total when
+  // worker, its samples (its progress reports' sum, or its done's total when
   // larger), its incarnation and the updates of it this ps applied.
   void fill_progress(SnapshotInfo& info) const;
   // Progress read back from a checkpoint or snapshot, and the updates the

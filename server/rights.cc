@@ -26,6 +26,7 @@ std::optional<std::string> refusal(const Identity& who, const wire::Header& requ
     case Op::init:
     case Op::barrier:
     case Op::heartbeat:
+    case Op::progress:
     case Op::done:
     case Op::kv_get:
       if (worker) return std::nullopt;

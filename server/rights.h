@@ -6,7 +6,8 @@
 //
 //   hello, stats                         anyone listed
 //   pull, push, push_pull, init,         workers, each only as itself
-//   barrier, heartbeat, done, kv_get
+//   barrier, heartbeat, progress, done,
+//   kv_get
 //   kv_set                               workers, only keys of their own
 //                                        namespace (wire::kv_key)
 //   assign                               worker 0 in sync and local mode (it writes the

@@ -48,12 +48,12 @@ struct ChunkRequest {
   void write(Header& h) const {
     h.name = variable;
     h.chunk = chunk;
-    h.arg = clock;
+    h.operand = clock;
     h.version = base_version;
     h.priority = priority;
   }
   static ChunkRequest read(const Header& h) {
-    return {h.name, h.chunk, h.arg, h.version, h.priority};
+    return {h.name, h.chunk, h.operand, h.version, h.priority};
   }
 };
 
@@ -75,9 +75,9 @@ struct Hello {
   std::uint64_t acked_updates = 0;
   void write(Header& h) const {
     h.text = config_yaml;
-    h.arg = acked_updates;
+    h.operand = acked_updates;
   }
-  static Hello read(const Header& h) { return {h.text, h.arg}; }
+  static Hello read(const Header& h) { return {h.text, h.operand}; }
 };
 // The reply: the number of workers in the ps's cluster, and the updates its
 // chunks hold (the sum of their versions, restored ones included): 0 for a ps
@@ -86,10 +86,10 @@ struct HelloReply {
   std::uint64_t workers = 0;
   std::uint64_t state_updates = 0;
   void write(Header& h) const {
-    h.arg = workers;
+    h.operand = workers;
     h.version = state_updates;
   }
-  static HelloReply read(const Header& h) { return {h.arg, h.version}; }
+  static HelloReply read(const Header& h) { return {h.operand, h.version}; }
 };
 
 // barrier: released once `count` distinct senders have entered `name`.
@@ -98,20 +98,20 @@ struct Barrier {
   std::uint64_t count = 0;
   void write(Header& h) const {
     h.name = name;
-    h.arg = count;
+    h.operand = count;
   }
-  static Barrier read(const Header& h) { return {h.name, h.arg}; }
+  static Barrier read(const Header& h) { return {h.name, h.operand}; }
 };
 struct BarrierReply {
   std::uint64_t released = 0;  // requests the barrier released at once
-  void write(Header& h) const { h.arg = released; }
-  static BarrierReply read(const Header& h) { return {h.arg}; }
+  void write(Header& h) const { h.operand = released; }
+  static BarrierReply read(const Header& h) { return {h.operand}; }
 };
 
 // Keys of the key-value store are namespaced by their writer: worker N
-// writes only under "w<N>/" (PsClient::kv_set adds it; under security.curve
+// writes only under "w<N>/" (PsControlClient::kv_set adds it; under security.curve
 // the ps refuses a kv_set outside the sender key's namespace, server/rights.h),
-// and a reader names the writer whose key it wants (PsClient::kv_get).
+// and a reader names the writer whose key it wants (PsControlClient::kv_get).
 inline std::string kv_key(std::uint32_t writer, std::string_view key) {
   return "w" + std::to_string(writer) + "/" + std::string(key);
 }
@@ -140,41 +140,42 @@ struct KvGet {
   std::uint64_t timeout_ms = 0;
   void write(Header& h) const {
     h.name = key;
-    h.arg = timeout_ms;
+    h.operand = timeout_ms;
   }
-  static KvGet read(const Header& h) { return {h.name, h.arg}; }
+  static KvGet read(const Header& h) { return {h.name, h.operand}; }
 };
 
-// A worker's progress: samples trained since its last heartbeat; and, once
-// its last step's gradients are pushed, that it pushes no more (a ps in
-// mode backup then stops waiting for its gradients).
-struct Heartbeat {
+// heartbeat: liveness alone, no view.
+// progress: samples a worker trained since its last report; and, once its
+// last step's gradients are pushed, that it pushes no more (a ps in mode
+// backup then stops waiting for its gradients).
+struct Progress {
   std::uint64_t samples = 0;
   bool finished_pushing = false;
   void write(Header& h) const {
-    h.arg = samples;
+    h.operand = samples;
     h.version = finished_pushing ? 1 : 0;
   }
-  static Heartbeat read(const Header& h) { return {h.arg, h.version != 0}; }
+  static Progress read(const Header& h) { return {h.operand, h.version != 0}; }
 };
 
 struct Done {
   std::uint64_t total_samples = 0;  // the worker's total
-  void write(Header& h) const { h.arg = total_samples; }
-  static Done read(const Header& h) { return {h.arg}; }
+  void write(Header& h) const { h.operand = total_samples; }
+  static Done read(const Header& h) { return {h.operand}; }
 };
 
-// The reply to heartbeat and done: samples all workers trained, as this ps
+// The reply to heartbeat, progress and done: samples all workers trained, as this ps
 // counted them, and the sender's own share of them (restored from a
 // checkpoint included), from which a restarted worker resumes its shard.
 struct GlobalSamples {
   std::uint64_t global_samples = 0;
   std::uint64_t sender_samples = 0;
   void write(Header& h) const {
-    h.arg = global_samples;
+    h.operand = global_samples;
     h.version = sender_samples;
   }
-  static GlobalSamples read(const Header& h) { return {h.arg, h.version}; }
+  static GlobalSamples read(const Header& h) { return {h.operand, h.version}; }
 };
 
 // snapshot's reply: the file the ps wrote.
@@ -200,9 +201,9 @@ struct ErrorReply {
   std::uint64_t retry_after_ms = 0;
   void write(Header& h) const {
     h.text = text;
-    h.arg = retry_after_ms;
+    h.operand = retry_after_ms;
   }
-  static ErrorReply read(const Header& h) { return {h.text, h.arg}; }
+  static ErrorReply read(const Header& h) { return {h.text, h.operand}; }
 };
 
 }  // namespace pstrain::wire

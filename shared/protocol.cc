@@ -113,7 +113,7 @@ void Header::serialize(Archive& ar) {
   detail::enum_field(ar, op);
   ar(request_id, sender, incarnation, run_id, generation);
   detail::string_field(ar, name, kMaxNameBytes, "name");
-  ar(chunk, version, arg);
+  ar(chunk, version, operand);
   detail::enum_field(ar, dtype);
   ar(elements, payload_frames);
   detail::enum_field(ar, status);
@@ -154,6 +154,8 @@ std::string_view to_string(Op op) {
       return "heartbeat";
     case Op::done:
       return "done";
+    case Op::progress:
+      return "progress";
   }
   return "unknown";
 }

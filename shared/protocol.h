@@ -45,7 +45,9 @@ namespace pstrain::wire {
 // push_pull the chunk version their gradient was computed on (`version`).
 // 5: dtypes bf16 and fp16: pull, push and push_pull may carry values and
 // gradients in 16 bits, and a pull's dtype names its reply's; `priority`.
-inline constexpr std::uint32_t kProtocolVersion = 5;
+// 6: heartbeat is liveness alone; samples and "finished pushing" travel in
+// the new op progress; `arg` is named `operand`.
+inline constexpr std::uint32_t kProtocolVersion = 6;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
@@ -71,10 +73,11 @@ enum class Op : std::uint8_t {
   shutdown,   // stop serving after replying
   kv_set,     // rendezvous store: set a key; the value is the payload frame
   kv_get,     // reply when the key exists (or time out), payload: value
-  heartbeat,  // liveness, with the samples trained since the last one
+  heartbeat,  // liveness
   done,       // a worker finished, with its total samples
+  progress,   // samples trained since the last report; the last push made
 };
-inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::done);
+inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::progress);
 
 // bf16 and fp16 are the 16-bit bit patterns of shared/low_precision.h, which
 // only chunk values and gradients travel in (net.wire_dtype).
@@ -115,8 +118,10 @@ struct Header {
   std::uint64_t generation = 0;
   std::string name;  // what the op names: a variable, a barrier or a key
   std::uint32_t chunk = 0;
-  std::uint64_t version = 0;   // updates applied to the chunk so far
-  std::uint64_t arg = 0;       // the op's number (a count, samples, milliseconds)
+  std::uint64_t version = 0;  // updates applied to the chunk so far
+  // The op's one number: a count, samples, milliseconds, a clock
+  // (shared/messages.h names it per op).
+  std::uint64_t operand = 0;
   DType dtype = DType::f32;    // of the payload frames
   std::uint64_t elements = 0;  // per payload frame; 0 without payload
   std::uint32_t payload_frames = 0;

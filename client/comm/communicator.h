@@ -1,7 +1,7 @@
 #pragma once
 // All-reduce between the workers of a sync-mode run, over a backend's memory:
 // Gloo (TCP) for CPU workers, NCCL (in the CUDA library) for GPU workers.
-// Workers find each other through ps 0's key-value store (PsClient::kv_set /
+// Workers find each other through ps 0's key-value store (PsControlClient::kv_set /
 // kv_get), so no extra process or shared file system is needed.
 #include <cstddef>
 #include <optional>

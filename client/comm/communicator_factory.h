@@ -18,17 +18,17 @@
 
 namespace pstrain {
 
-class PsClient;
+class KvStore;
 
 // Gloo for CPU backends; NCCL through the CUDA library for backends the host
 // cannot reach, with the NCCL id made by worker 0 and handed out through ps
 // 0's key-value store, under the attempt's key prefix `prefix`
-// (SyncAttempt::prefix: every worker joined the attempt before). `ps` is used
+// (SyncAttempt::prefix: every worker joined the attempt before). `store` is used
 // during the call and, for Gloo, again for
 // the roll call after a failure, so the caller must not use it from another
 // thread while a communicator call runs.
 std::unique_ptr<Communicator> make_communicator(const ClusterConfig& config, std::uint32_t index,
-                                                Backend& backend, PsClient& ps,
+                                                Backend& backend, KvStore& store,
                                                 const std::string& prefix);
 
 }  // namespace pstrain

@@ -7,7 +7,7 @@
 #include <span>
 
 #include "client/comm/communicator.h"
-#include "client/ps/ps_client.h"
+#include "client/ps/ps_options.h"
 
 namespace pstrain {
 namespace {
@@ -28,9 +28,9 @@ std::string run_root(const ClusterConfig& config) {
 
 // The value of `key` if ps 0 holds it now. A ps that does not answer reads
 // as a missing key here, so callers check that it answers first.
-std::optional<std::string> peek(PsClient& ps, std::uint32_t writer, const std::string& key) {
+std::optional<std::string> peek(KvStore& store, std::uint32_t writer, const std::string& key) {
   try {
-    const auto value = ps.kv_get(writer, key, 0);
+    const auto value = store.kv_get(writer, key, 0);
     return std::string(value.begin(), value.end());
   } catch (const PsError&) {
     return std::nullopt;
@@ -47,9 +47,9 @@ std::uint64_t number(const std::string& key, const std::string& value) {
 
 // Waits for `key` on ps 0 until `deadline` and returns its value; `what` says
 // what the key means ("worker 1 to join attempt 2") for the error. The wait
-// goes in slices of net.heartbeat with a heartbeat to every ps after each,
-// so that no ps takes this worker for dead while it waits.
-std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t writer,
+// goes in slices of net.heartbeat with a keep_alive() after each, so that
+// no ps takes this worker for dead while it waits.
+std::string wait_key(KvStore& store, const ClusterConfig& config, std::uint32_t writer,
                      const std::string& key, Clock::time_point deadline, const std::string& what) {
   const double slice = std::max(0.05, config.net.heartbeat);
   const std::string waiting = "sync rendezvous: waiting for " + what + " (key '" + key + "')";
@@ -59,7 +59,7 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t wr
     const double wait = std::clamp(left, 0.0, slice);
     std::string cause;
     try {
-      const auto value = ps.kv_get(writer, key, wait);
+      const auto value = store.kv_get(writer, key, wait);
       return {value.begin(), value.end()};
     } catch (const PsError& e) {
       cause = e.what();
@@ -74,7 +74,7 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t wr
       throw CommError(waiting + ": not there within " + limit + " (net.worker_timeout): " + cause);
     }
     try {
-      ps.heartbeat(0);
+      store.keep_alive();
     } catch (const PsError& e) {
       throw CommError(waiting + ": " + e.what() + " (the last wait said: " + cause + ")");
     }
@@ -83,7 +83,7 @@ std::string wait_key(PsClient& ps, const ClusterConfig& config, std::uint32_t wr
 
 }  // namespace
 
-SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32_t index,
+SyncAttempt join_sync_run(KvStore& store, const ClusterConfig& config, std::uint32_t index,
                           std::uint64_t failed) {
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -92,59 +92,60 @@ SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32
   // peek() takes a ps that does not answer for a missing key; this tells
   // the two apart first, at the cost of one request.
   try {
-    ps.heartbeat(0);
+    store.keep_alive();
   } catch (const PsError& e) {
     throw CommError(std::string("sync rendezvous: joining an attempt: ") + e.what());
   }
-  const auto newest = peek(ps, 0, root + "attempt");
+  const auto newest = peek(store, 0, root + "attempt");
   const std::uint64_t latest = newest ? number(root + "attempt", *newest) : 0;
   SyncAttempt attempt;
   std::string step;
   if (index == 0) {
     attempt.number = latest + 1;
-    step = peek(ps, 0, root + "step").value_or("0");
+    step = peek(store, 0, root + "step").value_or("0");
     // "open" before "attempt": whoever reads the new number finds it open.
-    ps.kv_set(root + std::to_string(attempt.number) + "/open", bytes(step));
-    ps.kv_set(root + "attempt", bytes(std::to_string(attempt.number)));
+    store.kv_set(root + std::to_string(attempt.number) + "/open", bytes(step));
+    store.kv_set(root + "attempt", bytes(std::to_string(attempt.number)));
   } else {
     if (failed > 0)
       attempt.number = failed + 1;
     else if (latest > 0 &&
-             !peek(ps, index, root + std::to_string(latest) + "/member/" + std::to_string(index)))
+             !peek(store, index,
+                   root + std::to_string(latest) + "/member/" + std::to_string(index)))
       attempt.number = latest;
     else
       attempt.number = latest + 1;
     const std::string open = root + std::to_string(attempt.number) + "/open";
-    step = wait_key(ps, config, 0, open, deadline,
+    step = wait_key(store, config, 0, open, deadline,
                     "worker 0 to open attempt " + std::to_string(attempt.number));
   }
   attempt.step = number(root + "step", step);
   attempt.prefix = root + std::to_string(attempt.number) + "/";
-  ps.kv_set(attempt.prefix + "member/" + std::to_string(index), bytes("1"));
+  store.kv_set(attempt.prefix + "member/" + std::to_string(index), bytes("1"));
   for (std::uint32_t w = 0; w < config.workers.size(); ++w)
     if (w != index)
       wait_key(
-          ps, config, w, attempt.prefix + "member/" + std::to_string(w), deadline,
+          store, config, w, attempt.prefix + "member/" + std::to_string(w), deadline,
           "worker " + std::to_string(w) + " to join attempt " + std::to_string(attempt.number));
   return attempt;
 }
 
-void record_sync_step(PsClient& ps, const ClusterConfig& config, std::uint64_t step) {
-  ps.kv_set(run_root(config) + "step", bytes(std::to_string(step)));
+void record_sync_step(KvStore& store, const ClusterConfig& config, std::uint64_t step) {
+  store.kv_set(run_root(config) + "step", bytes(std::to_string(step)));
 }
 
-cuda::NcclId share_nccl_id(PsClient& ps, const std::string& prefix, std::uint32_t index,
+cuda::NcclId share_nccl_id(KvStore& store, const std::string& prefix, std::uint32_t index,
                            double timeout_s) {
   const std::string key = prefix + "nccl-id";
   cuda::NcclId id{};
   if (index == 0) {
     id = cuda::nccl_unique_id();
-    ps.kv_set(key, id);
+    store.kv_set(key, id);
     return id;
   }
   std::vector<std::uint8_t> value;
   try {
-    value = ps.kv_get(0, key, timeout_s);
+    value = store.kv_get(0, key, timeout_s);
   } catch (const PsError& e) {
     throw CommError(std::string("NCCL id from worker 0: ") + e.what());
   }
@@ -155,12 +156,12 @@ cuda::NcclId share_nccl_id(PsClient& ps, const std::string& prefix, std::uint32_
   return id;
 }
 
-RendezvousStore::RendezvousStore(PsClient& ps, std::string prefix,
+RendezvousStore::RendezvousStore(KvStore& store, std::string prefix,
                                  std::chrono::milliseconds timeout)
-    : ps_(ps), prefix_(std::move(prefix)), timeout_(timeout) {}
+    : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
 
 void RendezvousStore::set(const std::string& key, const std::vector<char>& data) {
-  ps_.kv_set(prefix_ + key, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()});
+  store_.kv_set(prefix_ + key, {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()});
 }
 
 std::uint32_t RendezvousStore::writer(const std::string& key) {
@@ -176,7 +177,7 @@ std::uint32_t RendezvousStore::writer(const std::string& key) {
 }
 
 std::vector<char> RendezvousStore::get(const std::string& key) {
-  const auto value = ps_.kv_get(writer(key), prefix_ + key, seconds(timeout_));
+  const auto value = store_.kv_get(writer(key), prefix_ + key, seconds(timeout_));
   return {value.begin(), value.end()};
 }
 
@@ -189,7 +190,8 @@ void RendezvousStore::wait(const std::vector<std::string>& keys,
   for (const auto& key : keys) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    ps_.kv_get(writer(key), prefix_ + key, seconds(std::max(left, std::chrono::milliseconds(0))));
+    store_.kv_get(writer(key), prefix_ + key,
+                  seconds(std::max(left, std::chrono::milliseconds(0))));
   }
 }
 

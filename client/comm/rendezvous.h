@@ -1,7 +1,7 @@
 #pragma once
-// How sync-mode workers find each other: through ps 0's key-value store
-// (PsClient::kv_set / kv_get), so no extra process or shared file system is
-// needed. It agrees on the run's attempt, hands out NCCL's id, and serves as
+// How sync-mode workers find each other: through a key-value store
+// (client/ps/kv_store.h; ps 0's, PsControlClient), so no extra process or
+// shared file system is needed. It agrees on the run's attempt, hands out NCCL's id, and serves as
 // Gloo's rendezvous store.
 //
 // Every key is prefixed with the run's namespace, "sync/<run id>/" (ClusterConfig::run_id: a
@@ -10,7 +10,7 @@
 // again, whether the workers restarted one by one (docs/sync.md, "Restarts")
 // or the whole run restarted against a ps that is still up.
 //
-// Thread rules: each call uses the given PsClient, which no other thread may
+// Thread rules: each call uses the given store, which no other thread may
 // use meanwhile.
 #include <chrono>
 #include <cstdint>
@@ -20,11 +20,10 @@
 #include <gloo/rendezvous/store.h>
 
 #include "client/compute/cuda_loader.h"
+#include "client/ps/kv_store.h"
 #include "shared/config.h"
 
 namespace pstrain {
-
-class PsClient;
 
 // One attempt of a sync run: the workers that train together from one
 // (re)start until the run ends or a peer fails.
@@ -56,25 +55,26 @@ struct SyncAttempt {
 //
 // Every wait ends at net.worker_timeout after the call (the ps gives up on a
 // silent worker after as long): a CommError names the workers or the key
-// waited for. While waiting it heartbeats every ps each net.heartbeat.
-SyncAttempt join_sync_run(PsClient& ps, const ClusterConfig& config, std::uint32_t index,
+// waited for. While waiting it keeps the store's hosts aware it lives
+// (KvStore::keep_alive) each net.heartbeat.
+SyncAttempt join_sync_run(KvStore& store, const ClusterConfig& config, std::uint32_t index,
                           std::uint64_t failed = 0);
 
 // Worker 0, once the weights of step `step` are on the ps (assign completed):
 // records the step for the attempts to come.
-void record_sync_step(PsClient& ps, const ClusterConfig& config, std::uint64_t step);
+void record_sync_step(KvStore& store, const ClusterConfig& config, std::uint64_t step);
 
 // NCCL's rendezvous id for the attempt `prefix` (SyncAttempt::prefix): worker
 // 0 makes it (cuda::nccl_unique_id, no GPU needed) and publishes it, the
 // others wait up to `timeout_s` for it. Throws CommError when it does not
 // come or has the wrong size.
-cuda::NcclId share_nccl_id(PsClient& ps, const std::string& prefix, std::uint32_t index,
+cuda::NcclId share_nccl_id(KvStore& store, const std::string& prefix, std::uint32_t index,
                            double timeout_s);
 
 class RendezvousStore : public gloo::rendezvous::Store {
  public:
-  // `ps` must not be used by another thread while a store call runs.
-  RendezvousStore(PsClient& ps, std::string prefix, std::chrono::milliseconds timeout);
+  // `store` must not be used by another thread while a store call runs.
+  RendezvousStore(KvStore& store, std::string prefix, std::chrono::milliseconds timeout);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Waits up to the store's timeout for the key; throws PsError after it.
@@ -84,11 +84,11 @@ class RendezvousStore : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
-  PsClient& ps_;
+  KvStore& store_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 
-  // The worker whose namespace holds `key` (PsClient::kv_get): the rank the
+  // The worker whose namespace holds `key` (KvStore::kv_get): the rank the
   // key ends with. Throws CommError for a key that names none.
   static std::uint32_t writer(const std::string& key);
 };

@@ -44,7 +44,7 @@ void HeartbeatThread::loop() {
   bool failing = false;
   while (true) {
     try {
-      ps_.heartbeat(0);
+      ps_.heartbeat();
       if (failing) log("liveness heartbeats reach every ps again");
       failing = false;
     } catch (const PsError& e) {

@@ -3,7 +3,7 @@
 // "Restarted servers").
 //
 // Every reply of a ps carries its generation, new at every process start
-// (PsClient::take_generation_change), and its hello reply says how many
+// (PsChannel::take_generation_change), and its hello reply says how many
 // updates its chunks hold. A ps restored from its checkpoint holds that
 // checkpoint's updates: the worker says hello again (which tells the ps how
 // many updates it had acknowledged, so the ps logs and counts what its
@@ -13,7 +13,7 @@
 // naming it, and the run stops rather than silently mixing generations.
 //
 //   const auto updates = ps.hello();
-//   refuse_fresh_servers(ps, updates, ps.report_samples(0) > 0);  // at start
+//   refuse_fresh_servers(ps, updates, ps.report_progress(0) > 0);  // at start
 //   ...
 //   if (rejoin_restarted_servers(ps)) { re-pull every variable }  // each step
 //

@@ -32,7 +32,7 @@ class HostViews {
 // Keeps a ps client's requests from outliving the buffers they send from
 // and receive into (zero-copy: PsClient). When the scope is left by an
 // exception (a backend wait that failed, a peer's error) while pushes or
-// pulls are in flight, the destructor abandons them (PsClient::abandon_all:
+// pulls are in flight, the destructor abandons them (PsDataClient::abandon_all:
 // no waiting for replies that may never come, one deadline for ZeroMQ to
 // let go of the frames): ZeroMQ then no longer reads the staging buffers
 // and no reply is written into them once they are freed. Declare it after

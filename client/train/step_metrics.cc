@@ -106,7 +106,7 @@ void StepMetrics::report() {
   // tell whether the ps is really gone.
   auto global = static_cast<std::uint64_t>(global_samples_.value());
   try {
-    global = context_.ps.report_samples(static_cast<std::uint64_t>(samples - reported_));
+    global = context_.ps.report_progress(static_cast<std::uint64_t>(samples - reported_));
     reported_ = samples;
     if (report_failing_) log("progress reports reach ps 0 again");
     report_failing_ = false;

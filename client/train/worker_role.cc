@@ -87,7 +87,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   const auto state_updates = ps.hello();
   // ps 0 has counted samples once the run is under way: then no ps may
   // serve fresh values (one restarted without its checkpoint).
-  refuse_fresh_servers(ps, state_updates, ps.report_samples(0) > 0);
+  refuse_fresh_servers(ps, state_updates, ps.report_progress(0) > 0);
   ps.init(config.train.seed);
   // A restarted async worker goes on where ps 0 counted it (a restored ps 0:
   // as of its checkpoint); sync workers join the step their peers recorded.
@@ -161,7 +161,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   if (evaluator) {
     // After the barrier ps 0 has counted every worker's samples.
-    const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat(0));
+    const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat());
     test_accuracy->set(final_point.accuracy);
     test_loss->set(final_point.loss);
     progress.reset();

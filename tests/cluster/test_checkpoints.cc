@@ -134,8 +134,8 @@ TEST_CASE(
     w0.init(7);
     push_steps(w0, 0, 5);
     push_steps(w1, 5, 7);
-    w0.heartbeat(100);
-    w1.heartbeat(30);
+    w0.report_progress(100, {0, 1});
+    w1.report_progress(30, {0, 1});
     for (std::uint32_t s = 0; s < 2; ++s) before.push_back(read_snapshot(w0.snapshot(s)));
   }
   for (std::uint32_t s = 0; s < 2; ++s) {

@@ -48,7 +48,8 @@ TEST_CASE("ps: exits 0 once every worker sent done, after replying") {
   w1.hello();
   w0.done(100);
   // Worker 1 is still running, so both ps's still serve.
-  for (std::uint32_t s = 0; s < 2; ++s) CHECK(w0.stats(s).find("\"done\":1}") != std::string::npos);
+  for (std::uint32_t s = 0; s < 2; ++s)
+    CHECK(w0.stats(s).find("\"done\":1,\"progress\":") != std::string::npos);
   w1.done(200);
   for (std::uint32_t s = 0; s < 2; ++s) {
     CHECK(cluster.ps(s).wait_for(10s) == 0);
@@ -70,7 +71,7 @@ TEST_CASE("ps: on_worker_loss fail: a silent worker makes the ps exit 3 naming i
   std::optional<int> code;
   while (!code && std::chrono::steady_clock::now() - start < 10s) {
     try {
-      w0.heartbeat(1);
+      w0.heartbeat();
     } catch (const PsError&) {
       // the ps exited while the heartbeat was in flight
     }
@@ -90,7 +91,7 @@ namespace {
 void keep_talking(PsClient& w, std::chrono::milliseconds how_long) {
   const auto until = std::chrono::steady_clock::now() + how_long;
   while (std::chrono::steady_clock::now() < until) {
-    w.heartbeat(1);
+    w.heartbeat();
     std::this_thread::sleep_for(100ms);
   }
 }
@@ -133,7 +134,7 @@ TEST_CASE("ps: a worker starting later than worker_timeout joins while the other
   auto barrier0 = std::async(std::launch::async, [&] { w0.barrier("train-done", 2); });
   CHECK(parked(config, "parked_barrier", 1));
   for (int i = 0; i < 15; ++i) {  // longer than worker_timeout: the barrier waits for worker 1
-    w1.heartbeat(1);
+    w1.heartbeat();
     std::this_thread::sleep_for(100ms);
   }
   CHECK(parked(config, "parked_barrier", 1));
@@ -171,14 +172,15 @@ TEST_CASE("ps: SIGTERM and SIGINT stop the ps cleanly") {
   }
 }
 
-TEST_CASE("ps: heartbeats count global samples over all senders") {
+TEST_CASE("ps: progress reports count global samples over all senders") {
   PsCluster cluster({.ps = 2, .workers = 2});
   cluster.start_all();
   const auto& config = cluster.config();
   PsClient w0(config, 0, small_map(config)), w1(config, 1, small_map(config));
-  CHECK(w0.heartbeat(64) == 64);
-  CHECK(w1.heartbeat(32) == 96);
-  CHECK(w0.heartbeat(0) == 96);
+  CHECK(w0.report_progress(64, {0, 1}) == 64);
+  CHECK(w1.report_progress(32, {0, 1}) == 96);
+  CHECK(w0.report_progress(0) == 96);
+  CHECK(w0.heartbeat() == 96);
   CHECK(w1.stats(1).find("\"global_samples\":96") != std::string::npos);
 }
 

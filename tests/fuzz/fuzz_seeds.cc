@@ -109,9 +109,11 @@ Message kv_get(std::uint64_t timeout_ms) {
   return m;
 }
 
-Message heartbeat(std::uint32_t sender) {
-  auto m = request(Op::heartbeat, sender);
-  wire::Heartbeat{64}.write(m.header);
+Message heartbeat(std::uint32_t sender) { return request(Op::heartbeat, sender); }
+
+Message progress(std::uint32_t sender) {
+  auto m = request(Op::progress, sender);
+  wire::Progress{64}.write(m.header);
   return m;
 }
 
@@ -186,6 +188,7 @@ int main(int argc, char** argv) {
       {"kv_set", kv_set()},
       {"kv_get", kv_get(0)},
       {"heartbeat", heartbeat(0)},
+      {"progress", progress(0)},
       {"done", done(0)},
   };
   for (const auto& [name, m] : ops) {
@@ -217,7 +220,7 @@ int main(int argc, char** argv) {
       {"kv_parked", {kv_get(5000), kv_set(), kv_get(0)}},
       {"kv_expired", {kv_get(20), late}},
       {"snapshot_after_init", {init(), request(Op::snapshot, 100)}},
-      {"run_end", {hello(0), hello(1), heartbeat(0), heartbeat(1), done(0), done(1)}},
+      {"run_end", {hello(0), hello(1), heartbeat(0), progress(1), done(0), done(1)}},
   };
   for (const auto& [name, messages] : exchanges) write(dir / "ps" / name, ps_input(messages));
   return 0;

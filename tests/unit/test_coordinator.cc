@@ -275,16 +275,15 @@ TEST_CASE("coordinator: continue: every worker lost exits 3, answering parked re
   CHECK(error_text(f.sink.sent[0]) == "ps 0: every worker is lost: worker(s) 0, 1 absent");
 }
 
-TEST_CASE("coordinator: done of every worker exits 0; heartbeats count global samples") {
+TEST_CASE("coordinator: done of every worker exits 0; progress reports count global samples") {
   Fixture f(2);
-  f.coordinator.heartbeat(request(Op::heartbeat, 0, t0, wire::Heartbeat{64}));
-  f.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{32}));
+  f.coordinator.progress(request(Op::progress, 0, t0, wire::Progress{64}));
+  f.coordinator.progress(request(Op::progress, 1, t0, wire::Progress{32}));
   CHECK(wire::GlobalSamples::read(f.sink.sent.back().header).global_samples == 96);
-  CHECK_THROWS_WITH_AS(f.coordinator.heartbeat(request(Op::heartbeat, 2, t0, wire::Heartbeat{1})),
+  CHECK_THROWS_WITH_AS(f.coordinator.progress(request(Op::progress, 2, t0, wire::Progress{1})),
                        doctest::Contains("not a worker"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      f.coordinator.heartbeat(request(Op::heartbeat, 0, t0, wire::Heartbeat{~0ULL})),
-      doctest::Contains("overflows"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(f.coordinator.progress(request(Op::progress, 0, t0, wire::Progress{~0ULL})),
+                       doctest::Contains("overflows"), std::invalid_argument);
 
   f.coordinator.done(request(Op::done, 0, t0, wire::Done{64}));
   f.coordinator.done(request(Op::done, 0, t0, wire::Done{64}));  // twice is once
@@ -321,7 +320,7 @@ TEST_CASE("coordinator: a restored ps counts the acknowledged updates its restor
   Request push = request(Op::push, 1, t0);
   push.header.incarnation = 77;
   for (int i = 0; i < 5; ++i) before.coordinator.applied_update(push.header);
-  before.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{640}));
+  before.coordinator.progress(request(Op::progress, 1, t0, wire::Progress{640}));
   SnapshotInfo checkpoint;
   before.coordinator.fill_progress(checkpoint);
   CHECK(checkpoint.worker_updates == std::vector<std::uint64_t>{0, 5});
@@ -336,7 +335,7 @@ TEST_CASE("coordinator: a restored ps counts the acknowledged updates its restor
   SnapshotInfo snapshot = checkpoint;
   snapshot.kind = SnapshotKind::snapshot;
   seeded.coordinator.restore_progress(snapshot, 5);
-  seeded.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{0}));
+  seeded.coordinator.progress(request(Op::progress, 1, t0, wire::Progress{0}));
   const auto seeded_reply = wire::GlobalSamples::read(seeded.sink.sent.back().header);
   CHECK(seeded_reply.global_samples == 640);
   CHECK(seeded_reply.sender_samples == 0);
@@ -350,7 +349,7 @@ TEST_CASE("coordinator: a restored ps counts the acknowledged updates its restor
   const auto reply = wire::HelloReply::read(after.sink.sent.back().header);
   CHECK(reply.state_updates == 7);
   // The restarted worker resumes from the samples ps 0 counted of it.
-  after.coordinator.heartbeat(request(Op::heartbeat, 1, t0, wire::Heartbeat{0}));
+  after.coordinator.progress(request(Op::progress, 1, t0, wire::Progress{0}));
   CHECK(wire::GlobalSamples::read(after.sink.sent.back().header).sender_samples == 640);
 
   // A hello in step with the ps loses nothing; a new process of the worker

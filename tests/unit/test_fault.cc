@@ -25,7 +25,8 @@ TEST_CASE("fault: drops the configured fraction of data messages and no control 
   for (int i = 0; i < kN; ++i) dropped += faults.drop(data[i % 5]) ? 1 : 0;
   CHECK(dropped > kN * 0.09);
   CHECK(dropped < kN * 0.11);
-  for (const auto op : {Op::hello, Op::heartbeat, Op::barrier, Op::done, Op::kv_get, Op::stats})
+  for (const auto op :
+       {Op::hello, Op::heartbeat, Op::progress, Op::barrier, Op::done, Op::kv_get, Op::stats})
     for (int i = 0; i < 200; ++i) CHECK_FALSE(faults.drop(op));
 }
 

@@ -238,10 +238,10 @@ TEST_CASE("backup: a worker that finished pushing is not waited for") {
   CHECK(ps.value() == 100);  // waits for worker 1 (b = 0)
   Request beat;
   beat.from = "w1";
-  beat.header.op = Op::heartbeat;
+  beat.header.op = Op::progress;
   beat.header.sender = 1;
-  wire::Heartbeat{0, true}.write(beat.header);
-  ps.coordinator.heartbeat(beat);
+  wire::Progress{0, true}.write(beat.header);
+  ps.coordinator.progress(beat);
   ps.data.tick();
   CHECK(ps.value() == 98);
   CHECK(ps.replies_to("w0") == std::vector<float>{98});

@@ -24,7 +24,7 @@ Header full_header() {
   h.name = "dense0/w";
   h.chunk = 77;
   h.version = 0x0102030405060708ULL;
-  h.arg = 0x8877665544332211ULL;
+  h.operand = 0x8877665544332211ULL;
   h.dtype = DType::bytes;
   h.elements = 12345;
   h.payload_frames = 2;
@@ -45,7 +45,7 @@ void check_equal(const Header& a, const Header& b) {
   CHECK(a.name == b.name);
   CHECK(a.chunk == b.chunk);
   CHECK(a.version == b.version);
-  CHECK(a.arg == b.arg);
+  CHECK(a.operand == b.operand);
   CHECK(a.dtype == b.dtype);
   CHECK(a.elements == b.elements);
   CHECK(a.payload_frames == b.payload_frames);
@@ -171,8 +171,8 @@ TEST_CASE("protocol: enums, frame counts and payload sizes are range-checked") {
   SUBCASE("an op's number is not a payload size") {
     Header h;
     h.op = Op::heartbeat;
-    h.arg = ~0ULL;
-    CHECK(decode(encode_header(h)).arg == ~0ULL);
+    h.operand = ~0ULL;
+    CHECK(decode(encode_header(h)).operand == ~0ULL);
   }
 }
 
@@ -308,7 +308,7 @@ TEST_CASE("messages: every op's typed view survives the wire") {
   CHECK(through_wire(KvSet{"gloo/0"}).key == "gloo/0");
   CHECK(through_wire(KvGet{"gloo/0", 2500}).key == "gloo/0");
   CHECK(through_wire(KvGet{"gloo/0", 2500}).timeout_ms == 2500);
-  CHECK(through_wire(Heartbeat{~0ULL}).samples == ~0ULL);
+  CHECK(through_wire(Progress{~0ULL}).samples == ~0ULL);
   CHECK(through_wire(Done{1234}).total_samples == 1234);
   CHECK(through_wire(GlobalSamples{99}).global_samples == 99);
   CHECK(through_wire(SnapshotReply{"run/snapshot/ps0.bin"}).path == "run/snapshot/ps0.bin");
@@ -318,6 +318,6 @@ TEST_CASE("messages: every op's typed view survives the wire") {
 TEST_CASE("messages: a kv_get's timeout is a number in the header, not text") {
   Header h;
   KvGet{"k", 300}.write(h);
-  CHECK(h.arg == 300);
+  CHECK(h.operand == 300);
   CHECK(h.text.empty());
 }

@@ -4,14 +4,21 @@
 // others.
 #include <doctest/doctest.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <future>
+#include <map>
+#include <mutex>
+#include <span>
+#include <thread>
 
 #include "client/comm/communicator_factory.h"
 #include "client/comm/rendezvous.h"
 #include "client/compute/cpu/cpu_backend.h"
+#include "client/ps/kv_store.h"
 #include "client/ps/ps_client.h"
 #include "server/ps_role.h"
+#include "shared/messages.h"
 #include "tests/support/child_process.h"
 
 namespace pstrain {
@@ -127,6 +134,79 @@ TEST_CASE("sync rendezvous: a worker that never joins ends the wait, naming it")
   CHECK_THROWS_WITH_AS(join_sync_run(client, ps.config, 0),
                        doctest::Contains("waiting for worker 1 to join attempt 1"), CommError);
   CHECK(ps.served.get() == 3);  // ps 0 named the silent worker and exited
+}
+
+// A KvStore of the test's own (no ps): keys in memory, namespaced by
+// writer as ps 0 does, and keep_alive() calls counted.
+class MemoryStore {
+ public:
+  class Client : public KvStore {
+   public:
+    Client(MemoryStore& store, std::uint32_t writer) : store_(store), writer_(writer) {}
+    void kv_set(const std::string& key, std::span<const std::uint8_t> value) override {
+      std::lock_guard lock(store_.mutex_);
+      store_.keys_[wire::kv_key(writer_, key)].assign(value.begin(), value.end());
+      store_.changed_.notify_all();
+    }
+    std::vector<std::uint8_t> kv_get(std::uint32_t writer, const std::string& key,
+                                     double timeout_s) override {
+      std::unique_lock lock(store_.mutex_);
+      const auto full = wire::kv_key(writer, key);
+      if (!store_.changed_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                    [&] { return store_.keys_.contains(full); }))
+        throw PsError("memory store: no '" + full + "'");
+      return store_.keys_[full];
+    }
+    void keep_alive() override {
+      std::lock_guard lock(store_.mutex_);
+      ++store_.keep_alives_;
+    }
+
+   private:
+    MemoryStore& store_;
+    std::uint32_t writer_;
+  };
+  int keep_alives() {
+    std::lock_guard lock(mutex_);
+    return keep_alives_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::vector<std::uint8_t>> keys_;
+  int keep_alives_ = 0;
+};
+
+TEST_CASE("sync rendezvous: on a store of its own, attempts resume at the recorded step") {
+  const auto config = parse_config(
+      "job: rendezvous\nmode: sync\nps: [{host: 127.0.0.1, port: 1}]\nworkers: {count: 2}\n"
+      "data: {name: synthetic}\nnet: {worker_timeout: 2, heartbeat: 0.05}\n");
+  MemoryStore store;
+  MemoryStore::Client w0(store, 0), w1(store, 1);
+  const auto join = [&](std::uint64_t failed) {
+    // Worker 1 comes late: it waits for worker 0 to open the attempt,
+    // keeping itself alive meanwhile.
+    auto late = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      return join_sync_run(w0, config, 0, failed);
+    });
+    const SyncAttempt one = join_sync_run(w1, config, 1, failed);
+    const SyncAttempt zero = late.get();
+    CHECK(one.prefix == zero.prefix);
+    CHECK(one.step == zero.step);
+    return zero;
+  };
+  const SyncAttempt first = join(0);
+  CHECK(first.number == 1);
+  CHECK(first.step == 0);
+  CHECK(store.keep_alives() > 0);
+  record_sync_step(w0, config, 40);
+  // A peer failed in attempt 1: the next resumes after step 40.
+  const SyncAttempt second = join(first.number);
+  CHECK(second.number == 2);
+  CHECK(second.step == 40);
+  CHECK(second.prefix != first.prefix);
 }
 
 #if defined(PSTRAIN_CUDA_LIBRARY)

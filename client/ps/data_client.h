@@ -1,0 +1,89 @@
+#pragma once
+// PsDataClient: a worker's data path to the parameter servers, in the
+// spirit of ps-lite's KVWorker. Calls are by variable name; the client cuts
+// them into chunks with the shard map and keeps requests to every ps in
+// flight at once, on a PsChannel (client/ps/ps_channel.h: resends,
+// deadlines, zero-copy frames, restarts).
+//
+//   auto t = ps.push_pull("dense0/w", grad, weights);
+//   ps.wait(t);
+//
+// Buffers belong to the library from the call until wait() on its ticket
+// returns: payloads are sent from them without copies (ZeroMQ zero-copy
+// frames) and pulled values are written once into them.
+//
+// Thread rules: the channel's (one thread).
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "client/ps/ps_channel.h"
+#include "shared/shard_map.h"
+
+namespace pstrain {
+
+class PsDataClient : private PsChannel::ReplyHandler {
+ public:
+  using Ticket = PsChannel::Ticket;
+
+  // Throws std::invalid_argument when the map's servers are not the
+  // channel's.
+  PsDataClient(PsChannel& channel, ShardMap map);
+  PsDataClient(const PsDataClient&) = delete;
+  PsDataClient& operator=(const PsDataClient&) = delete;
+
+  const ShardMap& map() const { return map_; }
+
+  // Creates every chunk that does not exist yet from the counter-based
+  // generator (seed, variable, element); waits.
+  void init(std::uint64_t seed);
+  Ticket pull(std::string_view variable, std::span<float> out);
+  Ticket push(std::string_view variable, std::span<const float> grad);
+  Ticket push_pull(std::string_view variable, std::span<const float> grad, std::span<float> out);
+  Ticket assign(std::string_view variable, std::span<const float> values);
+  // The worker's clock: the steps it completed before the one its next
+  // pulls and pushes are for. Every data request carries it (with a push,
+  // also the chunk version the gradient was computed on), which mode ssp's
+  // servers hold pulls by (shared/messages.h, ChunkRequest). 0 until set.
+  void set_clock(std::uint64_t steps_done) { clock_ = steps_done; }
+  void wait(Ticket ticket);
+  void wait_all();
+  // Gives up on every call in flight without waiting for its replies
+  // (PsChannel::abandon_all). The abandoned updates may or may not have been
+  // applied; waiting for their tickets afterwards returns at once.
+  void abandon_all();
+
+  // Staleness of the last push (push or push_pull) of `variable`: updates
+  // other workers applied between this client's pull and its push, summed
+  // over the variable's chunks and divided by their number.
+  double last_staleness(std::string_view variable) const;
+
+ private:
+  // A data call's state beside its channel ticket.
+  struct Call {
+    std::uint32_t variable = 0;
+    float* out = nullptr;  // where pulled values of the variable go
+    // A push's gradient rounded to the wire dtype, sent from here.
+    std::vector<std::uint16_t> halves;
+    double staleness_sum = 0;
+    std::size_t staleness_chunks = 0;
+  };
+  std::uint32_t variable_index(std::string_view name) const;
+  Ticket chunk_op(wire::Op op, std::string_view name, std::span<const float> grad,
+                  std::span<float> out, std::size_t given);
+  // A chunk's reply; `cookie` is the chunk's index in map_.all_chunks().
+  void on_reply(Ticket ticket, std::uint64_t cookie, const wire::Header& header,
+                std::span<const std::uint8_t> payload) override;
+
+  PsChannel& channel_;
+  ShardMap map_;
+  wire::DType wire_dtype_;  // of pulls, pushes and their replies (net.wire_dtype)
+  std::vector<std::uint64_t> pulled_version_;  // per chunk of map_.all_chunks()
+  std::uint64_t clock_ = 0;
+  std::vector<double> staleness_;  // per variable
+  std::unordered_map<Ticket, Call> calls_;
+};
+
+}  // namespace pstrain

@@ -1,0 +1,457 @@
+#include "client/ps/ps_channel.h"
+
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "shared/messages.h"
+
+namespace pstrain {
+
+using wire::Header;
+using wire::Op;
+
+namespace {
+
+// New for every process (a forked child gets its own), never 0: the ps keeps
+// its record of applied requests per incarnation (server/dedup.h).
+std::uint64_t process_incarnation() {
+  static std::mutex mutex;
+  static pid_t pid = 0;
+  static std::uint64_t value = 0;
+  const std::lock_guard lock(mutex);
+  if (pid != ::getpid()) {
+    pid = ::getpid();
+    std::random_device random;
+    value = (std::uint64_t{random()} << 32 | random()) ^
+            static_cast<std::uint64_t>(std::time(nullptr)) ^ static_cast<std::uint64_t>(pid);
+    if (value == 0) value = 1;
+  }
+  return value;
+}
+
+// Request ids are sequence numbers of the process, shared by all its
+// channels (a worker's trainer and evaluator share its incarnation), so no
+// two requests of one incarnation carry the same id.
+std::uint64_t next_sequence() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The ops a channel resends: the ps answers a resent update from its
+// record, and a pull changes nothing.
+bool resendable(Op op) {
+  return op == Op::init || op == Op::pull || op == Op::push || op == Op::push_pull ||
+         op == Op::assign;
+}
+
+// The ops that change a chunk, whose acknowledgements hello reports.
+bool updates(Op op) { return op == Op::push || op == Op::push_pull || op == Op::assign; }
+
+void release_send(void*, void* hint) {
+  static_cast<std::atomic<std::uint64_t>*>(hint)->fetch_sub(1);
+}
+
+}  // namespace
+
+// Everything one call (a ticket) has in flight.
+struct PsChannel::TicketState {
+  Op op = Op::hello;
+  std::string label;  // variable or key, for error messages
+  double timeout_s = 0;
+  std::size_t replies_left = 0;
+  std::string error;
+  std::uint64_t retry_after_ms = 0;  // of an error reply that says so
+  std::vector<Reply> replies;        // of requests without a handler
+
+  std::string describe() const {
+    return std::string(wire::to_string(op)) + (label.empty() ? "" : " of '" + label + "'");
+  }
+};
+
+struct PsChannel::Request {
+  Ticket ticket = 0;
+  std::uint32_t server = 0;
+  ReplyHandler* handler = nullptr;
+  std::uint64_t cookie = 0;
+  // What a resend needs (data operations only): the encoded header, the
+  // payload (the caller's; the channel's until the ticket is waited for),
+  // and when it goes out again.
+  Op op = Op::hello;
+  bool payload_frame = false;
+  std::vector<std::uint8_t> header{};
+  std::span<const std::uint8_t> data{};
+  Clock::duration interval{};
+  Clock::time_point resend_at = Clock::time_point::max();
+};
+
+PsChannel::PsChannel(std::vector<std::string> addresses, std::uint64_t run_id,
+                     PsClientOptions options)
+    : addresses_(std::move(addresses)),
+      run_id_(run_id),
+      options_(std::move(options)),
+      frames_held_(addresses_.size()),
+      generations_(addresses_.size(), 0),
+      generation_changed_(addresses_.size(), false),
+      last_heard_(addresses_.size(), Clock::now()),
+      acked_(addresses_.size(), 0),
+      incarnation_(process_incarnation()),
+      faults_(options_.fault, options_.fault_seed),
+      context_(std::make_unique<zmq::context_t>(1)) {
+  if (options_.curve && options_.curve->server_keys.size() != addresses_.size())
+    throw std::invalid_argument(
+        "ps client: " + std::to_string(addresses_.size()) + " ps addresses but " +
+        std::to_string(options_.curve->server_keys.size()) + " CURVE server keys");
+  for (std::uint32_t s = 0; s < addresses_.size(); ++s) sockets_.push_back(make_socket(s));
+}
+
+PsChannel::~PsChannel() = default;
+
+std::unique_ptr<zmq::socket_t> PsChannel::make_socket(std::uint32_t server) {
+  auto socket = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
+  socket->set(zmq::sockopt::linger, 0);
+  socket->set(zmq::sockopt::sndhwm, 0);
+  socket->set(zmq::sockopt::rcvhwm, 0);
+  socket->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
+  if (options_.curve) {
+    socket->set(zmq::sockopt::curve_serverkey, options_.curve->server_keys.at(server));
+    socket->set(zmq::sockopt::curve_publickey, options_.curve->own.public_key);
+    socket->set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
+  }
+  socket->connect(addresses_[server]);
+  return socket;
+}
+
+std::string PsChannel::where(std::uint32_t server) const {
+  return "ps " + std::to_string(server) + " (" + addresses_[server] + ")";
+}
+
+std::vector<std::uint32_t> PsChannel::all_servers() const {
+  std::vector<std::uint32_t> s(addresses_.size());
+  for (std::uint32_t i = 0; i < s.size(); ++i) s[i] = i;
+  return s;
+}
+
+PsChannel::Ticket PsChannel::open(Op op, std::string label, double timeout_s) {
+  const Ticket id = next_ticket_++;
+  auto& t = *tickets_.emplace(id, std::make_unique<TicketState>()).first->second;
+  t.op = op;
+  t.label = std::move(label);
+  t.timeout_s = timeout_s;
+  return id;
+}
+
+void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
+                     std::span<const std::uint8_t> data, std::span<const std::uint8_t> bytes,
+                     ReplyHandler* handler, std::uint64_t cookie) {
+  auto& t = *tickets_.at(ticket);
+  h.request_id = next_sequence();
+  h.sender = options_.sender;
+  h.incarnation = incarnation_;
+  h.run_id = run_id_;
+  const bool has_payload = !data.empty() || h.dtype == wire::DType::bytes;
+  if (has_payload) {
+    h.payload_frames = 1;
+    h.elements = data.empty() ? bytes.size() : data.size() / wire::element_bytes(h.dtype);
+  }
+  Request r{.ticket = ticket,
+            .server = server,
+            .handler = handler,
+            .cookie = cookie,
+            .op = h.op,
+            .payload_frame = has_payload,
+            .header = wire::encode_header(h),
+            .data = data};
+  if (resendable(h.op)) {
+    r.interval = seconds(options_.retry_interval_s);
+    r.resend_at = Clock::now() + r.interval;
+  }
+  transmit(r, bytes, /*zero_copy=*/true);
+  if (!resendable(h.op)) r.header = {};  // not needed again
+  requests_.emplace(h.request_id, std::move(r));
+  ++t.replies_left;
+}
+
+// Puts `r` on its ps's socket (unless fault injection drops it). A resend
+// copies the payload: the first send's zero-copy frame may still sit in a
+// queue, and a copy is ZeroMQ's to free whenever it likes.
+//
+// Sends never block: a socket with no connection to send on (under CURVE,
+// one whose handshake the ps refused, or has not finished) takes nothing,
+// and the request goes unanswered like a lost one (resent or timed out).
+// Once the header is taken the payload is too (no high-water mark).
+void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy) {
+  if (faults_.drop(r.op)) return;
+  auto& socket = *sockets_[r.server];
+  const auto more = r.payload_frame ? zmq::send_flags::sndmore : zmq::send_flags::none;
+  if (!socket.send(zmq::buffer(r.header), more | zmq::send_flags::dontwait)) return;
+  if (!r.data.empty()) {
+    const auto data = const_cast<std::uint8_t*>(r.data.data());
+    if (zero_copy) {
+      frames_held_[r.server].fetch_add(1);
+      zmq::message_t payload(data, r.data.size(), &release_send, &frames_held_[r.server]);
+      (void)socket.send(payload, zmq::send_flags::dontwait);
+    } else {
+      zmq::message_t payload(data, r.data.size());
+      (void)socket.send(payload, zmq::send_flags::dontwait);
+    }
+  } else if (r.payload_frame) {
+    (void)socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait);
+  }
+}
+
+// Resends every data request whose reply is overdue, each after twice as
+// long as the time before, up to a quarter of the request timeout: a few
+// more tries before the deadline when messages are lost, not a flood.
+//
+// A ps that still holds zero-copy frames and has not replied for a retry
+// interval is not reading them (stalled, or gone and reconnecting): its
+// socket is replaced, which makes ZeroMQ drop and release those frames,
+// and every data request to it is resent on the new one. A ps that did
+// reply meanwhile is reading, only behind: replacing its socket would lose
+// the replies on their way to the old one and resend everything again,
+// which on a loaded host repeats until requests time out. Control
+// requests on a replaced socket are not resent (a heartbeat must not
+// count twice); they end at their deadline.
+void PsChannel::resend_due() {
+  const auto now = Clock::now();
+  const auto max_interval =
+      std::max(seconds(options_.retry_interval_s), seconds(options_.timeout_s / 4));
+  std::vector<bool> due(addresses_.size(), false);
+  for (const auto& [rid, r] : requests_) due[r.server] = due[r.server] || r.resend_at <= now;
+  for (std::uint32_t s = 0; s < due.size(); ++s) {
+    if (!due[s]) continue;
+    const bool replace =
+        frames_held_[s].load() > 0 && now - last_heard_[s] >= seconds(options_.retry_interval_s);
+    if (replace) sockets_[s] = make_socket(s);
+    for (auto& [rid, r] : requests_) {
+      if (r.server != s || r.header.empty()) continue;
+      const bool overdue = r.resend_at <= now;
+      if (!overdue && !replace) continue;
+      transmit(r, {}, /*zero_copy=*/false);
+      if (overdue) r.interval = std::min(r.interval * 2, max_interval);
+      r.resend_at = now + r.interval;
+    }
+  }
+}
+
+PsChannel::Clock::time_point PsChannel::next_resend() const {
+  auto next = Clock::time_point::max();
+  for (const auto& [rid, r] : requests_) next = std::min(next, r.resend_at);
+  return next;
+}
+
+std::vector<PsChannel::Reply> PsChannel::call(Op op, const std::vector<std::uint32_t>& servers,
+                                              Header h, double timeout_s,
+                                              std::span<const std::uint8_t> bytes) {
+  for (auto s : servers)
+    if (s >= addresses_.size())
+      throw std::invalid_argument("ps client: no ps " + std::to_string(s) + " (the cluster has " +
+                                  std::to_string(addresses_.size()) + ")");
+  h.op = op;
+  const Ticket id = open(op, h.name, timeout_s);
+  for (auto s : servers) send(id, s, h, {}, bytes);
+  return wait(id);
+}
+
+std::vector<PsChannel::Reply> PsChannel::wait(Ticket id) {
+  auto it = tickets_.find(id);
+  if (it == tickets_.end()) {
+    if (id == 0 || id >= next_ticket_)
+      throw std::invalid_argument("ps client: wait on unknown ticket " + std::to_string(id));
+    return {};  // already waited for
+  }
+  auto replies = finish(id, *it->second);
+  std::ranges::sort(replies, {}, &Reply::server);
+  return replies;
+}
+
+bool PsChannel::answered(Ticket id) const {
+  const auto it = tickets_.find(id);
+  return it == tickets_.end() || it->second->replies_left == 0;
+}
+
+std::vector<PsChannel::Reply> PsChannel::finish(Ticket id, TicketState& t) {
+  auto deadline = Clock::now() + seconds(t.timeout_s);
+  while (t.replies_left > 0) {
+    const auto before = t.replies_left;
+    poll(std::min(deadline, next_resend()) - Clock::now());
+    if (t.replies_left < before) {
+      deadline = Clock::now() + seconds(t.timeout_s);
+    } else if (Clock::now() >= deadline) {
+      timed_out(id, t);
+    }
+  }
+  // Every caller buffer ZeroMQ still reads from is released before a call
+  // returns, and before an error leaves the channel: the caller may free
+  // buffers of other calls while unwinding.
+  wait_for_releases(Clock::now() + seconds(t.timeout_s));
+  auto error = std::move(t.error);
+  auto replies = std::move(t.replies);
+  const std::chrono::milliseconds retry_after(t.retry_after_ms);
+  tickets_.erase(id);
+  if (!error.empty() && retry_after.count() > 0) throw PsRetryLater(error, retry_after);
+  if (!error.empty()) throw PsError(error);
+  return replies;
+}
+
+bool PsChannel::frames_released() const {
+  return std::ranges::all_of(frames_held_, [](const auto& n) { return n.load() == 0; });
+}
+
+// Waits until ZeroMQ has released every zero-copy frame, serving replies
+// and resends meanwhile: a ps that does not read its frames gets its
+// requests resent, and its socket replaced, after retry_interval_s
+// (resend_due). At `deadline` the sockets of every ps still holding frames
+// are replaced (closed with linger 0, which frees their queued frames; their
+// data requests go out again on the new ones) and it waits as long again.
+// Frames still held after that would be read after the caller frees its
+// buffers, so the process stops rather than return.
+void PsChannel::wait_for_releases(Clock::time_point deadline) {
+  const auto grace = deadline - Clock::now();
+  bool replaced = false;
+  while (!frames_released()) {
+    if (Clock::now() >= deadline) {
+      if (replaced) {
+        std::fprintf(stderr,
+                     "ps client: ZeroMQ kept zero-copy frames after their sockets "
+                     "were closed; stopping rather than free buffers it may read\n");
+        std::abort();
+      }
+      for (std::uint32_t s = 0; s < sockets_.size(); ++s)
+        if (frames_held_[s].load() > 0) replace_socket(s);
+      replaced = true;
+      deadline = Clock::now() + std::max(grace, seconds(1));
+    }
+    poll(std::chrono::milliseconds(1));
+  }
+}
+
+// A new DEALER for ps `server`; its data requests in flight go out again
+// on it (replies to the old socket's identity are lost).
+void PsChannel::replace_socket(std::uint32_t server) {
+  sockets_[server] = make_socket(server);
+  const auto now = Clock::now();
+  for (auto& [rid, r] : requests_)
+    if (r.server == server && !r.header.empty()) r.resend_at = now;
+}
+
+void PsChannel::timed_out(Ticket id, TicketState& t) {
+  std::vector<std::uint32_t> silent;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    if (it->second.ticket != id) {
+      ++it;
+      continue;
+    }
+    if (std::ranges::find(silent, it->second.server) == silent.end())
+      silent.push_back(it->second.server);
+    it = requests_.erase(it);
+  }
+  std::ranges::sort(silent);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", t.timeout_s);
+  std::string msg;
+  for (auto s : silent)
+    msg += (msg.empty() ? "" : "; ") + where(s) + ": no reply to " + t.describe() + " within " +
+           secs + " s";
+  // The silent ps may still hold our zero-copy frames in its queue; a fresh
+  // socket drops them so the caller gets its buffers back.
+  for (auto s : silent) replace_socket(s);
+  wait_for_releases(Clock::now() + seconds(t.timeout_s));
+  tickets_.erase(id);
+  throw PsError(msg);
+}
+
+void PsChannel::abandon_all() {
+  requests_.clear();  // their replies are dropped on arrival (dispatch)
+  for (std::uint32_t s = 0; s < sockets_.size(); ++s)
+    if (frames_held_[s].load() > 0) replace_socket(s);
+  wait_for_releases(Clock::now() + seconds(options_.timeout_s));
+  tickets_.clear();
+}
+
+void PsChannel::poll(Clock::duration timeout) {
+  std::vector<zmq::pollitem_t> items;
+  for (auto& s : sockets_) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+  const auto ms =
+      std::chrono::ceil<std::chrono::milliseconds>(std::max(timeout, Clock::duration::zero()));
+  if (zmq_poll(items.data(), static_cast<int>(items.size()), static_cast<long>(ms.count())) < 0) {
+    if (zmq_errno() == EINTR) return;
+    throw zmq::error_t();
+  }
+  std::vector<zmq::message_t> frames;
+  std::vector<std::span<const std::uint8_t>> views;
+  for (std::uint32_t s = 0; s < items.size(); ++s) {
+    if (!(items[s].revents & ZMQ_POLLIN)) continue;
+    while (true) {
+      frames.clear();
+      if (!zmq::recv_multipart(*sockets_[s], std::back_inserter(frames), zmq::recv_flags::dontwait))
+        break;
+      views.clear();
+      for (const auto& f : frames) views.emplace_back(f.data<std::uint8_t>(), f.size());
+      dispatch(s, views);
+    }
+  }
+  resend_due();
+}
+
+void PsChannel::dispatch(std::uint32_t server,
+                         std::span<const std::span<const std::uint8_t>> frames) {
+  Header h;
+  try {
+    h = wire::decode_header(frames[0]);
+  } catch (const wire::ProtocolError&) {
+    return;  // not attributable to any request; its request will time out
+  }
+  note_generation(server, h.generation);
+  last_heard_[server] = Clock::now();
+  const auto it = requests_.find(h.request_id);
+  if (it == requests_.end()) return;  // given up on after a timeout, or a resend's twin
+  const Request r = it->second;
+  requests_.erase(it);
+  auto& t = *tickets_.at(r.ticket);
+  --t.replies_left;
+  try {
+    if (h.status == wire::Status::error) {
+      const auto refusal = wire::ErrorReply::read(h);
+      t.retry_after_ms = std::max(t.retry_after_ms, refusal.retry_after_ms);
+      throw PsError(refusal.text);
+    }
+    if (h.op != t.op) throw PsError("reply is for " + std::string(wire::to_string(h.op)));
+    if (frames.size() != 1 + h.payload_frames)
+      throw PsError("reply declares " + std::to_string(h.payload_frames) +
+                    " payload frames, it has " + std::to_string(frames.size() - 1));
+    for (std::size_t i = 0; i < h.payload_frames; ++i)
+      wire::check_payload(h, i, frames[1 + i].size());
+    const auto payload = h.payload_frames == 1 ? frames[1] : std::span<const std::uint8_t>{};
+    if (r.handler) {
+      r.handler->on_reply(r.ticket, r.cookie, h, payload);
+    } else {
+      t.replies.push_back({server, std::move(h), {payload.begin(), payload.end()}});
+    }
+    if (updates(r.op)) ++acked_[server];
+  } catch (const std::exception& e) {
+    if (t.error.empty()) t.error = where(server) + ": " + t.describe() + " failed: " + e.what();
+  }
+}
+
+// Replies of a ps carry its generation; a new one means it restarted.
+// 0 (a peer that does not say) is no news.
+void PsChannel::note_generation(std::uint32_t server, std::uint64_t generation) {
+  if (generation == 0 || generation == generations_[server]) return;
+  if (generations_[server] != 0) generation_changed_[server] = true;
+  generations_[server] = generation;
+}
+
+bool PsChannel::take_generation_change(std::uint32_t server) {
+  const bool was = generation_changed_.at(server);
+  generation_changed_[server] = false;
+  return was;
+}
+
+}  // namespace pstrain
