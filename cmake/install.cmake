@@ -3,8 +3,10 @@
 #
 #   lib/pstrain/pstrain              the binary; its CUDA library beside it, as
 #   lib/pstrain/libpstrain_cuda.so   in the build tree (client/compute/cuda_loader.h)
-#   lib/pstrain/bench/bench_*        what pstrain-bench runs
-#   lib/pstrain/tools/               launch, compare, bench and their modules
+#   lib/pstrain/bench/bench_*        what pstrain-bench runs: the C++ benchmarks
+#                                    and bench_torch.py, their PyTorch peer
+#   lib/pstrain/tools/               launch, compare, bench, report.py and the
+#                                    package they run, pstrain_tools/
 #   bin/pstrain, bin/pstrain-launch, bin/pstrain-compare, bin/pstrain-bench
 #                                    links to the above
 #   share/doc/pstrain/               README, CHANGELOG, LICENSE, docs/, and
@@ -17,31 +19,40 @@ set(PSTRAIN_INSTALL_LIBDIR "lib/pstrain" CACHE STRING
     "pstrain's private folder under the install prefix (the binary, its CUDA library, the tools)")
 set(CMAKE_INSTALL_DEFAULT_COMPONENT_NAME runtime)
 set(PSTRAIN_INSTALL_TOOLS "${PSTRAIN_INSTALL_LIBDIR}/tools")
+set(PSTRAIN_INSTALL_TOOLS_PACKAGE "${PSTRAIN_INSTALL_TOOLS}/pstrain_tools")
+set(PSTRAIN_INSTALL_BENCH "${PSTRAIN_INSTALL_LIBDIR}/bench")  # bench/CMakeLists.txt
 
+# The commands, each of which finds the package beside itself.
 set(PSTRAIN_TOOL_PROGRAMS launch compare bench)
 foreach(tool IN LISTS PSTRAIN_TOOL_PROGRAMS)
   install(PROGRAMS tools/${tool} DESTINATION ${PSTRAIN_INSTALL_TOOLS})
 endforeach()
-install(FILES tools/cluster_config.py tools/k8s_emit.py tools/slurm_emit.py
-              tools/prometheus_server.py tools/report.py tools/bench_torch.py
-        DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+install(PROGRAMS tools/report.py DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+# The package's sources, not the byte code that running it in the source
+# tree leaves there.
+install(DIRECTORY tools/pstrain_tools DESTINATION ${PSTRAIN_INSTALL_TOOLS}
+        FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
 
-# The installed tools find the installed binary and example through this
-# module (tools/cluster_config.py); paths relative to the tools' folder, so
-# the tree works under any prefix (cmake --install --prefix, DESTDIR).
-set(tools_dir "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_TOOLS}")
-file(RELATIVE_PATH binary_from_tools "${tools_dir}"
+# The installed tools find the installed binary, example and Python
+# benchmarks through this module (tools/pstrain_tools/paths.py); paths
+# relative to the package's folder, so the tree works under any prefix
+# (cmake --install --prefix, DESTDIR).
+set(package_dir "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_TOOLS_PACKAGE}")
+file(RELATIVE_PATH binary_from_package "${package_dir}"
      "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_LIBDIR}/pstrain")
-file(RELATIVE_PATH example_from_tools "${tools_dir}"
+file(RELATIVE_PATH example_from_package "${package_dir}"
      "${CMAKE_INSTALL_FULL_DOCDIR}/examples/cluster.yaml")
-file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py CONTENT
-"\"\"\"Where cmake --install put what the tools use, relative to their folder.\"\"\"
+file(RELATIVE_PATH bench_from_package "${package_dir}"
+     "${CMAKE_INSTALL_PREFIX}/${PSTRAIN_INSTALL_BENCH}")
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/install_layout.py CONTENT
+"\"\"\"Where cmake --install put what the tools use, relative to their package.\"\"\"
 
-BINARY = \"${binary_from_tools}\"
-CLUSTER_EXAMPLE = \"${example_from_tools}\"
+BINARY = \"${binary_from_package}\"
+CLUSTER_EXAMPLE = \"${example_from_package}\"
+BENCH = \"${bench_from_package}\"
 ")
-install(FILES ${PROJECT_BINARY_DIR}/install/pstrain_install_layout.py
-        DESTINATION ${PSTRAIN_INSTALL_TOOLS})
+install(FILES ${PROJECT_BINARY_DIR}/install/install_layout.py
+        DESTINATION ${PSTRAIN_INSTALL_TOOLS_PACKAGE})
 
 # bin/: relative links, made here and installed as links.
 function(pstrain_install_link name target)

@@ -54,12 +54,13 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_RECOMMENDS "dataset-fashion-mnist")
 # python3-torch: pstrain-bench's peer.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "openssh-client, prometheus, python3-torch, pstrain-cuda")
 
-# Python writes the tools' byte code beside them when they run (__pycache__,
-# owned by no package): removed with the package, as py3clean does it for
-# Debian's Python packages, so a purge leaves nothing behind.
+# Python writes the tools' byte code beside their package's modules when
+# they run (__pycache__, owned by no package): removed with the package, as
+# py3clean does it for Debian's Python packages, so a purge leaves nothing
+# behind.
 file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/debian/prerm CONTENT "#!/bin/sh
 set -e
-rm -rf ${CPACK_PACKAGING_INSTALL_PREFIX}/${PSTRAIN_INSTALL_TOOLS}/__pycache__
+rm -rf ${CPACK_PACKAGING_INSTALL_PREFIX}/${PSTRAIN_INSTALL_TOOLS_PACKAGE}/__pycache__
 ")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA ${PROJECT_BINARY_DIR}/debian/prerm)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)

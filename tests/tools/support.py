@@ -1,5 +1,7 @@
 """Shared pieces of the tools' tests: the binary, free ports, small cluster
-files, and the process tree under a launcher."""
+files, and the process tree under a launcher. Importing it puts tools/ on
+sys.path, so that a test run without ctest's $PYTHONPATH imports
+pstrain_tools too: import it before pstrain_tools."""
 
 import json
 import os
@@ -15,17 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOOLS = os.path.join(ROOT, "tools")
 PSTRAIN = os.path.abspath(os.environ.get("PSTRAIN") or os.path.join(ROOT, "build", "pstrain"))
 
-
-def load_tool(name):
-    """tools/NAME as a module (it has no .py suffix), for its pure functions."""
-    import importlib.machinery
-    import importlib.util
-    path = os.path.join(TOOLS, name)
-    loader = importlib.machinery.SourceFileLoader(name, path)
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+if TOOLS not in sys.path:
+    sys.path.append(TOOLS)
 
 
 def require_binary(testcase):

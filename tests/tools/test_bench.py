@@ -14,10 +14,9 @@ import tempfile
 import unittest
 
 import support
+from pstrain_tools import bench
 
 BENCH = os.path.join(support.TOOLS, "bench")
-TORCH_PEER = os.path.join(support.TOOLS, "bench_torch.py")
-bench = support.load_tool("bench")
 
 
 def run(*args, env=None):
@@ -186,8 +185,9 @@ class QuickRuns(unittest.TestCase):
 
 class RpcParameterServer(unittest.TestCase):
     def rpcps(self, *args, env=None):
-        return subprocess.run([sys.executable, TORCH_PEER, "rpcps", "--data", bench.FASHION_MNIST,
-                               *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        return subprocess.run([sys.executable, bench.TORCH_PEER, "rpcps",
+                               "--data", bench.FASHION_MNIST, *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env, timeout=120)
 
     def test_without_pytorch_exits_as_not_installed(self):

@@ -13,9 +13,7 @@ import tempfile
 import unittest
 
 import support
-
-sys.path.insert(0, support.TOOLS)
-import report  # noqa: E402
+from pstrain_tools import compare, report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TARGET = 0.3
@@ -305,9 +303,6 @@ class ReportNumbersTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("| async | async | not reached | 0.8125 |", r.stdout)
-
-
-compare = support.load_tool("compare")
 
 
 class SpecTest(unittest.TestCase):

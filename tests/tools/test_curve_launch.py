@@ -6,13 +6,10 @@ the default MLP on Fashion-MNIST to 85% test accuracy through CURVE."""
 import os
 import re
 import stat
-import sys
 import unittest
 
 import support
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_launch import FAKE_SSH, REMOTE_WORKER  # noqa: E402
+from test_launch import FAKE_SSH, REMOTE_WORKER
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 

@@ -18,9 +18,7 @@ import yaml
 
 import k8s_pods
 import support
-
-sys.path.insert(0, support.TOOLS)
-import k8s_emit  # noqa: E402
+from pstrain_tools import emit_k8s
 
 TARGET_ACCURACY = 0.85
 TRAIN_DEADLINE_S = 300
@@ -92,13 +90,13 @@ class LocalCluster:
         self.run_dir = os.path.join(emitted.dir, "run")
         os.makedirs(self.config_dir)
         with open(os.path.join(self.config_dir, "cluster.yaml"), "w") as f:
-            f.write(emitted.cluster_text().replace(k8s_emit.RUN_DIR, self.run_dir))
+            f.write(emitted.cluster_text().replace(emit_k8s.RUN_DIR, self.run_dir))
         self.hosts = k8s_pods.hosts_file(os.path.join(emitted.dir, "hosts"), names)
         self.pods = []
         testcase.addCleanup(self.stop_all)
 
     def command(self, container):
-        return [a.replace(k8s_emit.CONFIG_DIR, self.config_dir)
+        return [a.replace(emit_k8s.CONFIG_DIR, self.config_dir)
                 for a in container["command"] + container.get("args", [])]
 
     def start(self, name, container, env):
@@ -136,7 +134,7 @@ class K8sManifestTest(unittest.TestCase):
         resolved = yaml.load(e.cluster_text(), Loader=yaml.BaseLoader)
         self.assertEqual(resolved["ps"], {"count": "2", "port_base": "7100", "bind": "0.0.0.0"})
         self.assertEqual([w.get("host") for w in resolved["workers"]], [None, None])
-        self.assertEqual(resolved["run_dir"], k8s_emit.RUN_DIR)
+        self.assertEqual(resolved["run_dir"], emit_k8s.RUN_DIR)
         self.assertIn(e.cluster_text(), support.read_text(os.path.join(e.run_dir, "cluster.yaml")))
         run_ids = set()
         for role, replicas in (("ps", 2), ("worker", 2)):
@@ -161,7 +159,7 @@ class K8sManifestTest(unittest.TestCase):
             self.assertEqual("--restore" in args, role == "ps")
             (claim,) = sts["spec"]["volumeClaimTemplates"]
             self.assertEqual(claim["spec"]["resources"]["requests"]["storage"], "1Gi")
-            self.assertIn({"name": "run", "mountPath": k8s_emit.RUN_DIR}, c["volumeMounts"])
+            self.assertIn({"name": "run", "mountPath": emit_k8s.RUN_DIR}, c["volumeMounts"])
         self.assertEqual(len(run_ids), 1, "every pod of the job shares one run id")
         probe = container_of(e.get("StatefulSet", "fashion-mlp-ps")["spec"]["template"])
         self.assertIn("readinessProbe", probe)
@@ -210,7 +208,7 @@ class K8sManifestTest(unittest.TestCase):
         for role in ("ps", "worker"):
             spec = e.get("StatefulSet", f"fashion-mlp-{role}")["spec"]["template"]["spec"]
             c = container_of({"spec": spec})
-            self.assertEqual(env_of(c)["PSTRAIN_KEYS"], k8s_emit.KEYS_DIR)
+            self.assertEqual(env_of(c)["PSTRAIN_KEYS"], emit_k8s.KEYS_DIR)
             keys = next(v for v in spec["volumes"] if v["name"] == "keys")
             self.assertEqual(keys["secret"], {"secretName": f"fashion-mlp-{role}-keys",
                                               "defaultMode": 0o400})

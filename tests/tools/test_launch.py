@@ -17,6 +17,7 @@ import time
 import unittest
 
 import support
+from pstrain_tools import cluster_config, launch
 
 # Distinct loopback addresses that tools/launch does not count as this host,
 # so their processes go through ssh, yet they bind and connect like remote
@@ -419,18 +420,10 @@ class RestartPolicyTest(unittest.TestCase):
             argv = run["argv"]
             self.assertEqual(argv[argv.index("--run-id") + 1], again["run_id"], run["name"])
 
-    def test_backoff_doubles_and_is_capped(self):
-        launch = support.load_tool("launch")
-        self.assertEqual([launch.backoff(n, 1.0) for n in range(1, 8)],
-                         [1, 2, 4, 8, 16, 30, 30])
-        self.assertEqual(launch.backoff(3, 0.25), 1.0)
-
     def test_on_worker_loss_is_what_pstrain_resolved_for_the_mode(self):
         """The launcher restarts by train.on_worker_loss as `pstrain --check`
         resolves it (each mode's default comes from shared/modes.h), and
         refuses a config without one rather than guessing."""
-        launch = support.load_tool("launch")
-        cluster_config = launch.cluster_config
         expected = {"async": "continue", "ssp": "continue", "backup": "continue",
                     "sync": "fail", "local": "fail"}
         for mode, loss in expected.items():
@@ -591,8 +584,6 @@ class AutoTest(unittest.TestCase):
     value a string), with the host's GPU count given."""
 
     def overrides(self, workers, gpus):
-        sys.path.insert(0, support.TOOLS)
-        import cluster_config
         saved = cluster_config.gpu_count
         cluster_config.gpu_count = lambda: gpus
         self.addCleanup(setattr, cluster_config, "gpu_count", saved)

@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,10 +28,7 @@ import unittest
 import urllib.request
 
 import support
-
-sys.path.insert(0, support.TOOLS)
-import cluster_config  # noqa: E402
-import prometheus_server  # noqa: E402
+from pstrain_tools import cluster_config, prometheus_server
 
 # A process waits at most this long for a scrape of its final values:
 # Prometheus applies new targets only every 5 s, and this machine is shared.

@@ -22,9 +22,7 @@ import tempfile
 import unittest
 
 import support
-
-sys.path.insert(0, support.TOOLS)
-import k8s_emit  # noqa: E402
+from pstrain_tools import emit_k8s
 
 BUILD = os.path.dirname(support.PSTRAIN)
 PACKAGES = ("pstrain", "pstrain-cuda")
@@ -65,6 +63,17 @@ def needed_libraries(elf):
 def is_elf(path):
     with open(path, "rb") as f:
         return f.read(4) == b"\x7fELF"
+
+
+def is_python(path):
+    """A Python module, or a program whose #! line runs Python."""
+    if path.endswith(".py"):
+        return True
+    if os.path.islink(path):
+        return False
+    with open(path, "rb") as f:
+        first = f.readline(200)
+    return first.startswith(b"#!") and b"python" in first
 
 
 class PackageTest(unittest.TestCase):
@@ -115,21 +124,23 @@ class PackageTest(unittest.TestCase):
         self.assertFalse([s for s in sonames if re.match(r"lib(cuda|cublas|nccl)", s)],
                          "a CPU host must be able to install pstrain: it links no CUDA library")
 
-        # Every module the installed tools import that is not theirs or
-        # Python's own comes from a package pstrain depends on (or, for an
-        # optional peer, suggests).
-        tools = os.path.join(self.tree, INSTALLED_DIR.lstrip("/"), "tools")
-        own = {os.path.splitext(f)[0] for f in os.listdir(tools)}
+        # Every module the installed tools and Python benchmarks import that
+        # is not theirs or Python's own comes from a package pstrain depends
+        # on (or, for an optional peer, suggests).
+        installed = os.path.join(self.tree, INSTALLED_DIR.lstrip("/"))
+        sources = [os.path.join(d, f) for d, _, files in os.walk(installed) for f in files
+                   if is_python(os.path.join(d, f))]
+        self.assertIn(os.path.join(installed, "tools", "pstrain_tools", "launch.py"), sources)
         imported = set()
-        for f in os.listdir(tools):
-            with open(os.path.join(tools, f)) as src:
+        for path in sources:
+            with open(path) as src:
                 tree = ast.parse(src.read())
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     imported |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     imported.add(node.module.split(".")[0])
-        third_party = imported - own - set(sys.stdlib_module_names)
+        third_party = imported - {"pstrain_tools"} - set(sys.stdlib_module_names)
         self.assertIn("yaml", third_party)
         offered = declared | {n for alts in package_names(field(self.deb, "Suggests"))
                               for n in alts}
@@ -145,6 +156,24 @@ class PackageTest(unittest.TestCase):
             self.assertTrue(packages & offered,
                             f"the tools import {module} (package {sorted(packages)}), which "
                             "the pstrain package neither depends on nor suggests")
+
+    def test_installed_tools_find_the_installed_files(self):
+        """The package's tools, through install_layout.py, name the binary,
+        the example and the PyTorch peer where the package puts them (here
+        in the unpacked tree), and the package holds no byte code."""
+        tools = os.path.join(self.tree, INSTALLED_DIR.lstrip("/"), "tools")
+        # The unpacked package, not the source tree's one on $PYTHONPATH.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        r = run([sys.executable, "-B", "-c", "from pstrain_tools import paths; "
+                 "print(paths.BINARY); print(paths.CLUSTER_EXAMPLE); print(paths.BENCH)"],
+                cwd=tools, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        binary, example, bench = r.stdout.splitlines()
+        tree = os.path.realpath(self.tree)
+        self.assertEqual(binary, os.path.join(tree, INSTALLED_DIR.lstrip("/"), "pstrain"))
+        self.assertEqual(example, os.path.join(tree, EXAMPLE.lstrip("/")))
+        self.assertTrue(os.path.isfile(os.path.join(bench, "bench_torch.py")), bench)
+        self.assertFalse([d for d, dirs, _ in os.walk(self.tree) if "__pycache__" in dirs])
 
     def test_cuda_package_holds_the_library_and_depends_on_pstrain_alone(self):
         if self.cuda_deb is None:
@@ -197,7 +226,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, f"dpkg -i failed:\n{r.stdout}\n{r.stderr}")
 
         env = {"PATH": SYSTEM_PATH, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
-        self.assertEqual(shutil.which("pstrain", path=SYSTEM_PATH), k8s_emit.IMAGE_BINARY,
+        self.assertEqual(shutil.which("pstrain", path=SYSTEM_PATH), emit_k8s.IMAGE_BINARY,
                          "the manifests' default --image-binary is not where pstrain installs")
         built = run([support.PSTRAIN, "--version"]).stdout.splitlines()
         version = run(["pstrain", "--version"], env=env).stdout.splitlines()

@@ -32,7 +32,7 @@ server's key; the tool key stays with the operator (<run_dir>/keys/tool).
 
 import yaml
 
-from cluster_config import scheduled_device
+from .cluster_config import scheduled_device
 
 IMAGE_BINARY = "/usr/bin/pstrain"      # where the package (and Containerfile) puts it
 CONFIG_DIR = "/etc/pstrain"            # the ConfigMap: cluster.yaml

@@ -27,7 +27,7 @@ refuse a stale process of another job of the same file.
 
 import shlex
 
-from cluster_config import EmitError, scheduled_device
+from .cluster_config import EmitError, scheduled_device
 
 
 def role_count(section, role):

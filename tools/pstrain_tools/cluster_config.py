@@ -16,19 +16,7 @@ import sys
 
 import yaml
 
-TOOLS = os.path.dirname(os.path.realpath(__file__))
-ROOT = os.path.dirname(TOOLS)
-
-# What the tools run when not told: in a source checkout, its build/pstrain
-# and cluster.yaml; in an installed copy (cmake --install, the Debian
-# package), what pstrain_install_layout.py, written by the install, names.
-try:
-    import pstrain_install_layout as layout
-    DEFAULT_BINARY = os.path.normpath(os.path.join(TOOLS, layout.BINARY))
-    DEFAULT_CLUSTER = os.path.normpath(os.path.join(TOOLS, layout.CLUSTER_EXAMPLE))
-except ImportError:
-    DEFAULT_BINARY = os.path.join(ROOT, "build", "pstrain")
-    DEFAULT_CLUSTER = os.path.join(ROOT, "cluster.yaml")
+from . import paths
 
 
 class ConfigError(Exception):
@@ -40,8 +28,8 @@ class ConfigError(Exception):
 
 
 def pstrain_binary(tool):
-    """$PSTRAIN, else DEFAULT_BINARY; `tool` exits naming itself if there is none."""
-    path = os.environ.get("PSTRAIN") or DEFAULT_BINARY
+    """$PSTRAIN, else paths.BINARY; `tool` exits naming itself if there is none."""
+    path = os.environ.get("PSTRAIN") or paths.BINARY
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         sys.exit(f"{tool}: no pstrain binary at {path}; build it (tools/build) or set $PSTRAIN")
     return os.path.abspath(path)

@@ -1,0 +1,366 @@
+"""Runs pstrain's benchmarks and their peers in one invocation and prints
+min/median/max of each and the ratio of the medians.
+
+    tools/bench [--quick] [--only REGEX] [--reps N] [--set KEY=VALUE] [--out FILE] [--build DIR]
+    tools/bench --diff A.json B.json
+
+Peers: PyTorch (bench/bench_torch.py: single-process compute, DDP with Gloo
+2x1, its RPC parameter server 2 ps + 2 trainers) and raw ZeroMQ
+(DEALER->ROUTER moving the same chunks, inside bench_ps). No peer figure is
+ever a constant: each comes from a run in this invocation. For compute and
+sync, every rep runs pstrain's benchmark and its peer as separate
+processes, which one goes first drawn at random, after one untimed run of
+each (the warm-up); bench_ps alternates the same way inside
+one process. bench_step has no peer of its shape and is reported alone.
+The async and time-to-accuracy rows launch the default job (cluster.yaml)
+with tools/launch against DDP 2x1 training the same model on Fashion-MNIST
+with the same optimizer, learning rate, batch and evaluation cadence; the
+async rows again against PyTorch's RPC parameter server (async mlp rpcps,
+async cnn rpcps), 2 ps + 2 asynchronous trainers as in the default job.
+Without PyTorch (`tools/setup --bench` installs python3-torch) its peer rows
+say "not installed".
+
+The ratio is ours / peer for every row; each row says whether higher or
+lower is better. --quick runs a few reps at small sizes, without the
+time-to-accuracy rows unless --only names them; --set KEY=VALUE changes
+pstrain's launched runs (async and time-to-accuracy rows); --out writes the run
+as JSON; --diff compares two such files row by row. The binaries come from
+--build, else the directory of $PSTRAIN, else build/ (installed as
+pstrain-bench: the installed ones).
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import paths, report
+
+TORCH_PEER = os.path.join(paths.BENCH, "bench_torch.py")
+NOT_INSTALLED = 3  # bench_torch.py's exit status without PyTorch
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # cluster.yaml's data.dir
+
+
+class PeerUnavailable(Exception):
+    """The peer could not run: its row says why instead of a figure."""
+
+
+def json_lines(cmd, what, env=None):
+    """Runs cmd and returns the JSON objects it printed, one per line."""
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if proc.returncode == NOT_INSTALLED and cmd[1:2] == [TORCH_PEER]:
+        raise PeerUnavailable("not installed")
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"{what} exited with {proc.returncode}: {tail[0]}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def stats(values):
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+class Pair:
+    """Rows measured by running `ours` and `peer` once per rep, alternated.
+    Each returns {row name: value} for one run; peer is None where there is
+    no peer of this shape."""
+
+    def __init__(self, name, rows, ours, peer, peer_name):
+        self.name, self.rows, self.ours, self.peer, self.peer_name = name, rows, ours, peer, peer_name
+
+    def run(self, reps, log):
+        ours = {r: [] for r in self.rows}
+        theirs = {r: [] for r in self.rows}
+        peer_status = "ok" if self.peer else "no peer of this shape"
+        sides = [("ours", self.ours, ours)] + ([("peer", self.peer, theirs)] if self.peer else [])
+        for rep in range(reps + 1):  # rep 0 is the warm-up, not recorded
+            random.shuffle(sides)
+            for side, fn, into in sides:
+                if side == "peer" and peer_status != "ok":
+                    continue
+                try:
+                    values = fn()
+                except PeerUnavailable as e:
+                    peer_status = str(e)
+                    continue
+                if rep > 0:
+                    for r in self.rows:
+                        into[r].append(values[r])
+            log(f"{self.name}: rep {rep}/{reps} done" + (" (warm-up)" if rep == 0 else ""))
+        return [row(r, ours[r], theirs[r] if peer_status == "ok" else None,
+                    self.peer_name if self.peer else None, peer_status) for r in self.rows]
+
+
+def row(name, ours, peer, peer_name, peer_status):
+    unit, better = ("GB/s", "higher") if name.startswith("ps ") else \
+        ("s", "lower") if name.startswith("time to") else ("samples/s", "higher")
+    out = {"name": name, "unit": unit, "better": better, "ours": ours,
+           "ours_stats": stats(ours), "peer_name": peer_name, "peer_status": peer_status,
+           "peer": peer, "peer_stats": stats(peer) if peer else None, "ratio": None}
+    # A side that did not reach an accuracy target has no time: no ratio.
+    if peer and all(math.isfinite(out[k]["median"]) for k in ("ours_stats", "peer_stats")):
+        out["ratio"] = out["ours_stats"]["median"] / out["peer_stats"]["median"]
+    return out
+
+
+def binary(build, name):
+    path = os.path.join(build, "bench", name)
+    if not os.access(path, os.X_OK):
+        raise SystemExit(f"tools/bench: {path} missing; build it: ninja -C {build} {name}")
+    return path
+
+
+def pairs(args, build):
+    """Every benchmark that runs rep by rep beside its peer."""
+    py = sys.executable
+    windows = "2" if args.quick else "5"
+    steps = "40" if args.quick else "200"
+    out = []
+    for model in ("mlp", "cnn"):
+        name = f"compute {model}, 1 thread, batch 64"
+        # Both kernel libraries of the CPU backend (PSTRAIN_CPU_KERNELS), in
+        # a random order each rep; both rows share the rep's one PyTorch run.
+        # The backend's name says which library ran, so a binary that ignores
+        # the variable cannot pass one library's figures off as the other's.
+        libraries = {name: "oneDNN", name + ", OpenBLAS kernels": "OpenBLAS"}
+
+        def ours(model=model, libraries=libraries):
+            values = {}
+            for row_name, kernels in random.sample(list(libraries.items()), len(libraries)):
+                r = json_lines([binary(build, "bench_compute"), "--json", "--model", model, "1",
+                                "64", windows], "bench_compute",
+                               env=dict(os.environ, PSTRAIN_CPU_KERNELS=kernels.lower()))[0]
+                if f"{kernels} kernels" not in r["backend"]:
+                    raise RuntimeError(f"bench_compute ran {r['backend']}, not {kernels} kernels")
+                values[row_name] = statistics.median(r["samples_per_s"])
+            return values
+
+        def peer(model=model, libraries=libraries):
+            r = json_lines([py, TORCH_PEER, "compute", "--model", model, "--batch", "64",
+                            "--windows", windows], "bench_torch.py compute")[0]
+            return {row_name: statistics.median(r["samples_per_s"]) for row_name in libraries}
+        out.append(Pair("compute " + model, list(libraries), ours, peer, "PyTorch, 1 thread"))
+
+    sync_rows = {m: f"sync {m}, 2 workers x 1 thread, batch 64" for m in ("mlp", "cnn")}
+
+    def sync_ours():
+        lines = json_lines([binary(build, "bench_allreduce"), "--json", "--steps-only", steps, "64"],
+                           "bench_allreduce")
+        return {sync_rows[r["model"]]: r["samples_per_s"] for r in lines
+                if r["bench"] == "sync_step" and r["buckets"] == "overlap"}
+
+    def sync_peer():
+        lines = json_lines([py, TORCH_PEER, "ddp", "--steps", steps, "--batch", "64"],
+                           "bench_torch.py ddp")
+        return {sync_rows[r["model"]]: r["samples_per_s"] for r in lines}
+    out.append(Pair("sync", list(sync_rows.values()), sync_ours, sync_peer,
+                    "PyTorch DDP, Gloo, 2x1"))
+
+    step_rows = {m: f"async step {m}, 1 worker + 1 ps" for m in ("mlp", "cnn")}
+
+    def step_ours():
+        lines = json_lines([binary(build, "bench_step"), "--json", "100" if args.quick else "400"],
+                           "bench_step")
+        return {step_rows[r["model"]]: r["overlapped"] for r in lines}
+    out.append(Pair("step", list(step_rows.values()), step_ours, None, None))
+
+    # The default job (cluster.yaml: 2 ps + 2 async workers, Nesterov
+    # momentum 0.9, lr 0.02, batch 64) through tools/launch, against DDP 2x1
+    # training the same model on the same data with the same optimizer.
+    def launch(sets):
+        cmd = [py, paths.LAUNCH, paths.CLUSTER_EXAMPLE]
+        for kv in sets + (args.set or []):
+            cmd += ["--set", kv]
+        with tempfile.TemporaryDirectory() as run_dir:
+            subprocess.run(cmd + ["--run-dir", run_dir], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=True,
+                           env=dict(os.environ, PSTRAIN=os.path.join(build, "pstrain")))
+            return report.Run(run_dir)
+
+    def torch_train(command, model, epochs, eval_every, target):
+        return json_lines([py, TORCH_PEER, command, "--data", FASHION_MNIST, "--model", model,
+                           "--epochs", str(epochs), "--eval-every", str(eval_every),
+                           "--target", str(target)], "bench_torch.py " + command)[0]
+
+    # Throughput: evaluations off, a fraction of an epoch for the CNN. Each
+    # model's launch is timed against two peers, DDP and PyTorch's own
+    # asynchronous parameter server; a row has one peer, so each peer has
+    # its pair of rows, and its own launches of ours, alternated with it.
+    epochs = {"mlp": 0.25 if args.quick else 1, "cnn": 0.05 if args.quick else 0.25}
+    peers = (("", "DDP 2x1", "tta", "PyTorch DDP, Gloo, 2x1, same data and optimizer"),
+             (" rpcps", "PyTorch RPC ps 2+2", "rpcps",
+              "PyTorch RPC parameter server, 2 ps + 2 trainers, same data and optimizer"))
+    for model in ("mlp", "cnn"):
+        for suffix, versus, command, peer_name in peers:
+            name = (f"async {model}, 2 ps + 2 workers vs {versus}, batch 64, "
+                    f"{epochs[model]:g} epoch")
+
+            def ours(model=model, name=name):
+                run = launch([f"model={model}", f"train.epochs={epochs[model]}",
+                              "train.eval_every=0"])
+                return {name: report.summarize(run, 1.0)["samples_per_s"]}
+
+            def peer(model=model, name=name, command=command):
+                return {name: torch_train(command, model, epochs[model], 0, 1.0)
+                        ["samples_per_s"]}
+            out.append(Pair(f"async {model}{suffix}", [name], ours, peer, peer_name))
+
+    # Time to accuracy: the whole default job, an evaluation every 30,000
+    # global samples on both sides, from the first step, within the default
+    # job's epochs on both sides ("not reached" otherwise).
+    tta_epochs = 3
+    for model, target in (("mlp", 0.85), ("cnn", 0.88)):
+        name = (f"time to {target:.0%}, {model}: 2 ps + 2 async workers vs DDP 2x1, "
+                f"eval every 30000, {tta_epochs} epochs at most")
+
+        def ours(model=model, target=target, name=name):
+            run = launch([f"model={model}", f"train.epochs={tta_epochs}"])
+            seconds = report.summarize(run, target)["time_to_target_s"]
+            return {name: seconds if seconds is not None else float("inf")}
+
+        def peer(model=model, target=target, name=name):
+            r = torch_train("tta", model, tta_epochs, 30000, target)
+            return {name: r["seconds"] if r["seconds"] is not None else float("inf")}
+        out.append(Pair("tta " + model, [name], ours, peer,
+                        "PyTorch DDP, Gloo, 2x1, same optimizer and evaluations"))
+    return out
+
+
+def size_name(size):
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def ps_rows(args, build, log):
+    """bench_ps alternates ours and raw ZeroMQ itself, rep by rep."""
+    cmd = [binary(build, "bench_ps"), "--json", "--reps", str(args.reps)]
+    if args.quick:
+        cmd += ["--max-bytes", str(64 << 10)]
+    log("ps: " + " ".join(os.path.basename(c) for c in cmd))
+    return [row(f"ps {r['op']} {size_name(r['bytes'])}, {r['servers']} ps", r["ours_gbs"],
+                r["raw_gbs"], "raw ZeroMQ", "ok")
+            for r in json_lines(cmd, "bench_ps")]
+
+
+def cpu_model():
+    try:
+        out = subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, LC_ALL="C")).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def fmt(value):
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "not reached"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def spread(s):
+    if math.isinf(s["min"]):
+        return "not reached in any rep"
+    return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
+
+
+def table(result):
+    lines = [f"machine: {result['machine']}, {result['cores']} cores; "
+             f"command: {result['command']}; {result['reps']} reps after a warm-up"
+             + "".join(f"; --set {kv}" for kv in result.get("sets", [])),
+             "",
+             "| benchmark | unit | pstrain median (min-max) | peer | peer median (min-max) "
+             "| ours/peer |",
+             "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        peer = r["peer_name"] or "-"
+        if r["peer_stats"]:
+            peer_figure = spread(r["peer_stats"])
+            ratio = f"{r['ratio']:.2f}x ({r['better']} is better)" if r["ratio"] else "-"
+        else:
+            peer_figure, ratio = r["peer_status"], "-"
+        lines.append(f"| {r['name']} | {r['unit']} | {spread(r['ours_stats'])} | {peer} "
+                     f"| {peer_figure} | {ratio} |")
+    return "\n".join(lines)
+
+
+def diff(a, b):
+    """Row by row: each run's medians and ratio, and how ours moved from A to B."""
+    rows_a = {r["name"]: r for r in a["rows"]}
+    rows_b = {r["name"]: r for r in b["rows"]}
+    lines = [f"A: {a['machine']}, {a['started']}", f"B: {b['machine']}, {b['started']}", "",
+             "| benchmark | ours A | ours B | B/A | ours/peer A | ours/peer B |",
+             "|---|---|---|---|---|---|"]
+
+    def ratio(r):
+        return f"{r['ratio']:.2f}x" if r and r["ratio"] else "-"
+    for name in list(rows_a) + [n for n in rows_b if n not in rows_a]:
+        ra, rb = rows_a.get(name), rows_b.get(name)
+        ma = ra["ours_stats"]["median"] if ra else None
+        mb = rb["ours_stats"]["median"] if rb else None
+        change = f"{mb / ma:.2f}x" if ma and mb else "only in " + ("A" if ra else "B")
+        lines.append(f"| {name} | {fmt(ma)} | {fmt(mb)} | {change} | {ratio(ra)} | {ratio(rb)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n", 1)[1])
+    parser.add_argument("--quick", action="store_true", help="a few reps at small sizes")
+    parser.add_argument("--only", metavar="REGEX",
+                        help="only the benchmarks whose name (compute mlp, compute cnn, sync, "
+                             "step, async mlp, async mlp rpcps, async cnn, async cnn rpcps, "
+                             "tta mlp, tta cnn, ps) matches")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="a cluster.yaml override for pstrain's launched runs (async, "
+                             "tta), e.g. net.wire_dtype=bf16; repeatable")
+    parser.add_argument("--reps", type=int, help="timed reps per side (default 5, --quick 3)")
+    parser.add_argument("--out", metavar="FILE", help="write the run as JSON")
+    parser.add_argument("--build", metavar="DIR", help="the build directory")
+    parser.add_argument("--diff", nargs=2, metavar=("A", "B"), help="compare two --out files")
+    args = parser.parse_args(argv)
+    if args.diff:
+        with open(args.diff[0]) as fa, open(args.diff[1]) as fb:
+            print(diff(json.load(fa), json.load(fb)))
+        return 0
+    if args.reps is None:
+        args.reps = 3 if args.quick else 5
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
+    build = args.build or os.path.dirname(os.path.abspath(os.environ.get("PSTRAIN")
+                                                          or paths.BINARY))
+    chosen = [p for p in pairs(args, build)
+              if (re.search(args.only, p.name) if args.only
+                  else not (args.quick and p.name.startswith("tta")))]
+    with_ps = not args.only or re.search(args.only, "ps")
+    if not chosen and not with_ps:
+        parser.error(f"--only {args.only!r} matches no benchmark")
+
+    def log(msg):
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    result = {"version": 1, "command": " ".join(["tools/bench"] + argv), "machine": cpu_model(),
+              "cores": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "quick": args.quick, "reps": args.reps, "sets": args.set or [], "rows": []}
+    for pair in chosen:
+        result["rows"] += pair.run(args.reps, log)
+    if with_ps:
+        result["rows"] += ps_rows(args, build, log)
+    print(table(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
