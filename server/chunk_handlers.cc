@@ -7,6 +7,7 @@
 
 #include "server/chunk_replies.h"
 #include "server/shard_file.h"
+#include "server/update_payload.h"
 #include "shared/log.h"
 #include "shared/messages.h"
 
@@ -14,49 +15,6 @@ namespace pstrain::ps {
 namespace {
 
 using wire::Op;
-
-// Senders logged by name at their first refused update; a peer cycling
-// through made-up sender ids cannot grow the set beyond this.
-constexpr std::size_t kMaxLoggedPoisoners = 1024;
-
-// The float payload of a request: an f32 frame read in place when suitably
-// aligned (ZeroMQ's buffers are, for every frame but the tiny inline ones),
-// else copied; a bf16 or fp16 frame (push and push_pull, net.wire_dtype)
-// widened to f32, so the optimizer and the stored values only see f32.
-class FloatPayload {
- public:
-  FloatPayload(const Request& request, bool halves_allowed) {
-    const auto type = request.header.dtype;
-    const auto half = wire::half_format(type);
-    if (!wire::is_float(type) || (half && !halves_allowed))
-      throw wire::ProtocolError(std::string(wire::to_string(request.header.op)) +
-                                " carries values as " +
-                                (halves_allowed ? "f32, bf16 or fp16" : "f32 (stored exactly)") +
-                                ", not " + std::string(wire::to_string(type)));
-    const auto bytes = request.payload_of(type);
-    if (half) {
-      copy_.resize(bytes.size() / sizeof(std::uint16_t));
-      wire::widen(*half, bytes, copy_.data());
-      view_ = copy_;
-      return;
-    }
-    const auto n = bytes.size() / sizeof(float);
-    if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0) {
-      view_ = {reinterpret_cast<const float*>(bytes.data()), n};
-    } else {
-      copy_.resize(n);
-      // An empty vector's data() may be null, which memcpy must not get
-      // even for 0 bytes.
-      if (n > 0) std::memcpy(copy_.data(), bytes.data(), n * sizeof(float));
-      view_ = copy_;
-    }
-  }
-  std::span<const float> get() const { return view_; }
-
- private:
-  std::vector<float> copy_;
-  std::span<const float> view_;
-};
 
 }  // namespace
 
@@ -67,6 +25,7 @@ ChunkHandlers::ChunkHandlers(ChunkStore& store, Coordinator& coordinator, ReplyS
       coordinator_(coordinator),
       sink_(sink),
       stats_(stats),
+      nonfinite_(stats),
       run_dir_(std::move(run_dir)),
       ps_index_(ps_index),
       config_hash_(config_hash),
@@ -83,7 +42,7 @@ void ChunkHandlers::add_handlers(Handlers& handlers) {
 
 void ChunkHandlers::init(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload values(request, false);
+  const FloatPayload values(request, request.payload_of(request.header.dtype), false);
   store_.init(id.variable, id.chunk, values.get());
   reply_version(sink_, request, *store_.find(id.variable, id.chunk));
 }
@@ -101,32 +60,18 @@ void ChunkHandlers::pull(const Request& request) {
 
 void ChunkHandlers::push(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload grad(request, true);
-  refuse_nonfinite(request, grad.get());
+  const FloatPayload grad(request, request.payload_of(request.header.dtype), true);
+  nonfinite_.check(request, grad.get());
   policy_->on_push(request, id, grad.get());
 }
 
 void ChunkHandlers::assign(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload values(request, false);
-  refuse_nonfinite(request, values.get());
+  const FloatPayload values(request, request.payload_of(request.header.dtype), false);
+  nonfinite_.check(request, values.get());
   const Chunk& c = store_.assign(id.variable, id.chunk, values.get());
   coordinator_.applied_update(request.header);
   reply_version(sink_, request, c);
-}
-
-void ChunkHandlers::refuse_nonfinite(const Request& request, std::span<const float> values) {
-  // One pass the compiler vectorizes; cheaper than the optimizer after it.
-  bool finite = true;
-  for (const float v : values) finite &= std::isfinite(v);
-  if (finite) return;
-  stats_.nonfinite_refused();
-  const auto sender = request.header.sender;
-  if (poisoners_.size() < kMaxLoggedPoisoners && poisoners_.insert(sender).second)
-    log("refused a ", wire::to_string(request.header.op),
-        " with NaN or infinite values from sender ", sender,
-        "; later ones from it are only counted (stats: nonfinite_refused)");
-  throw std::invalid_argument("NaN or infinite values; nothing was stored");
 }
 
 ChunkHandlers::~ChunkHandlers() { finish(); }

@@ -43,6 +43,7 @@
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "server/update_payload.h"
 #include "shared/messages.h"
 
 namespace pstrain::ps {
@@ -94,15 +95,12 @@ class ChunkHandlers {
     std::thread writer;
   };
   void answer_snapshot();
-  // Throws std::invalid_argument (after counting and logging) unless every
-  // value of an update is finite.
-  void refuse_nonfinite(const Request& request, std::span<const float> values);
 
   ChunkStore& store_;
   Coordinator& coordinator_;
   ReplySink& sink_;
   PsStats& stats_;
-  std::set<std::uint32_t> poisoners_;  // senders whose refusal was logged
+  NonfiniteRefusal nonfinite_;
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;
   std::uint64_t config_hash_;

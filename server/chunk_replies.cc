@@ -7,10 +7,6 @@
 #include "shared/messages.h"
 
 namespace pstrain::ps {
-namespace {
-
-// A chunk's values as a reply to `request` carries them: its dtype's. f32
-// goes out as the chunk's own buffer; bf16 and fp16 as a rounded copy.
 ReplyPayload values_for(const Request& request, const ValueBuffer& values) {
   const auto half = wire::half_format(request.header.dtype);
   if (!half) return values;
@@ -18,8 +14,6 @@ ReplyPayload values_for(const Request& request, const ValueBuffer& values) {
   encode_halves(*half, values->data(), bits->data(), values->size());
   return HalfValues{request.header.dtype, std::move(bits)};
 }
-
-}  // namespace
 
 void reply_version(ReplySink& sink, const Request& request, const Chunk& chunk) {
   Reply reply{wire::reply_to(request.header), {}};

@@ -9,6 +9,10 @@
 
 namespace pstrain::ps {
 
+// `values` as a reply to `request` carries them, in its dtype: f32 as the
+// buffer itself, bf16 and fp16 as a rounded copy.
+ReplyPayload values_for(const Request& request, const ValueBuffer& values);
+
 void reply_version(ReplySink& sink, const Request& request, const Chunk& chunk);
 void reply_values(ReplySink& sink, const Request& request, const Chunk& chunk);
 // A push's answer is the version, a push_pull's the values.

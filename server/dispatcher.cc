@@ -92,7 +92,8 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
                           std::span<const Frame> payloads, const Connection& connection) {
   check(request.header, payloads);
   check_run(request.header);
-  if (request.header.payload_frames == 1) request.payload = payloads[0];
+  if (request.header.payload_frames >= 1) request.payload = payloads[0];
+  if (request.header.payload_frames == 2) request.rows = payloads[1];
   if (options_.rights) {
     if (const auto why = refusal_of(connection, request.header)) {
       stats_.refused();
@@ -124,6 +125,14 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
 // is answered with).
 void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
   stats_.resend_answered();
+  if (request.header.op == Op::sparse_push_pull) {
+    // The sparse pull handler answers its pull half: the ids without their
+    // gradients (the op stays, so the reply carries it).
+    Request as_pull = request;
+    as_pull.header.payload_frames = 1;
+    as_pull.rows = {};
+    return (*handlers_.find(Op::sparse_pull))(as_pull);
+  }
   if (request.header.op != Op::push_pull) {
     Reply reply{wire::reply_to(request.header), {}};
     wire::ChunkReply{version}.write(reply.header);

@@ -10,6 +10,8 @@
 #include "server/ps_stats.h"
 #include "server/request_loop.h"
 #include "server/shard_file.h"
+#include "server/sparse_handlers.h"
+#include "server/table_store.h"
 #include "shared/curve_keys.h"
 #include "shared/log.h"
 #include "shared/metrics_server.h"
@@ -107,8 +109,14 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                           .backup_workers = config.train.backup_workers,
                           .lr_scaling = config.train.lr_scaling,
                           .accumulate_steps = config.train.accumulate_steps});
+  // Not yet in checkpoints and snapshots: a restarted ps creates its rows
+  // afresh (docs/embeddings.md).
+  ps::TableStore tables(config.tables, config.optimizer.sparse, config.train.seed, index,
+                        static_cast<std::uint32_t>(config.ps.size()));
+  ps::SparseHandlers sparse(tables, loop, stats);
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
+  sparse.add_handlers(loop.handlers());
   stats.add_handler(loop.handlers(), loop, store, coordinator);
   try {
     loop.bind();

@@ -39,6 +39,9 @@ struct Request {
   // checked against dtype and elements), else empty. Valid while the handler
   // runs; a handler that keeps the value copies it.
   std::span<const std::uint8_t> payload;
+  // The second payload frame: a sparse push's row gradients (the ids are
+  // `payload`); else empty.
+  std::span<const std::uint8_t> rows;
   Clock::time_point received{};
 
   // The payload; throws wire::ProtocolError unless the request carries

@@ -224,6 +224,8 @@ struct RequestLoop::Impl final : ReplySink {
       h.dtype = halves->dtype;
       h.elements = halves->bits->size();
     }
+    // A sparse reply counts rows, of the request's width (chunk).
+    if (wire::is_sparse(h.op) && h.chunk > 0) h.elements /= h.chunk;
     const bool has_payload = !std::holds_alternative<std::monostate>(reply.payload);
     h.payload_frames = has_payload ? 1 : 0;
     auto header = wire::encode_header(h);

@@ -21,6 +21,9 @@ std::optional<std::string> refusal(const Identity& who, const wire::Header& requ
     case Op::stats:
       return std::nullopt;
     case Op::pull:
+    case Op::sparse_pull:
+    case Op::sparse_push:
+    case Op::sparse_push_pull:
     case Op::push:
     case Op::push_pull:
     case Op::init:

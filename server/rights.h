@@ -6,6 +6,8 @@
 //
 //   hello, stats                         anyone listed
 //   pull, push, push_pull, init,         workers, each only as itself
+//   sparse_pull, sparse_push,
+//   sparse_push_pull,
 //   barrier, heartbeat, progress, done,
 //   kv_get
 //   kv_set                               workers, only keys of their own

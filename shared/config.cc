@@ -17,6 +17,7 @@
 #include "shared/config_override.h"
 #include "shared/init.h"
 #include "shared/modes.h"
+#include "shared/protocol.h"
 #include "shared/shard_map.h"
 
 // The schema: one field table per section (shared/config_field.h says how a
@@ -102,6 +103,20 @@ Field<OptimizerConfig> apply_threads_field() {
 
 // Keys of other optimizers are accepted so that --set optimizer.name=...
 // can switch without editing the file.
+const std::vector<Field<RowOptimizerConfig>> kSparseOptimizerFields = {
+    choice("name", &RowOptimizerConfig::kind,
+           {RowOptimizerKind::sgd, RowOptimizerKind::adagrad, RowOptimizerKind::rowwise_adagrad,
+            RowOptimizerKind::lazy_adam, RowOptimizerKind::ftrl}),
+    bounded("lr", &RowOptimizerConfig::lr, kPositive),
+    bounded("eps", &RowOptimizerConfig::eps, kPositive),
+    bounded("initial_accumulator", &RowOptimizerConfig::initial_accumulator, kNonNegative),
+    bounded("beta1", &RowOptimizerConfig::beta1, kUnitOpen),
+    bounded("beta2", &RowOptimizerConfig::beta2, kUnitOpen),
+    bounded("beta", &RowOptimizerConfig::ftrl_beta, kNonNegative),
+    bounded("l1", &RowOptimizerConfig::l1, kNonNegative),
+    bounded("l2", &RowOptimizerConfig::l2, kNonNegative),
+};
+
 const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
     choice(
         "name", &OptimizerConfig::kind,
@@ -115,7 +130,55 @@ const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
     bounded("initial_accumulator", &OptimizerConfig::initial_accumulator, kNonNegative),
     bounded("weight_decay", &OptimizerConfig::weight_decay, kNonNegative),
     apply_threads_field(),
+    section("sparse", &OptimizerConfig::sparse, kSparseOptimizerFields),
 };
+
+// An embedding table's rows: a number, or `dynamic` (any id).
+Field<TableSpec> table_rows_field() {
+  return scalar(
+      "rows", &TableSpec::rows,
+      [](const Reader& r, const YAML::Node& node,
+         const std::string& path) -> std::optional<std::uint64_t> {
+        if (node.IsScalar() && node.Scalar() == "dynamic") return std::nullopt;
+        return r.integer<std::uint64_t>(node, path, at_least(1));
+      },
+      [](const std::optional<std::uint64_t>& rows) {
+        return rows ? number(*rows) : std::string("dynamic");
+      });
+}
+
+const std::vector<Field<TableSpec>> kTableFields = {
+    required(text("name", &TableSpec::name), "the table's name"),
+    required(bounded("dim", &TableSpec::dim, between(1, wire::kMaxRowWidth)),
+             "the width of its rows"),
+    table_rows_field(),
+};
+
+// The embedding tables: a list of {name, dim, rows}; none by default (and
+// then not written, so configs without tables keep their hash).
+Field<ClusterConfig> tables_field() {
+  std::vector<std::string> keys = {"tables"};
+  for (const auto& key : keys_below("tables.N.", kTableFields)) keys.push_back(key);
+  const auto read = [](const Reader& r, const YAML::Node& node, const std::string& path,
+                       ClusterConfig& c) {
+    if (!node.IsSequence())
+      r.fail(path, "expected a list of tables {name, dim, rows}, got " + shown(node));
+    c.tables = read_items(r, node, path, kTableFields);
+    for (std::size_t i = 0; i < c.tables.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (c.tables[i].name == c.tables[j].name)
+          r.fail(join(join(path, std::to_string(i)), "name"),
+                 "table '" + c.tables[i].name + "' is also tables." + std::to_string(j));
+  };
+  const auto write = [](YAML::Emitter& out, const ClusterConfig& c) {
+    write_items(out, kTableFields, c.tables);
+  };
+  return {.key = "tables",
+          .read = read,
+          .write = write,
+          .keys = keys,
+          .omitted = [](const ClusterConfig& c) { return c.tables.empty(); }};
+}
 
 const std::vector<Field<DataConfig>> kDataFields = {
     choice("name", &DataConfig::name, {"fashion-mnist", "synthetic"}),
@@ -489,6 +552,7 @@ const std::vector<Field<ClusterConfig>> kRootFields = {
     ps_field(),
     workers_field(),
     section("optimizer", &ClusterConfig::optimizer, kOptimizerFields),
+    tables_field(),
     model_field(),
     section("data", &ClusterConfig::data, kDataFields),
     section("train", &ClusterConfig::train, kTrainFields),

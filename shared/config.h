@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shared/embedding.h"
 #include "shared/error.h"
 #include "shared/fault.h"
 #include "shared/optimizer.h"
@@ -185,6 +186,9 @@ struct ClusterConfig {
   std::vector<WorkerSpec> workers;
   bool workers_auto = false;  // `workers: auto`, unresolved
   OptimizerConfig optimizer;
+  // Embedding tables (`tables:`), sharded by row over every ps
+  // (docs/embeddings.md).
+  std::vector<TableSpec> tables = {};
   ModelConfig model;
   DataConfig data;
   TrainConfig train;

@@ -65,6 +65,33 @@ struct ChunkReply {
   static ChunkReply read(const Header& h) { return {h.version}; }
 };
 
+// sparse_pull, sparse_push, sparse_push_pull: rows of embedding table
+// `table`, `dim` values each, for the ids in payload frame 0 (uint64, sorted,
+// unique, every one homed on the ps that gets them: shared/embedding.h);
+// sparse_push and sparse_push_pull carry the rows' gradients in frame 1
+// (f32, bf16 or fp16 as net.wire_dtype), and the replies of sparse_pull and
+// sparse_push_pull the rows in frame 0, in the request's dtype. `clock` and
+// `priority` as in ChunkRequest.
+struct SparseRequest {
+  std::string table;
+  std::uint32_t dim = 0;
+  std::uint64_t clock = 0;
+  std::uint32_t priority = 0;
+  void write(Header& h) const {
+    h.name = table;
+    h.chunk = dim;
+    h.operand = clock;
+    h.priority = priority;
+  }
+  static SparseRequest read(const Header& h) { return {h.name, h.chunk, h.operand, h.priority}; }
+};
+// Their replies: how many rows the request created (first touched).
+struct SparseReply {
+  std::uint64_t created = 0;
+  void write(Header& h) const { h.operand = created; }
+  static SparseReply read(const Header& h) { return {h.operand}; }
+};
+
 // hello: the sender's resolved config, so a ps refusing its run id can tell
 // another launch of the same config (same hash) from a different config and
 // name the keys that differ; and the updates (chunk pushes and assigns) of

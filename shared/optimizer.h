@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "shared/row_optimizer.h"
+
 namespace pstrain {
 
 class TaskPool;
@@ -29,6 +31,9 @@ struct OptimizerConfig {
   // auto, the cores its host has to spare (ps_apply_threads in
   // shared/config.h).
   std::uint32_t apply_threads = 0;
+  // optimizer.sparse: the embedding tables' row optimizer (adagrad unless
+  // set), with keys of its own.
+  RowOptimizerConfig sparse = {};
 };
 
 // One tensor of a multi-tensor update (Backend::apply_optimizers): n

@@ -1,5 +1,6 @@
 #include "shared/protocol.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
@@ -156,6 +157,12 @@ std::string_view to_string(Op op) {
       return "done";
     case Op::progress:
       return "progress";
+    case Op::sparse_pull:
+      return "sparse_pull";
+    case Op::sparse_push:
+      return "sparse_push";
+    case Op::sparse_push_pull:
+      return "sparse_push_pull";
   }
   return "unknown";
 }
@@ -242,14 +249,31 @@ Header decode_header(std::span<const std::uint8_t> frame) {
     throw ProtocolError("payload of " + std::to_string(h.elements) + " elements of " +
                         std::to_string(element_bytes(h.dtype)) + " B exceeds the limit of " +
                         std::to_string(kMaxPayloadBytes) + " B");
+  // A sparse message's frames are sized by its row width.
+  if (is_sparse(h.op) && h.payload_frames > 0) {
+    if (h.chunk == 0 || h.chunk > kMaxRowWidth)
+      throw ProtocolError("row width " + std::to_string(h.chunk) + " is not within 1 to " +
+                          std::to_string(kMaxRowWidth));
+    const std::uint64_t row_bytes = std::uint64_t{h.chunk} * element_bytes(h.dtype);
+    if (h.elements > kMaxPayloadBytes / std::max<std::uint64_t>(row_bytes, sizeof(std::uint64_t)))
+      throw ProtocolError("payload of " + std::to_string(h.elements) + " rows of " +
+                          std::to_string(row_bytes) + " B exceeds the limit of " +
+                          std::to_string(kMaxPayloadBytes) + " B per frame");
+  }
   return h;
 }
 
-void check_payload(const Header& header, std::size_t index, std::size_t frame_bytes) {
+std::size_t payload_frame_bytes(const Header& header, std::size_t index, bool reply) {
+  if (!is_sparse(header.op)) return header.elements * element_bytes(header.dtype);
+  if (!reply && index == 0) return header.elements * sizeof(std::uint64_t);
+  return header.elements * header.chunk * element_bytes(header.dtype);
+}
+
+void check_payload(const Header& header, std::size_t index, std::size_t frame_bytes, bool reply) {
   if (index >= header.payload_frames)
     throw ProtocolError("payload frame " + std::to_string(index) + " is beyond the " +
                         std::to_string(header.payload_frames) + " the header declares");
-  const std::size_t expected = header.elements * element_bytes(header.dtype);
+  const std::size_t expected = payload_frame_bytes(header, index, reply);
   if (frame_bytes != expected)
     throw ProtocolError("payload frame " + std::to_string(index) + " is " +
                         std::to_string(frame_bytes) + " bytes, but the header declares " +

@@ -46,7 +46,8 @@ namespace pstrain::wire {
 // 5: dtypes bf16 and fp16: pull, push and push_pull may carry values and
 // gradients in 16 bits, and a pull's dtype names its reply's; `priority`.
 // 6: heartbeat is liveness alone; samples and "finished pushing" travel in
-// the new op progress; `arg` is named `operand`.
+// the new op progress; `arg` is named `operand`; the sparse ops, whose
+// frames hold ids and rows (payload_frame_bytes).
 inline constexpr std::uint32_t kProtocolVersion = 6;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
@@ -61,23 +62,45 @@ inline constexpr std::size_t kMaxFrameBytes = std::max(kMaxHeaderBytes, kMaxPayl
 
 // Each op's request and reply are described by its view in shared/messages.h.
 enum class Op : std::uint8_t {
-  hello = 1,  // protocol version, run id and config hash; refused on mismatch
-  init,       // create a chunk if absent (payload: initial values)
-  pull,       // reply payload: the chunk's values; reply version
-  push,       // payload: gradient, applied with the ps's optimizer
-  push_pull,  // push, then reply with the updated values
-  assign,     // payload: values that overwrite the chunk (sync mode, restore)
-  barrier,    // reply once `count` distinct senders have entered the barrier
-  snapshot,   // write every chunk to run_dir atomically; reply: the path
-  stats,      // reply: JSON counters of the ps
-  shutdown,   // stop serving after replying
-  kv_set,     // rendezvous store: set a key; the value is the payload frame
-  kv_get,     // reply when the key exists (or time out), payload: value
-  heartbeat,  // liveness
-  done,       // a worker finished, with its total samples
-  progress,   // samples trained since the last report; the last push made
+  hello = 1,         // protocol version, run id and config hash; refused on mismatch
+  init,              // create a chunk if absent (payload: initial values)
+  pull,              // reply payload: the chunk's values; reply version
+  push,              // payload: gradient, applied with the ps's optimizer
+  push_pull,         // push, then reply with the updated values
+  assign,            // payload: values that overwrite the chunk (sync mode, restore)
+  barrier,           // reply once `count` distinct senders have entered the barrier
+  snapshot,          // write every chunk to run_dir atomically; reply: the path
+  stats,             // reply: JSON counters of the ps
+  shutdown,          // stop serving after replying
+  kv_set,            // rendezvous store: set a key; the value is the payload frame
+  kv_get,            // reply when the key exists (or time out), payload: value
+  heartbeat,         // liveness
+  done,              // a worker finished, with its total samples
+  progress,          // samples trained since the last report; the last push made
+  sparse_pull,       // ids -> their rows of an embedding table (created on first touch)
+  sparse_push,       // ids and row gradients, applied by the table's row optimizer
+  sparse_push_pull,  // sparse_push, then reply with the updated rows
 };
-inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::progress);
+inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::sparse_push_pull);
+// The ops on an embedding table's rows (shared/messages.h, SparseRequest).
+inline bool is_sparse(Op op) {
+  return op == Op::sparse_pull || op == Op::sparse_push || op == Op::sparse_push_pull;
+}
+// The ops on parameters (chunks or rows): a client resends them, fault
+// injection may drop them.
+inline bool is_data_op(Op op) {
+  return op == Op::init || op == Op::pull || op == Op::push || op == Op::push_pull ||
+         op == Op::assign || is_sparse(op);
+}
+// The ops that change parameters: the ps records them (server/dedup.h), a
+// client counts their acknowledgements.
+inline bool is_update(Op op) {
+  return op == Op::push || op == Op::push_pull || op == Op::assign || op == Op::sparse_push ||
+         op == Op::sparse_push_pull;
+}
+// The widest row a table may have: a row's values travel in one frame
+// with the rest of a request's.
+inline constexpr std::uint32_t kMaxRowWidth = 1 << 16;
 
 // bf16 and fp16 are the 16-bit bit patterns of shared/low_precision.h, which
 // only chunk values and gradients travel in (net.wire_dtype).
@@ -143,13 +166,22 @@ std::vector<std::uint8_t> encode_header(const Header& header);
 
 // Decodes and validates a header frame: size limits, known op, dtype and
 // status, string lengths, payload_frames <= kMaxPayloadFrames, no elements
-// without payload frames, and elements * element size <= kMaxPayloadBytes.
+// without payload frames, and every frame it declares within
+// kMaxPayloadBytes (sparse ops with frames: a row width of 1 to
+// kMaxRowWidth).
 // Throws ProtocolError.
 Header decode_header(std::span<const std::uint8_t> frame);
 
-// Checks that payload frame `index` of `header` has the declared size
-// (elements of dtype). Throws ProtocolError naming both sizes.
-void check_payload(const Header& header, std::size_t index, std::size_t frame_bytes);
+// The bytes payload frame `index` of a message with `header` holds:
+// elements of dtype; in the sparse ops, whose `elements` counts ids and
+// `chunk` is the row width, a request's frame 0 is the ids (uint64) and its
+// frame 1 the rows (elements x chunk of dtype), and a reply's frame 0 the
+// rows. `reply`: the message is a reply.
+std::size_t payload_frame_bytes(const Header& header, std::size_t index, bool reply);
+// Checks that payload frame `index` has the size payload_frame_bytes says.
+// Throws ProtocolError naming both sizes.
+void check_payload(const Header& header, std::size_t index, std::size_t frame_bytes,
+                   bool reply = false);
 
 // A reply header for `request`: same op, request id, name and chunk.
 Header reply_to(const Header& request);

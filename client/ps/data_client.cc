@@ -6,6 +6,7 @@
 #include <string>
 
 #include "shared/init.h"
+#include "shared/low_precision.h"
 #include "shared/messages.h"
 
 namespace pstrain {
@@ -103,9 +104,108 @@ PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
   return id;
 }
 
+PsDataClient::Ticket PsDataClient::sparse_op(Op op, std::string_view table,
+                                             std::span<const std::uint64_t> keys,
+                                             std::span<const float> grads, std::span<float> out) {
+  const auto& options = channel_.options();
+  const auto spec = std::ranges::find(options.tables, table, &TableSpec::name);
+  if (spec == options.tables.end())
+    throw std::invalid_argument("ps client: no embedding table '" + std::string(table) + "'");
+  const std::size_t dim = spec->dim;
+  const bool pushes = op != Op::sparse_pull;
+  const bool pulls = op != Op::sparse_push;
+  if ((pushes && grads.size() != keys.size() * dim) || (pulls && out.size() != keys.size() * dim))
+    throw std::invalid_argument("ps client: " + std::string(wire::to_string(op)) + " of '" +
+                                std::string(table) + "': " + std::to_string(keys.size()) +
+                                " rows of " + std::to_string(dim) + " need " +
+                                std::to_string(keys.size() * dim) + " floats");
+  const Ticket id = channel_.open(op, std::string(table), options.timeout_s);
+  Call& call = calls_[id];
+  call.out = out.empty() ? nullptr : out.data();
+  call.dim = spec->dim;
+  // Each ps's rows, in requests of at most one frame's worth (the rows'
+  // frame is the larger one unless rows are narrower than an id).
+  const auto half = wire::half_format(wire_dtype_);
+  const std::size_t row_bytes = dim * wire::element_bytes(wire_dtype_);
+  const std::size_t max_rows = wire::kMaxPayloadBytes / std::max(row_bytes, sizeof(std::uint64_t));
+  std::vector<std::size_t> open_part(channel_.servers(), SIZE_MAX);  // per ps
+  std::vector<std::uint32_t> part_server;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const auto s = row_home(keys[i], channel_.servers(), options.table_seed);
+    if (open_part[s] == SIZE_MAX || call.parts[open_part[s]].keys.size() == max_rows) {
+      open_part[s] = call.parts.size();
+      call.parts.emplace_back();
+      part_server.push_back(s);
+    }
+    SparsePart& part = call.parts[open_part[s]];
+    part.keys.push_back(keys[i]);
+    part.places.push_back(static_cast<std::uint32_t>(i));
+    if (!pushes) continue;
+    const auto g = grads.subspan(i * dim, dim);
+    const auto at = part.grads.size();
+    part.grads.resize(at + row_bytes);
+    if (half)
+      encode_halves(*half, g.data(), reinterpret_cast<std::uint16_t*>(part.grads.data() + at), dim);
+    else
+      std::memcpy(part.grads.data() + at, g.data(), row_bytes);
+  }
+  // Sent once every part is built: their buffers no longer move.
+  for (std::size_t p = 0; p < call.parts.size(); ++p) {
+    Header h;
+    h.op = op;
+    h.dtype = wire_dtype_;
+    wire::SparseRequest{spec->name, spec->dim, clock_}.write(h);
+    channel_.send(id, part_server[p], std::move(h),
+                  bytes_of(std::span<const std::uint64_t>(call.parts[p].keys)), {}, this, p,
+                  call.parts[p].grads);
+  }
+  return id;
+}
+
+PsDataClient::Ticket PsDataClient::sparse_pull(std::string_view table,
+                                               std::span<const std::uint64_t> keys,
+                                               std::span<float> out) {
+  return sparse_op(Op::sparse_pull, table, keys, {}, out);
+}
+
+PsDataClient::Ticket PsDataClient::sparse_push(std::string_view table,
+                                               std::span<const std::uint64_t> keys,
+                                               std::span<const float> grads) {
+  return sparse_op(Op::sparse_push, table, keys, grads, {});
+}
+
+PsDataClient::Ticket PsDataClient::sparse_push_pull(std::string_view table,
+                                                    std::span<const std::uint64_t> keys,
+                                                    std::span<const float> grads,
+                                                    std::span<float> out) {
+  return sparse_op(Op::sparse_push_pull, table, keys, grads, out);
+}
+
+void PsDataClient::take_rows(Call& call, const SparsePart& part, const Header& h,
+                             std::span<const std::uint8_t> payload) {
+  if (h.op == Op::sparse_push) return;
+  if (h.payload_frames != 1 || h.dtype != wire_dtype_ || h.elements != part.keys.size() ||
+      h.chunk != call.dim)
+    throw PsError("reply carries " + std::to_string(h.elements) + " rows of " +
+                  std::to_string(h.chunk) + " " + std::string(wire::to_string(h.dtype)) +
+                  ", expected " + std::to_string(part.keys.size()) + " of " +
+                  std::to_string(call.dim) + " " + std::string(wire::to_string(wire_dtype_)));
+  const std::size_t row_bytes = call.dim * wire::element_bytes(h.dtype);
+  const auto half = wire::half_format(h.dtype);
+  for (std::size_t k = 0; k < part.keys.size(); ++k) {
+    const auto row = payload.subspan(k * row_bytes, row_bytes);
+    float* to = call.out + std::size_t{part.places[k]} * call.dim;
+    if (half)
+      wire::widen(*half, row, to);
+    else
+      std::memcpy(to, row.data(), row.size());
+  }
+}
+
 void PsDataClient::on_reply(Ticket ticket, std::uint64_t cookie, const Header& h,
                             std::span<const std::uint8_t> payload) {
   Call& call = calls_.at(ticket);
+  if (wire::is_sparse(h.op)) return take_rows(call, call.parts.at(cookie), h, payload);
   const auto& c = map_.all_chunks()[cookie];
   const auto version = wire::ChunkReply::read(h).version;
   if (h.op == Op::push || h.op == Op::push_pull) {

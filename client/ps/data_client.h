@@ -55,12 +55,31 @@ class PsDataClient : private PsChannel::ReplyHandler {
   // applied; waiting for their tickets afterwards returns at once.
   void abandon_all();
 
+  // Embedding tables (docs/embeddings.md). `keys`: rows of `table`
+  // (unique_rows makes them from a batch's ids), sorted and unique; `out`
+  // and `grads` hold keys.size() x dim floats, row by row. Each ps gets the
+  // rows it holds (row_home), every ps at once, in requests of at most one
+  // frame's worth; the ps refuses keys that are not sorted and unique.
+  Ticket sparse_pull(std::string_view table, std::span<const std::uint64_t> keys,
+                     std::span<float> out);
+  Ticket sparse_push(std::string_view table, std::span<const std::uint64_t> keys,
+                     std::span<const float> grads);
+  Ticket sparse_push_pull(std::string_view table, std::span<const std::uint64_t> keys,
+                          std::span<const float> grads, std::span<float> out);
+
   // Staleness of the last push (push or push_pull) of `variable`: updates
   // other workers applied between this client's pull and its push, summed
   // over the variable's chunks and divided by their number.
   double last_staleness(std::string_view variable) const;
 
  private:
+  // A sparse call's request to one ps: its keys, their gradients (in the
+  // wire dtype), and each key's place in the caller's rows.
+  struct SparsePart {
+    std::vector<std::uint64_t> keys;
+    std::vector<std::uint8_t> grads;
+    std::vector<std::uint32_t> places;
+  };
   // A data call's state beside its channel ticket.
   struct Call {
     std::uint32_t variable = 0;
@@ -69,11 +88,19 @@ class PsDataClient : private PsChannel::ReplyHandler {
     std::vector<std::uint16_t> halves;
     double staleness_sum = 0;
     std::size_t staleness_chunks = 0;
+    std::uint32_t dim = 0;  // sparse calls: the table's
+    std::vector<SparsePart> parts;
   };
   std::uint32_t variable_index(std::string_view name) const;
   Ticket chunk_op(wire::Op op, std::string_view name, std::span<const float> grad,
                   std::span<float> out, std::size_t given);
-  // A chunk's reply; `cookie` is the chunk's index in map_.all_chunks().
+  Ticket sparse_op(wire::Op op, std::string_view table, std::span<const std::uint64_t> keys,
+                   std::span<const float> grads, std::span<float> out);
+  // A sparse part's reply: its rows into the caller's.
+  void take_rows(Call& call, const SparsePart& part, const wire::Header& header,
+                 std::span<const std::uint8_t> payload);
+  // A chunk's reply; `cookie` is the chunk's index in map_.all_chunks(), or
+  // for a sparse op the part's index in its call.
   void on_reply(Ticket ticket, std::uint64_t cookie, const wire::Header& header,
                 std::span<const std::uint8_t> payload) override;
 

@@ -43,16 +43,6 @@ std::uint64_t next_sequence() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// The ops a channel resends: the ps answers a resent update from its
-// record, and a pull changes nothing.
-bool resendable(Op op) {
-  return op == Op::init || op == Op::pull || op == Op::push || op == Op::push_pull ||
-         op == Op::assign;
-}
-
-// The ops that change a chunk, whose acknowledgements hello reports.
-bool updates(Op op) { return op == Op::push || op == Op::push_pull || op == Op::assign; }
-
 void release_send(void*, void* hint) {
   static_cast<std::atomic<std::uint64_t>*>(hint)->fetch_sub(1);
 }
@@ -86,6 +76,7 @@ struct PsChannel::Request {
   bool payload_frame = false;
   std::vector<std::uint8_t> header{};
   std::span<const std::uint8_t> data{};
+  std::span<const std::uint8_t> second{};  // a sparse push's rows
   Clock::duration interval{};
   Clock::time_point resend_at = Clock::time_point::max();
 };
@@ -148,14 +139,18 @@ PsChannel::Ticket PsChannel::open(Op op, std::string label, double timeout_s) {
 
 void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
                      std::span<const std::uint8_t> data, std::span<const std::uint8_t> bytes,
-                     ReplyHandler* handler, std::uint64_t cookie) {
+                     ReplyHandler* handler, std::uint64_t cookie,
+                     std::span<const std::uint8_t> second) {
   auto& t = *tickets_.at(ticket);
   h.request_id = next_sequence();
   h.sender = options_.sender;
   h.incarnation = incarnation_;
   h.run_id = run_id_;
   const bool has_payload = !data.empty() || h.dtype == wire::DType::bytes;
-  if (has_payload) {
+  if (wire::is_sparse(h.op)) {
+    h.payload_frames = second.empty() ? 1 : 2;
+    h.elements = data.size() / sizeof(std::uint64_t);  // ids
+  } else if (has_payload) {
     h.payload_frames = 1;
     h.elements = data.empty() ? bytes.size() : data.size() / wire::element_bytes(h.dtype);
   }
@@ -166,13 +161,16 @@ void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
             .op = h.op,
             .payload_frame = has_payload,
             .header = wire::encode_header(h),
-            .data = data};
-  if (resendable(h.op)) {
+            .data = data,
+            .second = second};
+  // The data ops are resent: the ps answers a resent update from its
+  // record, and a pull changes nothing.
+  if (wire::is_data_op(h.op)) {
     r.interval = seconds(options_.retry_interval_s);
     r.resend_at = Clock::now() + r.interval;
   }
   transmit(r, bytes, /*zero_copy=*/true);
-  if (!resendable(h.op)) r.header = {};  // not needed again
+  if (!wire::is_data_op(h.op)) r.header = {};  // not needed again
   requests_.emplace(h.request_id, std::move(r));
   ++t.replies_left;
 }
@@ -191,17 +189,25 @@ void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, 
   const auto more = r.payload_frame ? zmq::send_flags::sndmore : zmq::send_flags::none;
   if (!socket.send(zmq::buffer(r.header), more | zmq::send_flags::dontwait)) return;
   if (!r.data.empty()) {
-    const auto data = const_cast<std::uint8_t*>(r.data.data());
-    if (zero_copy) {
-      frames_held_[r.server].fetch_add(1);
-      zmq::message_t payload(data, r.data.size(), &release_send, &frames_held_[r.server]);
-      (void)socket.send(payload, zmq::send_flags::dontwait);
-    } else {
-      zmq::message_t payload(data, r.data.size());
-      (void)socket.send(payload, zmq::send_flags::dontwait);
-    }
+    transmit_frame(r.server, r.data, !r.second.empty(), zero_copy);
+    if (!r.second.empty()) transmit_frame(r.server, r.second, false, zero_copy);
   } else if (r.payload_frame) {
     (void)socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait);
+  }
+}
+
+void PsChannel::transmit_frame(std::uint32_t server, std::span<const std::uint8_t> frame, bool more,
+                               bool zero_copy) {
+  const auto flags =
+      (more ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait;
+  const auto data = const_cast<std::uint8_t*>(frame.data());
+  if (zero_copy) {
+    frames_held_[server].fetch_add(1);
+    zmq::message_t payload(data, frame.size(), &release_send, &frames_held_[server]);
+    (void)sockets_[server]->send(payload, flags);
+  } else {
+    zmq::message_t payload(data, frame.size());
+    (void)sockets_[server]->send(payload, flags);
   }
 }
 
@@ -427,14 +433,14 @@ void PsChannel::dispatch(std::uint32_t server,
       throw PsError("reply declares " + std::to_string(h.payload_frames) +
                     " payload frames, it has " + std::to_string(frames.size() - 1));
     for (std::size_t i = 0; i < h.payload_frames; ++i)
-      wire::check_payload(h, i, frames[1 + i].size());
+      wire::check_payload(h, i, frames[1 + i].size(), /*reply=*/true);
     const auto payload = h.payload_frames == 1 ? frames[1] : std::span<const std::uint8_t>{};
     if (r.handler) {
       r.handler->on_reply(r.ticket, r.cookie, h, payload);
     } else {
       t.replies.push_back({server, std::move(h), {payload.begin(), payload.end()}});
     }
-    if (updates(r.op)) ++acked_[server];
+    if (wire::is_update(r.op)) ++acked_[server];
   } catch (const std::exception& e) {
     if (t.error.empty()) t.error = where(server) + ": " + t.describe() + " failed: " + e.what();
   }

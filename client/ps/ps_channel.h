@@ -98,12 +98,13 @@ class PsChannel {
   // each of whose replies is awaited up to `timeout_s`.
   Ticket open(wire::Op op, std::string label, double timeout_s);
   // Sends one request of `ticket` to ps `server`. `data` (values or a
-  // gradient, of h.dtype) goes out zero-copy; `bytes` (a small control
+  // gradient, of h.dtype; a sparse op's ids) and `second` (a sparse push's
+  // rows) go out zero-copy as payload frames; `bytes` (a small control
   // payload) is copied. Data ops are resent until answered. `handler`: takes
   // the reply (with `cookie`); none: wait() returns it.
   void send(Ticket ticket, std::uint32_t server, wire::Header h, std::span<const std::uint8_t> data,
             std::span<const std::uint8_t> bytes = {}, ReplyHandler* handler = nullptr,
-            std::uint64_t cookie = 0);
+            std::uint64_t cookie = 0, std::span<const std::uint8_t> second = {});
   // Waits for every reply of `ticket` and returns those without a handler,
   // by server. Throws PsError (PsRetryLater for a temporary refusal) naming
   // the ps, the op and its label when a reply is an error or a ps stays
@@ -142,6 +143,8 @@ class PsChannel {
   struct Request;
   std::unique_ptr<zmq::socket_t> make_socket(std::uint32_t server);
   void transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy);
+  void transmit_frame(std::uint32_t server, std::span<const std::uint8_t> frame, bool more,
+                      bool zero_copy);
   void resend_due();
   Clock::time_point next_resend() const;
   std::vector<Reply> finish(Ticket id, TicketState& t);

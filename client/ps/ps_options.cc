@@ -28,7 +28,9 @@ PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender
           .wire_dtype = config.net.wire_dtype,
           .fault = config.net.fault,
           .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1)),
-          .curve = std::move(curve)};
+          .curve = std::move(curve),
+          .tables = config.tables,
+          .table_seed = config.train.seed};
 }
 
 }  // namespace pstrain

@@ -7,6 +7,7 @@
 
 #include "shared/config.h"
 #include "shared/curve_keys.h"
+#include "shared/embedding.h"
 #include "shared/error.h"
 
 namespace pstrain {
@@ -41,6 +42,10 @@ struct PsClientOptions {
     std::vector<std::string> server_keys;
   };
   std::optional<Curve> curve;
+  // The run's embedding tables and the seed their rows are placed by
+  // (shared/embedding.h, row_home): train.seed.
+  std::vector<TableSpec> tables = {};
+  std::uint64_t table_seed = 0;
 };
 
 // What a worker's client takes from the cluster config: every ps's address,

@@ -17,6 +17,8 @@
 #include "server/coordinator.h"
 #include "server/dispatcher.h"
 #include "server/ps_stats.h"
+#include "server/sparse_handlers.h"
+#include "server/table_store.h"
 #include "shared/config.h"
 #include "shared/metrics_registry.h"
 #include "tests/fuzz/fuzz_input.h"
@@ -58,8 +60,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       {"ps 0", fuzz::kPsWorkers, std::chrono::seconds(1), WorkerLoss::continue_}, dispatcher);
   ps::ChunkHandlers handlers(store, coordinator, dispatcher, stats, run_dir.path, 0,
                              fuzz::kPsRunId);
+  // One table of the one ps: every id is homed here.
+  ps::TableStore tables({TableSpec{"emb", 2, std::nullopt}}, RowOptimizerConfig{}, 1, 0, 1);
+  ps::SparseHandlers sparse(tables, dispatcher, stats);
   coordinator.add_handlers(dispatcher.handlers());
   handlers.add_handlers(dispatcher.handlers());
+  sparse.add_handlers(dispatcher.handlers());
   stats.add_handler(dispatcher.handlers(), dispatcher, store, coordinator);
 
   auto now = ps::Clock::time_point{} + std::chrono::hours(1);

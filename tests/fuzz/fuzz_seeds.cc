@@ -78,6 +78,24 @@ Message chunk_op(Op op, std::uint64_t id, std::vector<float> values = {}) {
 
 Message init() { return chunk_op(Op::init, 1, {0.5f, -1.f, 2.f, 0.f}); }
 
+// A sparse op on rows 1, 5 and 9 of the fuzz target's table (dim 2); with
+// `grads`, their gradients as the second frame.
+Message sparse_op(Op op, std::uint64_t id, std::vector<float> grads = {}) {
+  auto m = request(op, 0, id);
+  m.header.incarnation = 7;
+  wire::SparseRequest{"emb", 2}.write(m.header);
+  const std::vector<std::uint64_t> ids{1, 5, 9};
+  m.header.elements = ids.size();
+  m.header.payload_frames = grads.empty() ? 1 : 2;
+  const auto* p = reinterpret_cast<const std::uint8_t*>(ids.data());
+  m.payloads.emplace_back(p, p + ids.size() * sizeof(std::uint64_t));
+  if (!grads.empty()) {
+    const auto* g = reinterpret_cast<const std::uint8_t*>(grads.data());
+    m.payloads.emplace_back(g, g + grads.size() * sizeof(float));
+  }
+  return m;
+}
+
 // A pull whose reply's values travel in 16 bits.
 Message pull_as(HalfFormat format, std::uint64_t id) {
   auto m = chunk_op(Op::pull, id);
@@ -187,6 +205,8 @@ int main(int argc, char** argv) {
       {"shutdown", request(Op::shutdown, 100)},
       {"kv_set", kv_set()},
       {"kv_get", kv_get(0)},
+      {"sparse_pull", sparse_op(Op::sparse_pull, 2)},
+      {"sparse_push", sparse_op(Op::sparse_push, 2, {1.f, -1.f, 0.5f, 2.f, 0.f, 3.f})},
       {"heartbeat", heartbeat(0)},
       {"progress", progress(0)},
       {"done", done(0)},
@@ -220,6 +240,10 @@ int main(int argc, char** argv) {
       {"kv_parked", {kv_get(5000), kv_set(), kv_get(0)}},
       {"kv_expired", {kv_get(20), late}},
       {"snapshot_after_init", {init(), request(Op::snapshot, 100)}},
+      {"resent_sparse_push_pull",
+       {sparse_op(Op::sparse_push_pull, 3, {1.f, 2.f, 3.f, 4.f, 5.f, 6.f}),
+        sparse_op(Op::sparse_push_pull, 3, {1.f, 2.f, 3.f, 4.f, 5.f, 6.f}),
+        sparse_op(Op::sparse_pull, 4)}},
       {"run_end", {hello(0), hello(1), heartbeat(0), progress(1), done(0), done(1)}},
   };
   for (const auto& [name, messages] : exchanges) write(dir / "ps" / name, ps_input(messages));

@@ -47,6 +47,8 @@ struct ClusterSpec {
   double fault_delay_ms = 0;  // net.fault.delay_ms, likewise
   // security.curve, with a fresh key set in <dir>/keys (shared/curve_keys.h).
   bool curve = false;
+  std::string tables = {};            // `tables:` as a YAML list; empty: none
+  std::string sparse_optimizer = {};  // optimizer.sparse as a YAML map; empty: the default
 };
 
 class PsCluster {
@@ -57,8 +59,10 @@ class PsCluster {
     for (std::uint32_t i = 0; i < spec.ps; ++i)
       y << "  - {host: 127.0.0.1, port: " << free_port() << "}\n";
     y << "workers: {count: " << spec.workers << "}\n"
-      << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr << "}\n"
+      << "optimizer: {name: " << spec.optimizer << ", lr: " << spec.lr
+      << (spec.sparse_optimizer.empty() ? "" : ", sparse: " + spec.sparse_optimizer) << "}\n"
       << "data: {name: synthetic}\n";
+    if (!spec.tables.empty()) y << "tables: " << spec.tables << "\n";
     if (!spec.mode.empty()) y << "mode: " << spec.mode << "\n";
     if (!spec.model.empty()) y << "model: " << spec.model << "\n";
     std::vector<std::string> train;

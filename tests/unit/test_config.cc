@@ -81,6 +81,36 @@ TEST_CASE("config: train.accumulate_steps and train.precision parse, print and r
                        doctest::Contains("train.precision"), ConfigError);
 }
 
+TEST_CASE("config: embedding tables and optimizer.sparse parse, print and reject bad values") {
+  const auto none = parse(kMinimal);
+  CHECK(none.tables.empty());
+  CHECK(none.to_yaml().find("tables") == std::string::npos);  // hashes stay as they were
+  CHECK(none.optimizer.sparse.kind == RowOptimizerKind::adagrad);
+  const auto c = parse(kMinimal +
+                       "tables: [{name: user, dim: 16}, {name: cat, dim: 8, rows: 1000}]\n"
+                       "optimizer: {sparse: {name: ftrl, lr: 0.05, l1: 1}}\n");
+  REQUIRE(c.tables.size() == 2);
+  CHECK(c.tables[0].name == "user");
+  CHECK(c.tables[0].dim == 16);
+  CHECK_FALSE(c.tables[0].rows.has_value());
+  CHECK(c.tables[1].rows == 1000u);
+  CHECK(c.optimizer.sparse.kind == RowOptimizerKind::ftrl);
+  CHECK(c.optimizer.sparse.l1 == 1.0f);
+  const auto again = parse(c.to_yaml());
+  CHECK(again.tables.size() == 2);
+  CHECK(again.tables[1].rows == 1000u);
+  CHECK(again.hash() == c.hash());
+  CHECK(error_of(kMinimal + "tables: [{name: a, dim: 4}, {name: a, dim: 2}]\n")
+            .find("tables.1.name") != std::string::npos);
+  CHECK(error_of(kMinimal + "tables: [{name: a, dim: 0}]\n").find("tables.0.dim") !=
+        std::string::npos);
+  CHECK(error_of(kMinimal + "tables: [{name: a, dim: 4, rows: 0}]\n").find("tables.0.rows") !=
+        std::string::npos);
+  CHECK(error_of(kMinimal + "tables: [{dim: 4}]\n").find("tables.0.name") != std::string::npos);
+  CHECK(error_of(kMinimal + "optimizer: {sparse: {name: adamw}}\n").find("optimizer.sparse.name") !=
+        std::string::npos);
+}
+
 TEST_CASE("config: train.cuda_graphs is on by default, parses, prints and rejects non-booleans") {
   CHECK(parse(kMinimal).train.cuda_graphs);
   const auto off = parse(kMinimal, {"train.cuda_graphs=false"});

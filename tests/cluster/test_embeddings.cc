@@ -1,0 +1,190 @@
+// Embedding tables on real parameter servers (docs/embeddings.md): rows
+// created on first touch alike on every ps and after a restart, sparse
+// pushes applied exactly once under lost messages, and bad ids refused
+// with nothing changed.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "client/ps/ps_client.h"
+#include "shared/embedding.h"
+#include "shared/messages.h"
+#include "tests/support/ps_cluster.h"
+#include "tests/support/raw_peer.h"
+
+using namespace pstrain;
+using namespace pstrain::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::uint32_t kDim = 4;
+const std::string kTables = "[{name: emb, dim: 4, rows: dynamic}]";
+
+ShardMap no_variables(const ClusterConfig& config) {
+  return shard_map_for(config, std::vector<VariableSpec>{});
+}
+
+// The rows of `keys` as every process computes them before any update.
+std::vector<float> initial_rows(const ClusterConfig& config,
+                                const std::vector<std::uint64_t>& keys) {
+  std::vector<float> rows(keys.size() * kDim);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    init_row({rows.data() + i * kDim, kDim}, config.train.seed, config.tables.at(0), keys[i]);
+  return rows;
+}
+
+std::vector<std::uint64_t> spread_keys(std::size_t n) {
+  std::vector<std::uint64_t> keys;
+  for (std::uint64_t i = 0; i < n; ++i) keys.push_back(i * 7919 + (i << 40));
+  std::ranges::sort(keys);
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("embeddings: rows are created alike on every ps count and after a restart") {
+  const auto keys = spread_keys(300);
+  std::vector<float> first;
+  for (const std::uint32_t servers : {2u, 3u}) {
+    CAPTURE(servers);
+    PsCluster cluster({.ps = servers, .tables = kTables});
+    cluster.start_all();
+    const auto& config = cluster.config();
+    PsClient client(config, 0, no_variables(config));
+    client.hello();
+    std::vector<float> rows(keys.size() * kDim);
+    client.wait(client.sparse_pull("emb", keys, rows));
+    CHECK(rows == initial_rows(config, keys));
+    // The rows spread over every ps.
+    for (std::uint32_t s = 0; s < servers; ++s) {
+      std::size_t here = 0;
+      for (auto k : keys) here += row_home(k, servers, config.train.seed) == s;
+      CHECK(here > keys.size() / servers / 2);
+    }
+    if (servers == 2) {
+      first = rows;
+      // A ps that restarts creates its rows again, the same.
+      cluster.ps(1).kill(SIGKILL);
+      cluster.ps(1).wait_for(10s);
+      cluster.start_ps(1);
+      PsClient again(config, 0, no_variables(config));
+      again.hello();
+      std::vector<float> after(rows.size());
+      again.wait(again.sparse_pull("emb", keys, after));
+      CHECK(after == rows);
+    } else {
+      CHECK(rows == first);  // the same seed: the same rows, wherever they live
+    }
+  }
+}
+
+TEST_CASE("embeddings: sparse pushes apply exactly once with 10% of messages dropped") {
+  for (const std::uint32_t servers : {2u, 3u}) {
+    CAPTURE(servers);
+    PsCluster cluster({.ps = servers,
+                       .retry_interval = 0.05,
+                       .fault_drop = 0.1,
+                       .tables = kTables,
+                       .sparse_optimizer = "{name: sgd, lr: 1}"});
+    cluster.start_all();
+    const auto& config = cluster.config();
+    PsClient client(config, 0, no_variables(config));
+    client.hello();
+    const auto keys = spread_keys(200);
+    std::vector<float> expected = initial_rows(config, keys);
+    std::mt19937 rng(5);
+    for (int round = 0; round < 25; ++round) {
+      // A random half of the rows, integer gradients: SGD at lr 1 keeps
+      // every value a float sum the test can repeat exactly.
+      std::vector<std::uint64_t> some;
+      std::vector<std::size_t> at;
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (rng() % 2) {
+          some.push_back(keys[i]);
+          at.push_back(i);
+        }
+      std::vector<float> grads(some.size() * kDim), rows(some.size() * kDim);
+      for (std::size_t i = 0; i < some.size(); ++i)
+        for (std::uint32_t j = 0; j < kDim; ++j) {
+          grads[i * kDim + j] = static_cast<float>(static_cast<int>(rng() % 7) - 3);
+          expected[at[i] * kDim + j] -= 1.0f * grads[i * kDim + j];
+        }
+      client.wait(client.sparse_push_pull("emb", some, grads, rows));
+      for (std::size_t i = 0; i < some.size(); ++i)
+        for (std::uint32_t j = 0; j < kDim; ++j)
+          REQUIRE(rows[i * kDim + j] == expected[at[i] * kDim + j]);
+    }
+    std::vector<float> rows(keys.size() * kDim);
+    client.wait(client.sparse_pull("emb", keys, rows));
+    CHECK(rows == expected);
+    std::size_t resent = 0;
+    for (std::uint32_t s = 0; s < servers; ++s) {
+      const auto stats = client.stats(s);
+      const auto at = stats.find("\"resends_answered\":");
+      REQUIRE(at != std::string::npos);
+      resent += std::stoull(stats.substr(at + 19));
+    }
+    MESSAGE(resent << " resent pushes answered from the record");
+  }
+}
+
+TEST_CASE("embeddings: repeated, unsorted and foreign ids are refused, and change nothing") {
+  PsCluster cluster({.ps = 2, .tables = kTables, .sparse_optimizer = "{name: sgd, lr: 1}"});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  PsClient client(config, 0, no_variables(config));
+  client.hello();
+  // Keys of ps 0 alone, and one of ps 1.
+  std::vector<std::uint64_t> mine;
+  std::uint64_t foreign = 0;
+  for (std::uint64_t k = 1; mine.size() < 3 || foreign == 0; ++k) {
+    if (row_home(k, 2, config.train.seed) == 0) {
+      if (mine.size() < 3) mine.push_back(k);
+    } else if (foreign == 0) {
+      foreign = k;
+    }
+  }
+  const std::vector<float> grads(3 * kDim, 1.0f);
+  const auto refused = [&](std::vector<std::uint64_t> keys, const char* why) {
+    CAPTURE(why);
+    CHECK_THROWS_WITH_AS(client.wait(client.sparse_push("emb", keys, grads)),
+                         doctest::Contains(why), PsError);
+  };
+  refused({mine[0], mine[1], mine[1]}, "is repeated");
+  refused({mine[1], mine[0], mine[2]}, "is out of order");
+  // The client sends each row to its home; a peer speaking the wire
+  // protocol itself can name another ps's row.
+  RawPeer peer(config.ps[0].connect_address());
+  wire::Header h;
+  h.op = wire::Op::sparse_push;
+  h.sender = 0;
+  h.run_id = config.run_id();
+  h.payload_frames = 2;
+  h.elements = 2;
+  wire::SparseRequest{"emb", kDim}.write(h);
+  std::vector<std::uint64_t> ids{mine[0], foreign};
+  if (ids[1] < ids[0]) std::swap(ids[0], ids[1]);
+  std::vector<std::uint8_t> id_bytes(ids.size() * 8), grad_bytes(2 * kDim * 4);
+  std::memcpy(id_bytes.data(), ids.data(), id_bytes.size());
+  std::memcpy(grad_bytes.data(), grads.data(), grad_bytes.size());
+  const auto reply = peer.exchange({wire::encode_header(h), id_bytes, grad_bytes});
+  REQUIRE(reply);
+  CHECK(reply->header.status == wire::Status::error);
+  CHECK(reply->header.text.find("table 'emb': id " + std::to_string(foreign)) != std::string::npos);
+  CHECK(reply->header.text.find("lives on ps 1") != std::string::npos);
+  // A NaN anywhere refuses the whole push.
+  std::vector<float> poisoned = grads;
+  poisoned[5] = std::nanf("");
+  CHECK_THROWS_WITH_AS(client.wait(client.sparse_push("emb", mine, poisoned)),
+                       doctest::Contains("NaN or infinite"), PsError);
+  // Nothing changed: every row is still its initial value.
+  std::vector<float> rows(mine.size() * kDim);
+  client.wait(client.sparse_pull("emb", mine, rows));
+  CHECK(rows == initial_rows(config, mine));
+}
