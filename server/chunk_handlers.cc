@@ -24,7 +24,6 @@ ChunkHandlers::ChunkHandlers(ChunkStore& store, Coordinator& coordinator, ReplyS
     : store_(store),
       coordinator_(coordinator),
       sink_(sink),
-      stats_(stats),
       nonfinite_(stats),
       run_dir_(std::move(run_dir)),
       ps_index_(ps_index),

@@ -99,7 +99,6 @@ class ChunkHandlers {
   ChunkStore& store_;
   Coordinator& coordinator_;
   ReplySink& sink_;
-  PsStats& stats_;
   NonfiniteRefusal nonfinite_;
   std::filesystem::path run_dir_;
   std::uint32_t ps_index_;

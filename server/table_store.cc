@@ -62,6 +62,15 @@ TableStore::Table& TableStore::checked(std::string_view name, std::span<const st
     throw std::invalid_argument("table '" + t.spec.name + "': " + std::to_string(floats) + " " +
                                 what + " for " + std::to_string(keys.size()) + " rows of " +
                                 std::to_string(t.spec.dim));
+  // Counted only near the cap: far from it no request can reach it.
+  if (t.rows.size() + keys.size() > t.spec.max_rows_per_ps) {
+    const auto fresh = std::ranges::count_if(keys, [&](auto k) { return !t.rows.contains(k); });
+    if (t.rows.size() + static_cast<std::size_t>(fresh) > t.spec.max_rows_per_ps)
+      throw std::invalid_argument("table '" + t.spec.name + "': this ps holds " +
+                                  std::to_string(t.rows.size()) + " rows and max_rows_per_ps is " +
+                                  std::to_string(t.spec.max_rows_per_ps) + "; " +
+                                  std::to_string(fresh) + " new rows refused");
+  }
   return t;
 }
 

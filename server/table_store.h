@@ -64,8 +64,9 @@ class TableStore {
   };
   Table& table(std::string_view name);
   const Table& table(std::string_view name) const;
-  // The table, once `keys` are checked and `floats` (of `what`) is one
-  // row's worth per key; else throws std::invalid_argument.
+  // The table, once `keys` are checked, `floats` (of `what`) is one row's
+  // worth per key and the rows `keys` would create fit within the table's
+  // max_rows_per_ps; else throws std::invalid_argument.
   Table& checked(std::string_view name, std::span<const std::uint64_t> keys, std::size_t floats,
                  const char* what);
   // Row `key`'s entry, created when missing (`created` counts it).

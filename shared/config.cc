@@ -152,6 +152,7 @@ const std::vector<Field<TableSpec>> kTableFields = {
     required(bounded("dim", &TableSpec::dim, between(1, wire::kMaxRowWidth)),
              "the width of its rows"),
     table_rows_field(),
+    bounded("max_rows_per_ps", &TableSpec::max_rows_per_ps, at_least(1)),
 };
 
 // The embedding tables: a list of {name, dim, rows}; none by default (and

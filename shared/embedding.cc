@@ -26,8 +26,7 @@ UniqueRows unique_rows(const TableSpec& table, std::span<const std::uint64_t> id
   rows.keys.reserve(ids.size());
   for (const auto id : ids) rows.keys.push_back(row_key(table, id));
   std::ranges::sort(rows.keys);
-  const auto [end, last] = std::ranges::unique(rows.keys);
-  rows.keys.erase(end, last);
+  rows.keys.erase(std::unique(rows.keys.begin(), rows.keys.end()), rows.keys.end());
   rows.inverse.reserve(ids.size());
   for (const auto id : ids)
     rows.inverse.push_back(static_cast<std::uint32_t>(

@@ -20,6 +20,9 @@ struct TableSpec {
   std::uint32_t dim = 0;
   // A fixed number of rows; nullopt: dynamic.
   std::optional<std::uint64_t> rows;
+  // The most rows of the table one ps holds: a request that would create
+  // more is refused, so no peer can grow a ps without bound.
+  std::uint64_t max_rows_per_ps = std::uint64_t{1} << 26;
   // The initial values' distribution (uniform in [-scale, scale) by default,
   // as TensorFlow's and PyTorch's embedding layers start).
   InitSpec init{InitKind::uniform, 0.05f};

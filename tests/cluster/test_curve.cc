@@ -7,6 +7,7 @@
 #include <zmq.h>
 
 #include "client/ps/ps_client.h"
+#include "shared/embedding.h"
 #include "shared/messages.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/raw_peer.h"
@@ -77,7 +78,7 @@ TEST_CASE("curve: a key not in the list gets no reply and changes nothing") {
 }
 
 TEST_CASE("curve: a worker's key cannot shut a ps down, nor act as another worker") {
-  PsCluster cluster({.ps = 1, .workers = 2, .curve = true});
+  PsCluster cluster({.ps = 1, .workers = 2, .curve = true, .tables = "[{name: emb, dim: 2}]"});
   cluster.start_all();
   const auto& config = cluster.config();
   PsClient w0(config, 0, small_map(config));
@@ -103,15 +104,27 @@ TEST_CASE("curve: a worker's key cannot shut a ps down, nor act as another worke
                        PsError);
   CHECK_THROWS_WITH_AS(forged.done(100), doctest::Contains("done claims sender 0"), PsError);
   CHECK_THROWS_WITH_AS(forged.heartbeat(), doctest::Contains("claims sender 0"), PsError);
+  // Nor push to an embedding table as another worker.
+  const std::vector<std::uint64_t> rows{3, 8};
+  const std::vector<float> row_grads(4, 1.0f);
+  CHECK_THROWS_WITH_AS(forged.wait(forged.sparse_push("emb", rows, row_grads)),
+                       doctest::Contains("sparse_push claims sender 0; this key is worker:1"),
+                       PsError);
   // The tool's key cannot pose as a worker either.
   auto tool_as_worker = client_as(config, kTool, 1);
   CHECK_THROWS_WITH_AS(tool_as_worker.done(100), doctest::Contains("this key is tool"), PsError);
 
   PsClient tool(config, kTool, small_map(config));
   const auto stats = tool.stats(0);
-  CHECK(stats.find("\"refused\":9,") != std::string::npos);
+  CHECK(stats.find("\"refused\":10,") != std::string::npos);
   CHECK(stats.find("\"updates\":0,") != std::string::npos);  // nothing was applied
-  CHECK(!cluster.ps(0).wait_for(200ms));                     // no forged done ended it
+  // The rows the forged push named are still as created.
+  std::vector<float> held(4), created(4);
+  w0.wait(w0.sparse_pull("emb", rows, held));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    init_row({created.data() + 2 * i, 2}, config.train.seed, config.tables[0], rows[i]);
+  CHECK(held == created);
+  CHECK(!cluster.ps(0).wait_for(200ms));  // no forged done ended it
   const auto log = cluster.ps(0).log_text();
   CHECK(count_of(log, "refused shutdown from") == 1);  // once per peer and op
 

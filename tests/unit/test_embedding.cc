@@ -240,3 +240,26 @@ TEST_CASE("unique_rows: sorted unique keys and each id's place among them") {
   CHECK(rows.keys == std::vector<std::uint64_t>{3, 7});
   CHECK(rows.inverse == std::vector<std::uint32_t>{0, 1, 0, 0, 1});
 }
+
+TEST_CASE("table store: a request that would pass max_rows_per_ps is refused whole") {
+  TableSpec capped{"emb", 1, std::nullopt};
+  capped.max_rows_per_ps = 4;
+  RowOptimizerConfig sgd;
+  sgd.kind = RowOptimizerKind::sgd;
+  ps::TableStore store({capped}, sgd, 1, 0, 1);
+  std::vector<float> rows(3);
+  store.read("emb", std::vector<std::uint64_t>{1, 2, 3}, rows);
+  std::vector<float> two(2);
+  CHECK_THROWS_WITH_AS(store.read("emb", std::vector<std::uint64_t>{3, 4, 5}, rows),
+                       doctest::Contains("max_rows_per_ps is 4; 2 new rows refused"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(
+      store.update("emb", std::vector<std::uint64_t>{1, 8, 9}, std::vector<float>{1, 1, 1}),
+      std::invalid_argument);
+  CHECK(store.rows("emb") == 3);
+  std::vector<float> after(3);
+  store.read("emb", std::vector<std::uint64_t>{1, 2, 3}, after);
+  CHECK(after == rows);                                      // the refused update changed nothing
+  store.read("emb", std::vector<std::uint64_t>{3, 4}, two);  // one new row still fits
+  CHECK(store.rows("emb") == 4);
+}
