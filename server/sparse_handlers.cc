@@ -66,9 +66,8 @@ void SparseHandlers::push(const Request& request) {
                               " carries its ids and their gradients, in two payload frames");
   const auto ids = ids_of(request);
   const FloatPayload grads(request, request.rows, true);
-  // Everything is checked before anything changes: the ids by the store
-  // (update() checks them before it touches a row), the values here.
-  tables_.check_keys(sparse.table, ids);
+  // Everything is checked before anything changes: the values here, the
+  // ids by the store (update() checks them before it touches a row).
   nonfinite_.check(request, grads.get());
   auto created = tables_.update(sparse.table, ids, grads.get());
   Reply reply{wire::reply_to(request.header), {}};
