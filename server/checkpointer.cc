@@ -17,8 +17,7 @@ constexpr int kWriterNice = 10;
 
 }  // namespace
 
-Checkpointer::Checkpointer(CheckpointerOptions options, std::function<ShardCut()> cut,
-                           Clock::time_point start)
+Checkpointer::Checkpointer(CheckpointerOptions options, Cut cut, Clock::time_point start)
     : options_(std::move(options)),
       cut_(std::move(cut)),
       due_(start + std::chrono::duration_cast<Clock::duration>(options_.every)) {
@@ -44,15 +43,24 @@ void Checkpointer::finish() {
 
 void Checkpointer::start() {
   join();  // the previous writer has finished (or this is the last word)
+  const bool delta = options_.incremental && written_ != 0 && deltas_ + 1 < options_.full_every;
+  deltas_ = delta ? deltas_ + 1 : 0;
+  const auto seq = next_seq_++;
+  const auto dir = generation_dir(options_.checkpoints, seq);
+  const auto file = delta ? delta_file(dir, options_.ps_index) : shard_file(dir, options_.ps_index);
+  auto cut =
+      cut_(delta ? CutKind::checkpoint_delta : CutKind::checkpoint_whole, delta ? written_ : 0);
+  written_ = 0;  // until the writer says otherwise
   writing_.store(true, std::memory_order_relaxed);
-  writer_ = std::thread([this, seq = next_seq_++, cut = cut_()]() mutable {
+  writer_ = std::thread([this, seq, file, cut = std::move(cut)]() mutable {
     // Serving comes first: on a busy host the CRC and the write of a large
     // shard would otherwise take CPU time from the request loop (Linux
     // applies a thread id's nice value to that thread alone). Best effort:
     // a refusal leaves the writer at the ps's priority.
     (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
-    write(seq, cut);
-    cut.chunks.clear();  // let go of the buffers before saying so
+    if (write(file, seq, cut)) written_ = seq;
+    cut.chunks.clear();  // let go of the buffers and table segments before saying so
+    cut.tables = TableCut();
     writing_.store(false, std::memory_order_release);
   });
 }
@@ -63,8 +71,8 @@ void Checkpointer::join() {
   if (writer_.joinable()) writer_.join();
 }
 
-void Checkpointer::write(std::uint64_t seq, const ShardCut& cut) const {
-  const auto file = shard_file(generation_dir(options_.checkpoints, seq), options_.ps_index);
+bool Checkpointer::write(const std::filesystem::path& file, std::uint64_t seq,
+                         const ShardCut& cut) const {
   const auto start = Clock::now();
   try {
     write_shard(file, cut);
@@ -75,23 +83,37 @@ void Checkpointer::write(std::uint64_t seq, const ShardCut& cut) const {
     log("checkpoint ", seq, " of ", cut.chunks.size(), " chunks written to ", file.string(), " in ",
         seconds, " s");
     prune();
+    return true;
   } catch (const std::exception& e) {
-    // The ps serves on; the previous generations are still there.
+    // The ps serves on; the previous generations are still there, and the
+    // next checkpoint is whole.
     log("checkpoint ", seq, " failed: ", e.what());
+    return false;
   }
 }
 
 void Checkpointer::prune() const {
-  std::vector<std::uint64_t> ours;
-  for (const auto seq : generations(options_.checkpoints))
-    if (std::filesystem::exists(
-            shard_file(generation_dir(options_.checkpoints, seq), options_.ps_index)))
-      ours.push_back(seq);
+  struct Ours {
+    std::uint64_t seq;
+    bool whole;
+  };
+  std::vector<Ours> ours;
+  std::error_code ec;
+  for (const auto seq : generations(options_.checkpoints)) {
+    const auto dir = generation_dir(options_.checkpoints, seq);
+    if (std::filesystem::exists(shard_file(dir, options_.ps_index), ec))
+      ours.push_back({seq, true});
+    else if (std::filesystem::exists(delta_file(dir, options_.ps_index), ec))
+      ours.push_back({seq, false});
+  }
   if (ours.size() <= options_.keep) return;
-  for (auto it = ours.begin(); it != ours.end() - options_.keep; ++it) {
-    const auto dir = generation_dir(options_.checkpoints, *it);
-    std::error_code ec;
+  // The oldest generation kept, and back to the whole file it continues.
+  auto first_kept = ours.end() - options_.keep;
+  while (first_kept != ours.begin() && !first_kept->whole) --first_kept;
+  for (auto it = ours.begin(); it != first_kept; ++it) {
+    const auto dir = generation_dir(options_.checkpoints, it->seq);
     std::filesystem::remove(shard_file(dir, options_.ps_index), ec);
+    std::filesystem::remove(delta_file(dir, options_.ps_index), ec);
     // Fails, as it should, while another server's file is still there.
     std::filesystem::remove(dir, ec);
   }

@@ -11,6 +11,12 @@
 // cut. finish() writes one more on the way out (signal, all workers done, a
 // silent worker), so nothing the ps applied is lost when it exits.
 //
+// With `incremental`, a checkpoint after this process's first writes only
+// the table rows updated since its previous one (a delta, ps<N>.delta.bin;
+// server/shard_file.h), and every `full_every`-th is whole again, as is the
+// one after a failed write. Pruning keeps what the newest `keep` need: back
+// to the whole file the oldest of them continues.
+//
 // Sequence numbers continue after the highest generation already in the
 // folder, so a restarted ps never overwrites a generation, and the servers of
 // one run, started together, number theirs alike.
@@ -21,7 +27,8 @@
 // Thread rules: tick(), finish() and the destructor run on the ps thread.
 // At most one writer thread exists, so one checkpoint at a time; it touches
 // only its cut (moved to it when it starts) and the files, and says it is
-// done through `writing_`. The ps thread joins it before starting the next
+// done through `writing_`; what it wrote (`written_`) is read only after it
+// is joined. The ps thread joins it before starting the next
 // one, and before anything the cut came from goes away. Nothing else is
 // shared, so there is no mutex (options.written must be safe to call from
 // the writer's thread).
@@ -42,6 +49,8 @@ struct CheckpointerOptions {
   std::uint32_t ps_index = 0;
   std::chrono::duration<double> every{60};  // checkpoint.every_s, > 0
   std::uint32_t keep = 3;                   // checkpoint.keep, >= 1
+  bool incremental = false;                 // checkpoint.incremental
+  std::uint32_t full_every = 10;            // checkpoint.full_every, >= 1
   // Told the seconds each checkpoint took to write, on the writer's thread
   // (PsStats::checkpoint_written); none: not told.
   std::function<void(double seconds)> written = {};
@@ -49,9 +58,11 @@ struct CheckpointerOptions {
 
 class Checkpointer {
  public:
-  // `cut` takes the shard's cut; it is called on the ps thread only. The
-  // first checkpoint is due `every` after `start`.
-  Checkpointer(CheckpointerOptions options, std::function<ShardCut()> cut, Clock::time_point start);
+  // `cut` takes the shard's cut of a kind (checkpoint_whole or
+  // checkpoint_delta, continuing generation `previous`); it is called on
+  // the ps thread only. The first checkpoint is due `every` after `start`.
+  using Cut = std::function<ShardCut(CutKind kind, std::uint64_t previous)>;
+  Checkpointer(CheckpointerOptions options, Cut cut, Clock::time_point start);
   ~Checkpointer();  // waits for a write in flight
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -64,12 +75,18 @@ class Checkpointer {
  private:
   void start();
   void join();
-  void write(std::uint64_t seq, const ShardCut& cut) const;
+  // Returns whether the file was written.
+  bool write(const std::filesystem::path& file, std::uint64_t seq, const ShardCut& cut) const;
   void prune() const;
 
   CheckpointerOptions options_;
-  std::function<ShardCut()> cut_;
+  Cut cut_;
   std::uint64_t next_seq_;
+  // The generation this process last wrote (0: none, or its write failed),
+  // set by the writer, read after join(); and the deltas written since the
+  // last whole file.
+  std::uint64_t written_ = 0;
+  std::uint32_t deltas_ = 0;
   Clock::time_point due_;
   std::thread writer_;
   std::atomic<bool> writing_{false};

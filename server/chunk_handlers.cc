@@ -19,15 +19,14 @@ using wire::Op;
 }  // namespace
 
 ChunkHandlers::ChunkHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink,
-                             PsStats& stats, std::filesystem::path run_dir, std::uint32_t ps_index,
-                             std::uint64_t config_hash, const Consistency& consistency)
+                             PsStats& stats, std::filesystem::path snapshot_file,
+                             std::function<ShardCut()> snapshot_cut, const Consistency& consistency)
     : store_(store),
       coordinator_(coordinator),
       sink_(sink),
       nonfinite_(stats),
-      run_dir_(std::move(run_dir)),
-      ps_index_(ps_index),
-      config_hash_(config_hash),
+      snapshot_file_(std::move(snapshot_file)),
+      snapshot_cut_(std::move(snapshot_cut)),
       policy_(make_policy(consistency, {store, coordinator, sink, stats})) {}
 
 void ChunkHandlers::add_handlers(Handlers& handlers) {
@@ -80,16 +79,16 @@ void ChunkHandlers::snapshot(const Request& request) {
   auto write = std::make_unique<SnapshotWrite>();
   write->request = request;
   write->request.payload = {};  // a snapshot request has none; keep no frame alive
-  write->path = shard_file(run_dir_ / "snapshot", ps_index_);
+  write->path = snapshot_file_;
   write->chunks = store_.size();
-  write->writer = std::thread([w = write.get(), cut = cut_shard(store_, coordinator_, config_hash_,
-                                                                SnapshotKind::snapshot)]() mutable {
+  write->writer = std::thread([w = write.get(), cut = snapshot_cut_()]() mutable {
     try {
       write_shard(w->path, cut);
     } catch (const std::exception& e) {
       w->error = e.what();
     }
-    cut.chunks.clear();  // let go of the buffers before saying so
+    cut.chunks.clear();  // let go of the buffers and table segments before saying so
+    cut.tables = TableCut();
     w->done.store(true, std::memory_order_release);
   });
   snapshot_ = std::move(write);

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -43,6 +44,7 @@
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "server/shard_file.h"
 #include "server/update_payload.h"
 #include "shared/messages.h"
 
@@ -50,13 +52,13 @@ namespace pstrain::ps {
 
 class ChunkHandlers {
  public:
-  // `run_dir` and `ps_index` place the snapshot file; `config_hash` is
-  // written in it.
+  // The snapshot op writes `snapshot_cut()`'s cut (server/shard_file.h)
+  // to `snapshot_file`.
   // `coordinator` counts the updates applied (Coordinator::applied_update).
   // `stats` counts refused updates.
   // `consistency` picks the policy pushes and pulls go through.
   ChunkHandlers(ChunkStore& store, Coordinator& coordinator, ReplySink& sink, PsStats& stats,
-                std::filesystem::path run_dir, std::uint32_t ps_index, std::uint64_t config_hash,
+                std::filesystem::path snapshot_file, std::function<ShardCut()> snapshot_cut,
                 const Consistency& consistency = {});
 
   // Registers init, pull, push, push_pull, assign and snapshot.
@@ -100,9 +102,8 @@ class ChunkHandlers {
   Coordinator& coordinator_;
   ReplySink& sink_;
   NonfiniteRefusal nonfinite_;
-  std::filesystem::path run_dir_;
-  std::uint32_t ps_index_;
-  std::uint64_t config_hash_;
+  std::filesystem::path snapshot_file_;
+  std::function<ShardCut()> snapshot_cut_;
   std::unique_ptr<SnapshotWrite> snapshot_;  // the one being written, if any
   std::unique_ptr<ConsistencyPolicy> policy_;
 };

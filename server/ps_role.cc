@@ -14,6 +14,7 @@
 #include "server/table_store.h"
 #include "shared/curve_keys.h"
 #include "shared/log.h"
+#include "shared/metrics.h"
 #include "shared/metrics_server.h"
 #include "shared/modes.h"
 
@@ -65,12 +66,19 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   const auto hash = config.hash();
   ChunkStore store(config.optimizer,
                    ps_apply_threads(config, index, std::thread::hardware_concurrency()));
+  ps::TableStore tables(
+      config.tables, config.optimizer.sparse,
+      {.seed = config.train.seed,
+       .ps_index = index,
+       .servers = static_cast<std::uint32_t>(config.ps.size()),
+       .track_removed = config.checkpoint.every_s > 0 && config.checkpoint.incremental});
   std::optional<ps::RestoredShard> restored;
   try {
     if (restore == "latest")
-      restored = ps::restore_latest(store, ps::checkpoints_dir(config.run_dir), index, hash);
+      restored =
+          ps::restore_latest(store, tables, ps::checkpoints_dir(config.run_dir), index, hash);
     else if (restore)
-      restored = ps::restore_shard(store, *restore, index, config.ps.size(), hash);
+      restored = ps::restore_shard(store, tables, *restore, index, config.ps.size(), hash);
   } catch (const SnapshotError& e) {
     log("cannot restore: ", e.what());
     return 2;
@@ -102,22 +110,21 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
        std::chrono::duration<double>(takeover_silence(config.net))},
       loop);
   if (restored) coordinator.restore_progress(restored->info, store.version_sum());
-  ps::ChunkHandlers data(store, coordinator, loop, stats, config.run_dir, index, hash,
+  const ps::Shard shard{store, tables, coordinator, hash};
+  ps::ChunkHandlers data(store, coordinator, loop, stats,
+                         ps::shard_file(config.run_dir / "snapshot", index),
+                         [&shard] { return ps::cut_shard(shard, ps::CutKind::snapshot); },
                          {.mode = config.mode,
                           .workers = static_cast<std::uint32_t>(config.workers.size()),
                           .staleness_bound = config.train.staleness_bound,
                           .backup_workers = config.train.backup_workers,
                           .lr_scaling = config.train.lr_scaling,
                           .accumulate_steps = config.train.accumulate_steps});
-  // Not yet in checkpoints and snapshots: a restarted ps creates its rows
-  // afresh (docs/embeddings.md).
-  ps::TableStore tables(config.tables, config.optimizer.sparse, config.train.seed, index,
-                        static_cast<std::uint32_t>(config.ps.size()));
-  ps::SparseHandlers sparse(tables, loop, stats);
+  ps::SparseHandlers sparse(tables, coordinator, loop, stats);
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());
   sparse.add_handlers(loop.handlers());
-  stats.add_handler(loop.handlers(), loop, store, coordinator);
+  stats.add_handler(loop.handlers(), loop, store, tables, coordinator);
   try {
     loop.bind();
   } catch (const ps::NetworkError& e) {
@@ -133,9 +140,14 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     checkpointer.emplace(
         ps::CheckpointerOptions{ps::checkpoints_dir(config.run_dir), index,
                                 std::chrono::duration<double>(config.checkpoint.every_s),
-                                config.checkpoint.keep,
+                                config.checkpoint.keep, config.checkpoint.incremental,
+                                config.checkpoint.full_every,
                                 [&stats](double s) { stats.checkpoint_written(s); }},
-        [&] { return ps::cut_shard(store, coordinator, hash, SnapshotKind::checkpoint); },
+        [&](ps::CutKind kind, std::uint64_t previous) {
+          // Expired rows go before the cut, so no checkpoint keeps them.
+          tables.expire(static_cast<std::uint32_t>(unix_time()));
+          return ps::cut_shard(shard, kind, previous);
+        },
         ps::Clock::now());
   int code = 1;
   // The store's and coordinator's figures reach the registry by refresh()
@@ -144,9 +156,10 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   try {
     code = loop.run(coordinator, [&](ps::Clock::time_point now) {
       data.tick();
+      tables.tick(static_cast<std::uint32_t>(unix_time()));
       if (checkpointer) checkpointer->tick(now);
       if (metrics.serving() && now >= next_refresh) {
-        stats.refresh(store, coordinator.figures(), now);
+        stats.refresh(store, tables, coordinator.figures(), now);
         next_refresh = now + kMetricsRefresh;
       }
     });
@@ -157,7 +170,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   data.finish();
   data.log_summary();
   if (checkpointer) checkpointer->finish();
-  stats.refresh(store, coordinator.figures(), ps::Clock::now());
+  stats.refresh(store, tables, coordinator.figures(), ps::Clock::now());
   metrics.finish();
   return code;
 }

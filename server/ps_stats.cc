@@ -156,7 +156,29 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                              "Seconds since this ps last heard from the worker; NaN while it "
                              "is pending or done.",
                              {"worker"})),
-      start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.").with()) {
+      start_time_(r.gauge("pstrain_ps_start_time_seconds", "UNIX time this ps started.").with()),
+      sparse_ids_(r.histogram("pstrain_ps_sparse_ids_per_request",
+                              "Unique ids a sparse pull or push carried.",
+                              {1, 10, 100, 1e3, 1e4, 1e5, 1e6})
+                      .with()),
+      table_rows_(r.gauge("pstrain_ps_table_rows", "Rows this ps holds, by table.", {"table"})),
+      table_bytes_(r.gauge("pstrain_ps_table_bytes",
+                           "Resident bytes of a table's rows, state, index and clocks on this ps.",
+                           {"table"})),
+      table_created_(r.counter("pstrain_ps_table_rows_created_total",
+                               "Rows created by pushes, by table.", {"table"})),
+      table_admission_dropped_(r.counter(
+          "pstrain_ps_table_admission_dropped_total",
+          "Row gradients dropped because their id was not yet admitted (admit_after).", {"table"})),
+      table_evicted_(r.counter("pstrain_ps_table_rows_evicted_total",
+                               "Least recently updated rows evicted at max_rows_per_ps.",
+                               {"table"})),
+      table_expired_(r.counter("pstrain_ps_table_rows_expired_total",
+                               "Rows removed after expire_after_s without an update.", {"table"})),
+      table_pulled_(
+          r.counter("pstrain_ps_table_rows_pulled_total", "Rows answered to pulls.", {"table"})),
+      table_pushed_(
+          r.counter("pstrain_ps_table_rows_pushed_total", "Row gradients applied.", {"table"})) {
   for (const auto* state : kWorkerStates) workers_by_state_.with({state});
   start_time_.set(unix_time());
 }
@@ -171,8 +193,19 @@ void PsStats::held(std::size_t reads, std::size_t gradients) {
   parked_gradient_.set(double(gradients));
 }
 
-void PsStats::refresh(const ChunkStore& store, const Coordinator::Figures& coordinator,
-                      Clock::time_point now) {
+void PsStats::refresh(const ChunkStore& store, const TableStore& tables,
+                      const Coordinator::Figures& coordinator, Clock::time_point now) {
+  tables_ = tables.figures();
+  for (const auto& t : tables_) {
+    table_rows_.with({t.name}).set(double(t.rows));
+    table_bytes_.with({t.name}).set(double(t.bytes));
+    catch_up(table_created_.with({t.name}), double(t.created));
+    catch_up(table_admission_dropped_.with({t.name}), double(t.admission_dropped));
+    catch_up(table_evicted_.with({t.name}), double(t.evicted));
+    catch_up(table_expired_.with({t.name}), double(t.expired));
+    catch_up(table_pulled_.with({t.name}), double(t.rows_pulled));
+    catch_up(table_pushed_.with({t.name}), double(t.rows_pushed));
+  }
   const auto& s = store.stats();
   catch_up(updates_, double(s.updates));
   catch_up(copies_on_write_, double(s.copies_on_write));
@@ -229,19 +262,27 @@ std::string PsStats::json(double now_unix) const {
     << ",\"gradients_dropped\":" << whole(gradients_dropped_.value()) << ",\"updates_lost\":[";
   for (std::size_t w = 0; w < workers_; ++w)
     j << (w ? "," : "") << whole(updates_lost_.with({std::to_string(w)}).value());
-  j << "]"
-    << ",\"uptime_seconds\":" << now_unix - start_time_.value() << "}";
+  j << "],\"tables\":{";
+  for (std::size_t i = 0; i < tables_.size(); ++i) {
+    const auto& t = tables_[i];
+    j << (i ? "," : "") << '"' << t.name << "\":{\"rows\":" << t.rows << ",\"bytes\":" << t.bytes
+      << ",\"created\":" << t.created << ",\"admission_dropped\":" << t.admission_dropped
+      << ",\"evicted\":" << t.evicted << ",\"expired\":" << t.expired
+      << ",\"rows_pulled\":" << t.rows_pulled << ",\"rows_pushed\":" << t.rows_pushed << "}";
+  }
+  j << "},\"uptime_seconds\":" << now_unix - start_time_.value() << "}";
   return j.str();
 }
 
 void PsStats::add_handler(Handlers& handlers, ReplySink& sink, const ChunkStore& store,
-                          const Coordinator& coordinator) {
-  handlers.on(wire::Op::stats, [this, &sink, &store, &coordinator](const Request& request) {
-    refresh(store, coordinator.figures(), request.received);
-    Reply reply{wire::reply_to(request.header), {}};
-    wire::StatsReply{json(unix_time())}.write(reply.header);
-    sink.send(request.from, std::move(reply));
-  });
+                          const TableStore& tables, const Coordinator& coordinator) {
+  handlers.on(wire::Op::stats,
+              [this, &sink, &store, &tables, &coordinator](const Request& request) {
+                refresh(store, tables, coordinator.figures(), request.received);
+                Reply reply{wire::reply_to(request.header), {}};
+                wire::StatsReply{json(unix_time())}.write(reply.header);
+                sink.send(request.from, std::move(reply));
+              });
 }
 
 }  // namespace pstrain::ps

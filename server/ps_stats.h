@@ -15,7 +15,9 @@
 //   of this ps lost), ssp_staleness_max (mode ssp: the largest staleness in
 //   steps of an applied update, server/consistency/ssp_gate.h), gradients_dropped (mode
 //   backup: late gradients never applied, server/consistency/backup_aggregator.h),
-//   uptime_seconds.
+//   uptime_seconds, tables (an object per embedding table: rows, bytes,
+//   created, admission_dropped, evicted, expired, rows_pulled, rows_pushed;
+//   server/table_store.h).
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
 //
@@ -30,8 +32,15 @@
 //   pstrain_ps_updates_total,
 //   pstrain_ps_copies_on_write_total, pstrain_ps_optimizer_seconds_total,
 //   pstrain_ps_updates_lost_total{worker}, pstrain_ps_checkpoints_total,
-//   pstrain_ps_gradients_dropped_total;
+//   pstrain_ps_gradients_dropped_total,
+//   pstrain_ps_table_rows_created_total{table},
+//   pstrain_ps_table_admission_dropped_total{table},
+//   pstrain_ps_table_rows_evicted_total{table},
+//   pstrain_ps_table_rows_expired_total{table},
+//   pstrain_ps_table_rows_pulled_total{table},
+//   pstrain_ps_table_rows_pushed_total{table};
 //   the histograms pstrain_ps_request_seconds{op},
+//   pstrain_ps_sparse_ids_per_request,
 //   pstrain_ps_optimizer_apply_seconds, pstrain_ps_update_staleness,
 //   pstrain_ps_checkpoint_seconds, pstrain_ps_ssp_staleness_steps;
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
@@ -39,7 +48,8 @@
 //   pstrain_ps_version_max, pstrain_ps_global_samples,
 //   pstrain_ps_parked_requests{wait}, pstrain_ps_workers{state},
 //   pstrain_ps_worker_heartbeat_age_seconds{worker},
-//   pstrain_ps_start_time_seconds.
+//   pstrain_ps_start_time_seconds, pstrain_ps_table_rows{table},
+//   pstrain_ps_table_bytes{table}.
 // The request loop's counters move with every request; the store's and the
 // coordinator's figures are copied in by refresh(), because some of them
 // (elements, version sums) are loops over every chunk, too dear per request.
@@ -55,6 +65,7 @@
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/request.h"
+#include "server/table_store.h"
 #include "shared/metrics_registry.h"
 
 namespace pstrain::ps {
@@ -99,20 +110,22 @@ class PsStats {
   void ssp_staleness(std::uint64_t steps);
   // Mode backup: a late gradient dropped.
   void gradient_dropped() { gradients_dropped_.add(); }
+  // A sparse request's ids (unique, sorted).
+  void sparse_ids(std::size_t ids) { sparse_ids_.observe(double(ids)); }
   // Reads (ssp) and gradients' replies (backup) held right now.
   void held(std::size_t reads, std::size_t gradients);
 
   // Copies the store's and the coordinator's figures into their series;
   // heartbeat ages are as of `now`.
-  void refresh(const ChunkStore& store, const Coordinator::Figures& coordinator,
-               Clock::time_point now);
+  void refresh(const ChunkStore& store, const TableStore& tables,
+               const Coordinator::Figures& coordinator, Clock::time_point now);
 
   // The stats op's JSON, from the series as the last refresh() left them.
   std::string json(double now_unix) const;
 
   // Registers the stats op: refresh(), then answer json().
   void add_handler(Handlers& handlers, ReplySink& sink, const ChunkStore& store,
-                   const Coordinator& coordinator);
+                   const TableStore& tables, const Coordinator& coordinator);
 
  private:
   // A series per op: [op] for each op, [0] for none (or unused).
@@ -166,6 +179,16 @@ class PsStats {
   MetricFamily<Gauge>& workers_by_state_;
   MetricFamily<Gauge>& heartbeat_age_;  // by worker
   Gauge& start_time_;
+  Histogram& sparse_ids_;
+  MetricFamily<Gauge>& table_rows_;  // by table, like the rest
+  MetricFamily<Gauge>& table_bytes_;
+  MetricFamily<Counter>& table_created_;
+  MetricFamily<Counter>& table_admission_dropped_;
+  MetricFamily<Counter>& table_evicted_;
+  MetricFamily<Counter>& table_expired_;
+  MetricFamily<Counter>& table_pulled_;
+  MetricFamily<Counter>& table_pushed_;
+  std::vector<TableFigures> tables_;  // as of refresh(), for json()
 };
 
 }  // namespace pstrain::ps

@@ -8,6 +8,7 @@
 
 #include "server/chunk_replies.h"
 #include "shared/messages.h"
+#include "shared/metrics.h"
 
 namespace pstrain::ps {
 namespace {
@@ -33,8 +34,9 @@ const TableSpec& table_of(const TableStore& tables, const wire::SparseRequest& r
 
 }  // namespace
 
-SparseHandlers::SparseHandlers(TableStore& tables, ReplySink& sink, PsStats& stats)
-    : tables_(tables), sink_(sink), nonfinite_(stats) {}
+SparseHandlers::SparseHandlers(TableStore& tables, Coordinator& coordinator, ReplySink& sink,
+                               PsStats& stats)
+    : tables_(tables), coordinator_(coordinator), sink_(sink), stats_(stats), nonfinite_(stats) {}
 
 void SparseHandlers::add_handlers(Handlers& handlers) {
   handlers.on(Op::sparse_pull, [this](const Request& r) { pull(r); });
@@ -51,10 +53,11 @@ void SparseHandlers::pull(const Request& request) {
     throw wire::ProtocolError("rows travel as f32, bf16 or fp16, not " +
                               std::string(wire::to_string(request.header.dtype)));
   const auto ids = ids_of(request);
+  stats_.sparse_ids(ids.size());
   auto rows = std::make_shared<std::vector<float>>(ids.size() * spec.dim);
-  const auto created = tables_.read(sparse.table, ids, *rows);
+  tables_.read(sparse.table, ids, *rows);
   Reply reply{wire::reply_to(request.header), values_for(request, rows)};
-  wire::SparseReply{created}.write(reply.header);
+  wire::SparseReply{0}.write(reply.header);
   sink_.send(request.from, std::move(reply));
 }
 
@@ -65,15 +68,18 @@ void SparseHandlers::push(const Request& request) {
     throw wire::ProtocolError(std::string(wire::to_string(request.header.op)) +
                               " carries its ids and their gradients, in two payload frames");
   const auto ids = ids_of(request);
+  stats_.sparse_ids(ids.size());
   const FloatPayload grads(request, request.rows, true);
   // Everything is checked before anything changes: the values here, the
   // ids by the store (update() checks them before it touches a row).
   nonfinite_.check(request, grads.get());
-  auto created = tables_.update(sparse.table, ids, grads.get());
+  const auto created =
+      tables_.update(sparse.table, ids, grads.get(), static_cast<std::uint32_t>(unix_time()));
+  coordinator_.applied_update(request.header);
   Reply reply{wire::reply_to(request.header), {}};
   if (request.header.op == Op::sparse_push_pull) {
     auto rows = std::make_shared<std::vector<float>>(ids.size() * spec.dim);
-    created += tables_.read(sparse.table, ids, *rows);
+    tables_.read(sparse.table, ids, *rows);
     reply.payload = values_for(request, rows);
   }
   wire::SparseReply{created}.write(reply.header);

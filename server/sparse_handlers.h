@@ -9,9 +9,12 @@
 // in the request's dtype (net.wire_dtype), as for chunks.
 //
 // Rows are answered at once in every mode: the consistency policies of ssp
-// and backup (server/consistency/) hold dense chunks only.
+// and backup (server/consistency/) hold dense chunks only. An applied push
+// counts as the worker's update (Coordinator::applied_update), as a chunk's
+// does, so a restore's losses are told the same way.
 //
 // Thread rules: single-threaded, like the whole ps (server/request.h).
+#include "server/coordinator.h"
 #include "server/ps_stats.h"
 #include "server/request.h"
 #include "server/table_store.h"
@@ -21,7 +24,7 @@ namespace pstrain::ps {
 
 class SparseHandlers {
  public:
-  SparseHandlers(TableStore& tables, ReplySink& sink, PsStats& stats);
+  SparseHandlers(TableStore& tables, Coordinator& coordinator, ReplySink& sink, PsStats& stats);
 
   // Registers sparse_pull, sparse_push and sparse_push_pull.
   void add_handlers(Handlers& handlers);
@@ -33,7 +36,9 @@ class SparseHandlers {
 
  private:
   TableStore& tables_;
+  Coordinator& coordinator_;
   ReplySink& sink_;
+  PsStats& stats_;
   NonfiniteRefusal nonfinite_;
 };
 

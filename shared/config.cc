@@ -153,6 +153,8 @@ const std::vector<Field<TableSpec>> kTableFields = {
              "the width of its rows"),
     table_rows_field(),
     bounded("max_rows_per_ps", &TableSpec::max_rows_per_ps, at_least(1)),
+    bounded("admit_after", &TableSpec::admit_after, between(0, 254)),
+    bounded("expire_after_s", &TableSpec::expire_after_s, kNonNegative),
 };
 
 // The embedding tables: a list of {name, dim, rows}; none by default (and
@@ -252,6 +254,8 @@ const std::vector<Field<NetConfig>> kNetFields = {
 const std::vector<Field<CheckpointConfig>> kCheckpointFields = {
     bounded("every_s", &CheckpointConfig::every_s, kNonNegative),
     bounded("keep", &CheckpointConfig::keep, at_least(1)),
+    flag("incremental", &CheckpointConfig::incremental),
+    bounded("full_every", &CheckpointConfig::full_every, at_least(1)),
 };
 
 const std::vector<Field<SecurityConfig>> kSecurityFields = {

@@ -156,6 +156,11 @@ double takeover_silence(const NetConfig& net);
 struct CheckpointConfig {
   double every_s = 60;     // s between checkpoints of every ps; 0: none
   std::uint32_t keep = 3;  // generations each ps keeps
+  // Checkpoints after the first write only the table rows updated (and the
+  // keys removed) since the previous one; every full_every-th is whole
+  // (docs/embeddings.md).
+  bool incremental = false;
+  std::uint32_t full_every = 10;
 };
 
 // Who may talk to a ps (docs/security.md).

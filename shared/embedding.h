@@ -20,9 +20,15 @@ struct TableSpec {
   std::uint32_t dim = 0;
   // A fixed number of rows; nullopt: dynamic.
   std::optional<std::uint64_t> rows;
-  // The most rows of the table one ps holds: a request that would create
-  // more is refused, so no peer can grow a ps without bound.
+  // The most rows of the table one ps holds: a push that would create more
+  // first evicts the least recently updated rows, so no peer can grow a ps
+  // without bound.
   std::uint64_t max_rows_per_ps = std::uint64_t{1} << 26;
+  // Pushes of an id without a row that are dropped (counted) before one
+  // creates its row: rare ids never take memory (at most 254).
+  std::uint32_t admit_after = 0;
+  // Seconds without an update after which a row is removed; 0: never.
+  double expire_after_s = 0;
   // The initial values' distribution (uniform in [-scale, scale) by default,
   // as TensorFlow's and PyTorch's embedding layers start).
   InitSpec init{InitKind::uniform, 0.05f};

@@ -85,7 +85,8 @@ struct SparseRequest {
   }
   static SparseRequest read(const Header& h) { return {h.name, h.chunk, h.operand, h.priority}; }
 };
-// Their replies: how many rows the request created (first touched).
+// Their replies: how many rows the request created (a push of ids without
+// a row; a pull creates none).
 struct SparseReply {
   std::uint64_t created = 0;
   void write(Header& h) const { h.operand = created; }

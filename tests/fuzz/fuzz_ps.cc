@@ -58,15 +58,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       stats, wire_sink);
   ps::Coordinator coordinator(
       {"ps 0", fuzz::kPsWorkers, std::chrono::seconds(1), WorkerLoss::continue_}, dispatcher);
-  ps::ChunkHandlers handlers(store, coordinator, dispatcher, stats, run_dir.path, 0,
-                             fuzz::kPsRunId);
-  // One table of the one ps: every id is homed here.
-  ps::TableStore tables({TableSpec{"emb", 2, std::nullopt}}, RowOptimizerConfig{}, 1, 0, 1);
-  ps::SparseHandlers sparse(tables, dispatcher, stats);
+  // One table of the one ps: every id is homed here. Its rows are capped
+  // and admitted after a push, so that eviction and admission run too.
+  TableSpec emb{"emb", 2, std::nullopt};
+  emb.max_rows_per_ps = 64;
+  emb.admit_after = 1;
+  ps::TableStore tables({emb}, RowOptimizerConfig{}, {.seed = 1});
+  const ps::Shard shard{store, tables, coordinator, fuzz::kPsRunId};
+  ps::ChunkHandlers handlers(store, coordinator, dispatcher, stats,
+                             ps::shard_file(run_dir.path / "snapshot", 0),
+                             [&shard] { return ps::cut_shard(shard, ps::CutKind::snapshot); });
+  ps::SparseHandlers sparse(tables, coordinator, dispatcher, stats);
   coordinator.add_handlers(dispatcher.handlers());
   handlers.add_handlers(dispatcher.handlers());
   sparse.add_handlers(dispatcher.handlers());
-  stats.add_handler(dispatcher.handlers(), dispatcher, store, coordinator);
+  stats.add_handler(dispatcher.handlers(), dispatcher, store, tables, coordinator);
 
   auto now = ps::Clock::time_point{} + std::chrono::hours(1);
   coordinator.start(now);

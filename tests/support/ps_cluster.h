@@ -41,6 +41,7 @@ struct ClusterSpec {
   std::string train = {};           // more train.* entries, as "key: value, key: value"
   double checkpoint_every_s = 60;
   std::uint32_t checkpoint_keep = 3;
+  std::string checkpoint = {};  // more checkpoint.* entries, as "key: value, key: value"
   double request_timeout = 10;
   double retry_interval = 1;
   double fault_drop = 0;      // net.fault.drop, for every process of the cluster
@@ -80,7 +81,7 @@ class PsCluster {
       << ", retry_interval: " << spec.retry_interval << ", fault: {drop: " << spec.fault_drop
       << ", delay_ms: " << spec.fault_delay_ms << "}}\n"
       << "checkpoint: {every_s: " << spec.checkpoint_every_s << ", keep: " << spec.checkpoint_keep
-      << "}\n";
+      << (spec.checkpoint.empty() ? "" : ", " + spec.checkpoint) << "}\n";
     if (spec.curve) {
       y << "security: {curve: true, keys: " << (dir_.path() / "keys").string() << "}\n";
       write_cluster_keys(dir_.path() / "keys", spec.ps, spec.workers);

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <vector>
 
-#include "server/table_store.h"
 #include "shared/embedding.h"
 #include "shared/row_optimizer.h"
 
@@ -190,76 +190,10 @@ TEST_CASE("row optimizers: names, state sizes, and an unknown name refused") {
   CHECK(RowOptimizer({RowOptimizerKind::ftrl}, 16).state_floats() == 32);
 }
 
-TEST_CASE("table store: rows are created on first touch, updated where touched, ids checked") {
-  const std::vector<TableSpec> tables = {{"emb", 2, std::nullopt}, {"cat", 2, 100}};
-  RowOptimizerConfig sgd;
-  sgd.kind = RowOptimizerKind::sgd;
-  sgd.lr = 1;
-  ps::TableStore store(tables, sgd, 9, 0, 2);
-  std::vector<std::uint64_t> here, there;
-  for (std::uint64_t k = 0; here.size() < 3 || there.empty(); ++k)
-    (row_home(k, 2, 9) == 0 ? here : there).push_back(k);
-  here.resize(3);
-  std::vector<float> rows(6);
-  CHECK(store.read("emb", here, rows) == 3);
-  CHECK(store.rows("emb") == 3);
-  std::vector<float> want(6);
-  for (int i = 0; i < 3; ++i) init_row({want.data() + 2 * i, 2}, 9, tables[0], here[i]);
-  CHECK(rows == want);
-  // Only the pushed row moves.
-  CHECK(store.update("emb", std::vector<std::uint64_t>{here[1]}, std::vector<float>{1, -2}) == 0);
-  CHECK(store.read("emb", here, rows) == 0);
-  want[2] -= 1;
-  want[3] += 2;
-  CHECK(rows == want);
-
-  const auto refused = [&](const std::string& table, std::vector<std::uint64_t> keys,
-                           const char* why) {
-    CAPTURE(why);
-    std::vector<float> g(keys.size() * 2, 1.0f);
-    CHECK_THROWS_WITH_AS(store.update(table, keys, g), doctest::Contains(why),
-                         std::invalid_argument);
-  };
-  refused("emb", {here[0], here[0]}, "is repeated");
-  refused("emb", {here[1], here[0]}, "out of order");
-  refused("emb", {there[0]}, "lives on ps 1");
-  std::uint64_t beyond = 100;
-  while (row_home(beyond, 2, 9) != 0) ++beyond;
-  refused("cat", {beyond}, "is not a row of the table's 100");
-  refused("nope", {here[0]}, "no embedding table 'nope'");
-  // Refusals changed nothing.
-  CHECK(store.rows("emb") == 3);
-  CHECK(store.read("emb", here, rows) == 0);
-  CHECK(rows == want);
-}
-
 TEST_CASE("unique_rows: sorted unique keys and each id's place among them") {
   const TableSpec fixed{"t", 4, 10};
   const std::vector<std::uint64_t> ids{13, 7, 3, 23, 7};
   const auto rows = unique_rows(fixed, ids);
   CHECK(rows.keys == std::vector<std::uint64_t>{3, 7});
   CHECK(rows.inverse == std::vector<std::uint32_t>{0, 1, 0, 0, 1});
-}
-
-TEST_CASE("table store: a request that would pass max_rows_per_ps is refused whole") {
-  TableSpec capped{"emb", 1, std::nullopt};
-  capped.max_rows_per_ps = 4;
-  RowOptimizerConfig sgd;
-  sgd.kind = RowOptimizerKind::sgd;
-  ps::TableStore store({capped}, sgd, 1, 0, 1);
-  std::vector<float> rows(3);
-  store.read("emb", std::vector<std::uint64_t>{1, 2, 3}, rows);
-  std::vector<float> two(2);
-  CHECK_THROWS_WITH_AS(store.read("emb", std::vector<std::uint64_t>{3, 4, 5}, rows),
-                       doctest::Contains("max_rows_per_ps is 4; 2 new rows refused"),
-                       std::invalid_argument);
-  CHECK_THROWS_AS(
-      store.update("emb", std::vector<std::uint64_t>{1, 8, 9}, std::vector<float>{1, 1, 1}),
-      std::invalid_argument);
-  CHECK(store.rows("emb") == 3);
-  std::vector<float> after(3);
-  store.read("emb", std::vector<std::uint64_t>{1, 2, 3}, after);
-  CHECK(after == rows);                                      // the refused update changed nothing
-  store.read("emb", std::vector<std::uint64_t>{3, 4}, two);  // one new row still fits
-  CHECK(store.rows("emb") == 4);
 }

@@ -36,8 +36,9 @@ struct Ps {
       : store(sgd()),
         coordinator({"ps 0", workers, std::chrono::seconds(60), WorkerLoss::continue_}, sink),
         stats(registry, 0),
-        data(store, coordinator, sink, stats, std::filesystem::temp_directory_path(), 0, 1,
-             consistency) {
+        data(
+            store, coordinator, sink, stats, std::filesystem::temp_directory_path() / "ps0.bin",
+            [] { return ShardCut{}; }, consistency) {
     coordinator.start(Clock::time_point{});
     store.init("w", 0, std::vector<float>(kChunk, 100.0f));
   }

@@ -28,6 +28,14 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   store.push("w", 0, grad);
   store.push("w", 0, grad);
   store.push("w", 1, grad);
+  TableSpec emb{"emb", 4, std::nullopt};
+  emb.admit_after = 1;
+  TableStore tables({emb}, RowOptimizerConfig{}, {.seed = 1});
+  const std::vector<std::uint64_t> keys{1, 2, 3};
+  std::vector<float> rows(12, 0.5f);
+  tables.update("emb", keys, rows, 100);  // dropped: not yet admitted
+  tables.update("emb", keys, rows, 100);  // creates all three
+  tables.read("emb", keys, rows);
   for (int i = 0; i < 3; ++i) stats.request(wire::Op::pull);
   stats.request(wire::Op::push);
   stats.error();
@@ -41,7 +49,7 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   stats.sent(wire::Op::push, 40);
   stats.sent(wire::Op::pull, 2);
   const auto now = Clock::now();
-  stats.refresh(store,
+  stats.refresh(store, tables,
                 {.global_samples = 640,
                  .parked_barrier = 2,
                  .parked_kv_get = 1,
@@ -54,12 +62,27 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
 
   const auto json = stats.json(unix_time());
   CHECK(json.starts_with("{\"ps\":3,\"requests\":{\"hello\":0,"));
-  for (const auto* part :
-       {"\"pull\":3", "\"push\":1", "\"errors\":1", "\"malformed\":1", "\"bytes_in\":100",
-        "\"resends_answered\":2", "\"requests_too_old\":1", "\"fault_drops\":1", "\"bytes_out\":42",
-        "\"updates\":3", "\"chunks\":2", "\"elements\":20", "\"version_sum\":3",
-        "\"version_max\":2", "\"global_samples\":640", "\"parked_barrier\":2",
-        "\"parked_kv_get\":1", "\"updates_lost\":[0,7]"})
+  for (const auto* part : {"\"pull\":3",
+                           "\"push\":1",
+                           "\"errors\":1",
+                           "\"malformed\":1",
+                           "\"bytes_in\":100",
+                           "\"resends_answered\":2",
+                           "\"requests_too_old\":1",
+                           "\"fault_drops\":1",
+                           "\"bytes_out\":42",
+                           "\"updates\":3",
+                           "\"chunks\":2",
+                           "\"elements\":20",
+                           "\"version_sum\":3",
+                           "\"version_max\":2",
+                           "\"global_samples\":640",
+                           "\"parked_barrier\":2",
+                           "\"parked_kv_get\":1",
+                           "\"updates_lost\":[0,7]",
+                           "\"tables\":{\"emb\":{\"rows\":3,\"bytes\":",
+                           "\"created\":3,\"admission_dropped\":3,",
+                           "\"rows_pulled\":3,\"rows_pushed\":3}"})
     CHECK_MESSAGE(contains(json, part), part, " in ", json);
 
   const auto text = registry.prometheus_text();
@@ -84,12 +107,16 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
                            "pstrain_ps_elements 20\n",
                            "pstrain_ps_global_samples 640\n",
                            "pstrain_ps_parked_requests{wait=\"barrier\"} 2\n",
-                           "pstrain_ps_updates_lost_total{worker=\"1\"} 7\n"})
+                           "pstrain_ps_updates_lost_total{worker=\"1\"} 7\n",
+                           "pstrain_ps_table_rows{table=\"emb\"} 3\n",
+                           "pstrain_ps_table_rows_created_total{table=\"emb\"} 3\n",
+                           "pstrain_ps_table_admission_dropped_total{table=\"emb\"} 3\n",
+                           "pstrain_ps_table_rows_pulled_total{table=\"emb\"} 3\n"})
     CHECK_MESSAGE(contains(text, line), line, " in\n", text);
 
   // A second refresh adds only what accrued since the first.
   store.push("w", 1, grad);
-  stats.refresh(store,
+  stats.refresh(store, tables,
                 {.global_samples = 700,
                  .parked_barrier = 0,
                  .parked_kv_get = 0,

@@ -205,7 +205,7 @@ TEST_CASE("snapshot: damaged files give errors naming the file and the problem")
   }
   SUBCASE("flipped value byte") {
     auto bad = good;
-    bad[good.size() - 6] ^= 0x40;  // inside the last record's only value
+    bad[good.size() - 14] ^= 0x40;  // inside the last record's only value (before the table count)
     write_bytes(path, bad);
     CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("crc"), SnapshotError);
   }
@@ -218,10 +218,10 @@ TEST_CASE("snapshot: damaged files give errors naming the file and the problem")
   }
   SUBCASE("huge declared value count") {
     auto bad = good;
-    // File header (108 B with optimizer "momentum" and 2 workers), then
+    // File header (116 B with optimizer "momentum" and 2 workers), then
     // name length, name "dense0/w", chunk, version: the value count starts
-    // at 132; make it about 2^39.
-    bad[132 + 4] = '\x7f';
+    // at 140; make it about 2^39.
+    bad[140 + 4] = '\x7f';
     write_bytes(path, bad);
     CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("more than the file holds"),
                          SnapshotError);
@@ -232,4 +232,50 @@ TEST_CASE("snapshot: damaged files give errors naming the file and the problem")
     write_bytes(path, bad);
     CHECK_THROWS_WITH_AS(read_snapshot(path), doctest::Contains("after the last"), SnapshotError);
   }
+}
+
+TEST_CASE("snapshot: embedding tables read back identically, a damaged block is named") {
+  TempDir dir;
+  const auto path = dir.path() / "ps0.bin";
+  TableSnapshot t;
+  t.name = "emb";
+  t.optimizer = "rowwise_adagrad";
+  t.dim = 2;
+  t.state_floats = 1;
+  t.clock = 77;
+  t.rows = {{5, 9}, {70, 77}, {1700000000, 1700000001}, {1, 2, 3, 4, 5, 6}};
+  t.removed = {11, 12};
+  const std::vector<TableRows> blocks = {{{5}, {70}, {1700000000}, {1, 2, 3}},
+                                         {{9}, {77}, {1700000001}, {4, 5, 6}}};
+  const TableSnapshotView view{t,
+                               [&](const auto& emit) {
+                                 for (const auto& b : blocks) emit(b);
+                               },
+                               t.removed};
+  SnapshotInfo info;
+  info.previous = 4;
+  write_snapshot(path, info, {}, std::span(&view, 1));
+  const auto r = read_snapshot(path);
+  CHECK(r.previous == 4);
+  REQUIRE(r.tables.size() == 1);
+  const auto& got = r.tables[0];
+  CHECK(got.name == t.name);
+  CHECK(got.optimizer == t.optimizer);
+  CHECK(got.dim == 2);
+  CHECK(got.state_floats == 1);
+  CHECK(got.clock == 77);
+  CHECK(got.rows.keys == t.rows.keys);
+  CHECK(got.rows.clocks == t.rows.clocks);
+  CHECK(got.rows.seconds == t.rows.seconds);
+  CHECK(got.rows.floats == t.rows.floats);
+  CHECK(got.removed == t.removed);
+
+  auto bad = read_bytes(path);
+  // The end: the second block's 3 values and crc, the empty block (12 B),
+  // the removed keys (28 B).
+  bad[bad.size() - 48] ^= 0x10;
+  write_bytes(path, bad);
+  CHECK_THROWS_WITH_AS(read_snapshot(path),
+                       doctest::Contains("crc mismatch in block 1 of table 0 ('emb')"),
+                       SnapshotError);
 }
