@@ -94,6 +94,19 @@ class TimedBackend final : public Backend {
                     int k) override {
     time("elementwise", [&] { inner_.softmax_xent(l, y, d, loss, c, n, k); });
   }
+  void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
+                         const EmbeddingShape& s) override {
+    time("embedding", [&] { inner_.embedding_forward(rows, inverse, out, s); });
+  }
+  void embedding_backward(const float* dout, const std::int32_t* by_row,
+                          const std::int32_t* offsets, float* drows,
+                          const EmbeddingShape& s) override {
+    time("embedding", [&] { inner_.embedding_backward(dout, by_row, offsets, drows, s); });
+  }
+  void copy_columns(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
+                    std::size_t rows, std::size_t cols) override {
+    time("elementwise", [&] { inner_.copy_columns(src, src_stride, dst, dst_stride, rows, cols); });
+  }
   void scale(float* x, float a, std::size_t n) override { inner_.scale(x, a, n); }
   void apply_optimizer(const OptimizerConfig& c, float* w, const float* g, float* s, std::size_t n,
                        std::uint64_t step, float lr) override {

@@ -357,12 +357,25 @@ LayerKind layer_kind(const std::string& type,
   return kind;
 }
 
+// Embedding layers (docs/embeddings.md): `ids` ids per sample looked up in
+// `table`, each id its own columns (embedding) or pooled into one row
+// (embedding_bag, by `pool`).
+LayerKind embedding_kind(const std::string& type, bool bag) {
+  LayerKind kind = layer_kind(type, {{"ids", &ModelLayer::ids}});
+  kind.fields.push_back(
+      required(text("table", &ModelLayer::table), "required for an " + type + " layer"));
+  if (bag) kind.fields.push_back(choice("pool", &ModelLayer::pool, {"sum", "mean"}));
+  return kind;
+}
+
 const std::vector<LayerKind> kLayerKinds = {
     layer_kind("dense", {{"units", &ModelLayer::units}}),
     layer_kind("relu", {}),
     layer_kind("conv2d", {{"filters", &ModelLayer::filters}, {"kernel", &ModelLayer::kernel}}),
     layer_kind("maxpool2d", {{"kernel", &ModelLayer::kernel}}),
     layer_kind("flatten", {}),
+    embedding_kind("embedding", false),
+    embedding_kind("embedding_bag", true),
 };
 
 const LayerKind& layer_kind_of(const std::string& type) {

@@ -76,11 +76,14 @@ enum class Precision { fp32, bf16, fp16 };
 // (shared/low_precision.h).
 enum class WireDType { fp32, bf16, fp16 };
 
-struct ModelLayer {  // one entry of a model given as a list of layers
-  std::string type;  // dense, relu, conv2d, maxpool2d, flatten
-  int units = 0;     // dense
-  int filters = 0;   // conv2d
-  int kernel = 0;    // conv2d, maxpool2d
+struct ModelLayer {          // one entry of a model given as a list of layers
+  std::string type;          // dense, relu, conv2d, maxpool2d, flatten, embedding, embedding_bag
+  int units = 0;             // dense
+  int filters = 0;           // conv2d
+  int kernel = 0;            // conv2d, maxpool2d
+  std::string table = {};    // embedding, embedding_bag: the table its ids name
+  int ids = 0;               // embedding, embedding_bag: ids per sample
+  std::string pool = "sum";  // embedding_bag: sum | mean
 };
 
 struct ModelConfig {

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/compute/embedding_shape.h"
 #include "shared/config.h"
 #include "shared/optimizer.h"
 
@@ -224,6 +225,26 @@ class Backend {
   // by n), per-sample loss[n] and correct[n] (1 where argmax == label).
   virtual void softmax_xent(const float* logits, const std::int32_t* labels, float* dlogits,
                             float* loss, float* correct, int n, int classes) = 0;
+
+  // Embedding lookups (docs/embeddings.md). A bag: out[s, j] = the sum over
+  // t < k, in order, of rows[inverse[s*k + t], j], times
+  // ew::pool_scale(k, mean); else out[s, t*dim + j] = rows[inverse[s*k + t], j].
+  virtual void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
+                                 const EmbeddingShape& s) = 0;
+  // Its backward, a segment sum onto the unique rows: drows[u, j] = the sum
+  // over the occurrences o = s*k + t of row u, in the order `by_row` lists
+  // them, of the gradient of o's columns (dout[s, j] for a bag, dout[s,
+  // t*dim + j] else), times ew::pool_scale(k, mean) for a bag. by_row holds
+  // the occurrences grouped by row, row u's at [offsets[u], offsets[u+1]).
+  // Every row is written; no atomics, so every backend gives the same bits.
+  virtual void embedding_backward(const float* dout, const std::int32_t* by_row,
+                                  const std::int32_t* offsets, float* drows,
+                                  const EmbeddingShape& s) = 0;
+  // dst[r, c] = src[r, c] for r < rows, c < cols, rows `src_stride` and
+  // `dst_stride` floats apart: a batch's features into the columns of a
+  // wider activation.
+  virtual void copy_columns(const float* src, std::size_t src_stride, float* dst,
+                            std::size_t dst_stride, std::size_t rows, std::size_t cols) = 0;
 
   // Sync mode: x *= a (averaging all-reduced gradients), and the shared
   // optimizer step on backend memory (state slot-major, as in Optimizer).

@@ -3,6 +3,7 @@
 // CUDA kernels (PSTRAIN_HD) so both compute the same values and the CPU tests
 // cover the definitions the GPU runs. Only functions that exist on the device
 // too (expf, logf, fmaxf) may appear here.
+#include <cstddef>
 #include <cstdint>
 
 #include "shared/host_device.h"
@@ -23,6 +24,20 @@ PSTRAIN_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 // (a fresh buffer may hold NaNs, and 0 * NaN is NaN).
 PSTRAIN_HD float axpby(float a, float x, float b, float y) {
   return b != 0.0f ? a * x + b * y : a * x;
+}
+
+// An embedding bag's pooling of its k rows: their sum, scaled by this
+// (1/k for the mean). Forward and backward both scale a finished sum, so
+// no backend can fuse the scale into the adds.
+PSTRAIN_HD float pool_scale(int k, bool mean) { return mean ? 1.0f / static_cast<float>(k) : 1.0f; }
+// Where column j of occurrence o (sample o / k, id o % k) lies in an
+// activation of `stride` floats per sample: a bag's k ids share its dim
+// columns, an embedding layer's ids have dim columns each.
+PSTRAIN_HD std::size_t embedding_column(std::int32_t o, int j, int k, int dim, int stride,
+                                        bool bag) {
+  const std::size_t sample = static_cast<std::size_t>(o / k);
+  return sample * static_cast<std::size_t>(stride) +
+         (bag ? 0 : static_cast<std::size_t>(o % k) * dim) + static_cast<std::size_t>(j);
 }
 
 // Softmax cross-entropy of one row of logits, in the log-sum-exp form that

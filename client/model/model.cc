@@ -61,6 +61,29 @@ std::vector<ModelLayer> model_layers(const ModelConfig& config) {
                     "' (expected mlp, cnn or custom)");
 }
 
+void check_ids_for_embeddings(const ModelConfig& config, const std::string& data_name) {
+  for (const auto& layer : model_layers(config))
+    if (layer.type == "embedding" || layer.type == "embedding_bag")
+      throw ConfigError("model: an " + layer.type + " layer needs ids per sample, and data.name " +
+                        data_name +
+                        " has none; for now embedding layers train only from client code "
+                        "(client/train/embedding_exchange.h, docs/embeddings.md)");
+}
+
+struct Model::Embedding {
+  EmbeddingInput input;
+  std::size_t column = 0;                 // its first column in the joined activation
+  int width = 0;                          // its columns: dim, or ids x dim
+  int unique = 0;                         // rows of the current batch
+  int n = 0;                              // samples of the current batch
+  DeviceMemory rows, row_grads;           // max_batch x ids rows at most
+  DeviceMemory inverse, by_row, offsets;  // int32
+  HostMemory staging;  // rows, inverse, by_row, offsets of a batch on their way up
+  EmbeddingShape shape(std::size_t stride) const {
+    return {n, input.ids, input.dim, static_cast<int>(stride), unique, input.bag, input.mean};
+  }
+};
+
 struct Model::Layer {
   LayerKind kind = LayerKind::dense;
   ModelLayer spec;
@@ -79,7 +102,7 @@ struct Model::Layer {
 };
 
 Model::Model(const ModelConfig& config, Backend& backend, InputShape input, int classes,
-             int max_batch)
+             int max_batch, const std::vector<TableSpec>& tables)
     : backend_(backend),
       preset_(config.preset),
       input_shape_(input),
@@ -88,17 +111,48 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input, int 
   if (max_batch < 1) {
     throw std::invalid_argument("model: max_batch must be >= 1, got " + std::to_string(max_batch));
   }
-  if (input.c < 1 || input.h < 1 || input.w < 1 || classes < 2) {
+  std::vector<ModelLayer> specs = model_layers(config);
+  // The embedding layers open the list; the rest see their joined output.
+  std::size_t opening = 0;
+  while (opening < specs.size() &&
+         (specs[opening].type == "embedding" || specs[opening].type == "embedding_bag"))
+    ++opening;
+  if (input.c < (opening > 0 ? 0 : 1) || input.h < 1 || input.w < 1 || classes < 2) {
     throw std::invalid_argument("model: bad input shape or class count");
   }
-  const std::vector<ModelLayer> specs = model_layers(config);
+  features_ = input.c * input.h * input.w;
+  joined_width_ = static_cast<std::size_t>(features_);
+  for (std::size_t i = 0; i < opening; ++i) {
+    const ModelLayer& spec = specs[i];
+    const std::string where = "model: layer " + std::to_string(i) + " (" + spec.type + "): ";
+    const auto table = std::ranges::find(tables, spec.table, &TableSpec::name);
+    if (table == tables.end())
+      throw ConfigError(where + "table '" + spec.table + "' is not among the run's tables:");
+    if (spec.ids < 1) throw ConfigError(where + "ids must be >= 1");
+    Embedding e;
+    e.input = {spec.table, spec.ids, static_cast<int>(table->dim), spec.type == "embedding_bag",
+               spec.pool == "mean"};
+    e.column = joined_width_;
+    e.width = e.input.bag ? e.input.dim : e.input.ids * e.input.dim;
+    joined_width_ += static_cast<std::size_t>(e.width);
+    embedding_inputs_.push_back(e.input);
+    embeddings_.push_back(std::move(e));
+  }
+  specs.erase(specs.begin(), specs.begin() + static_cast<std::ptrdiff_t>(opening));
+  if (specs.empty())
+    throw ConfigError("model: the layers after the embedding layers must end in a dense layer");
 
-  Dims dims{input.c, input.h, input.w, false};
+  Dims dims = opening > 0 ? Dims{static_cast<int>(joined_width_), 1, 1, true}
+                          : Dims{input.c, input.h, input.w, false};
   int dense_count = 0, conv_count = 0, other_count = 0;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const ModelLayer& spec = specs[i];
-    const LayerKind kind = parse_kind(spec.type, i);
-    const std::string where = "model: layer " + std::to_string(i) + " (" + spec.type + "): ";
+    const std::size_t at = i + opening;
+    if (spec.type == "embedding" || spec.type == "embedding_bag")
+      throw ConfigError("model: layer " + std::to_string(at) + " (" + spec.type +
+                        "): embedding layers must come first, before any other layer");
+    const LayerKind kind = parse_kind(spec.type, at);
+    const std::string where = "model: layer " + std::to_string(at) + " (" + spec.type + "): ";
     auto need_positive = [&](int value, const char* what) {
       if (value < 1) {
         throw ConfigError(where + what + " must be >= 1, got " + std::to_string(value));
@@ -156,7 +210,7 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input, int 
     layers_.push_back(std::move(layer));
   }
   if (layers_.back().kind != LayerKind::dense || dims.c != classes) {
-    throw ConfigError("model: layer " + std::to_string(layers_.size() - 1) + " (" +
+    throw ConfigError("model: layer " + std::to_string(opening + layers_.size() - 1) + " (" +
                       specs.back().type + "): the last layer must be dense with " +
                       std::to_string(classes) + " units (the number of classes), got output " +
                       dims.text());
@@ -166,9 +220,25 @@ Model::Model(const ModelConfig& config, Backend& backend, InputShape input, int 
   const auto batch = static_cast<std::size_t>(max_batch);
   std::size_t widest = dims.size();
   std::size_t workspace = 0;
-  input_ =
-      backend_.alloc(batch * static_cast<std::size_t>(input.c) * input.h * input.w * sizeof(float));
+  if (features_ > 0)
+    input_ = backend_.alloc(batch * static_cast<std::size_t>(features_) * sizeof(float));
   float* current = input_.data();
+  if (!embeddings_.empty()) {
+    joined_ = backend_.alloc(batch * joined_width_ * sizeof(float));
+    current = joined_.data();
+    for (Embedding& e : embeddings_) {
+      // At most one row per id of a full batch.
+      const std::size_t ids = batch * static_cast<std::size_t>(e.input.ids);
+      const std::size_t floats = ids * static_cast<std::size_t>(e.input.dim);
+      e.rows = backend_.alloc(floats * sizeof(float));
+      e.row_grads = backend_.alloc(floats * sizeof(float));
+      e.inverse = backend_.alloc(ids * sizeof(std::int32_t));
+      e.by_row = backend_.alloc(ids * sizeof(std::int32_t));
+      e.offsets = backend_.alloc((ids + 1) * sizeof(std::int32_t));
+      e.staging =
+          backend_.alloc_host(floats * sizeof(float) + (3 * ids + 1) * sizeof(std::int32_t));
+    }
+  }
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = layers_[i];
     layer.x = current;
@@ -242,10 +312,76 @@ void Model::initialize(std::uint64_t seed) {
 
 const float* Model::logits() const { return layers_.back().y; }
 
+void Model::set_embedding_batch(std::size_t index, int n, std::span<const float> rows,
+                                std::span<const std::uint32_t> inverse) {
+  Embedding& e = embeddings_.at(index);
+  const auto dim = static_cast<std::size_t>(e.input.dim);
+  const std::size_t ids = static_cast<std::size_t>(n) * static_cast<std::size_t>(e.input.ids);
+  if (n < 1 || n > max_batch_ || inverse.size() != ids || rows.size() % dim != 0 ||
+      rows.size() / dim > ids || rows.empty())
+    throw std::invalid_argument("model: embedding layer " + std::to_string(index) + " (table '" +
+                                e.input.table + "'): " + std::to_string(rows.size()) +
+                                " row floats and " + std::to_string(inverse.size()) + " ids for " +
+                                std::to_string(n) + " samples");
+  const auto unique = rows.size() / dim;
+  // The occurrences grouped by row, in ascending order within each (a
+  // counting sort), which the backward sums in: the same bits everywhere.
+  float* staged_rows = e.staging.data();
+  auto* staged_inverse = reinterpret_cast<std::int32_t*>(staged_rows + rows.size());
+  std::int32_t* by_row = staged_inverse + ids;
+  std::int32_t* offsets = by_row + ids;
+  std::copy(rows.begin(), rows.end(), staged_rows);
+  std::fill_n(offsets, unique + 1, 0);
+  for (std::size_t o = 0; o < ids; ++o) {
+    if (inverse[o] >= unique)
+      throw std::invalid_argument("model: embedding layer " + std::to_string(index) + ": id " +
+                                  std::to_string(o) + " names row " + std::to_string(inverse[o]) +
+                                  " of " + std::to_string(unique));
+    staged_inverse[o] = static_cast<std::int32_t>(inverse[o]);
+    ++offsets[inverse[o] + 1];
+  }
+  for (std::size_t u = 0; u < unique; ++u) offsets[u + 1] += offsets[u];
+  std::vector<std::int32_t> next(offsets, offsets + unique);
+  for (std::size_t o = 0; o < ids; ++o) by_row[next[inverse[o]]++] = static_cast<std::int32_t>(o);
+  backend_.upload(staged_rows, e.rows.data(), rows.size() * sizeof(float));
+  backend_.upload(staged_inverse, e.inverse.data(), ids * sizeof(std::int32_t));
+  backend_.upload(by_row, e.by_row.data(), ids * sizeof(std::int32_t));
+  backend_.upload(offsets, e.offsets.data(), (unique + 1) * sizeof(std::int32_t));
+  e.unique = static_cast<int>(unique);
+  e.n = n;
+}
+
+void Model::embedding_grads(std::size_t index, std::span<float> out) {
+  const Embedding& e = embeddings_.at(index);
+  const std::size_t floats = static_cast<std::size_t>(e.unique) * e.input.dim;
+  if (out.size() != floats)
+    throw std::invalid_argument("model: embedding layer " + std::to_string(index) + ": " +
+                                std::to_string(out.size()) + " floats for " +
+                                std::to_string(floats) + " row gradients");
+  // Through the staging buffer: `out` is ordinary host memory.
+  backend_.download(e.row_grads.data(), e.staging.data(), floats * sizeof(float));
+  backend_.synchronize();
+  std::copy_n(e.staging.data(), floats, out.data());
+}
+
 void Model::forward(int n) {
   if (n < 1 || n > max_batch_) {
     throw std::invalid_argument("model: batch of " + std::to_string(n) +
                                 " samples, expected 1 to " + std::to_string(max_batch_));
+  }
+  if (!embeddings_.empty()) {
+    backend_.copy_columns(input_.data(), static_cast<std::size_t>(features_), joined_.data(),
+                          joined_width_, static_cast<std::size_t>(n),
+                          static_cast<std::size_t>(features_));
+    for (std::size_t index = 0; index < embeddings_.size(); ++index) {
+      const Embedding& e = embeddings_[index];
+      if (e.n != n)
+        throw std::invalid_argument("model: embedding layer " + std::to_string(index) +
+                                    " was given " + std::to_string(e.n) +
+                                    " samples' ids for a batch of " + std::to_string(n));
+      backend_.embedding_forward(e.rows.data(), e.inverse.data<std::int32_t>(),
+                                 joined_.data() + e.column, e.shape(joined_width_));
+    }
   }
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = layers_[i];
@@ -294,14 +430,16 @@ void Model::forward_backward(int n,
   loss(n);
   if (loss_scale_ != 1)
     backend_.scale(grad_a_.data(), loss_scale_, static_cast<std::size_t>(n) * classes_);
-  // Layers below the first one with parameters need no gradient at all.
+  // Layers below the first one with parameters need no gradient at all,
+  // unless embedding layers below them do.
   std::size_t first = 0;
-  while (!layers_[first].has_params()) ++first;
+  if (embeddings_.empty())
+    while (!layers_[first].has_params()) ++first;
   float* dy = grad_a_.data();
   float* spare = grad_b_.data();
   for (std::size_t i = layers_.size(); i-- > first;) {
     Layer& layer = layers_[i];
-    float* dx = i == first ? nullptr : spare;
+    float* dx = i == first && embeddings_.empty() ? nullptr : spare;
     switch (layer.kind) {
       case LayerKind::dense:
         backend_.dense_backward(layer.x, params_[layer.weight].data(), dy, dx,
@@ -328,14 +466,21 @@ void Model::forward_backward(int n,
       on_grad_issued(layer.weight);
     }
   }
+  // dy is now the gradient of the joined activation.
+  for (Embedding& e : embeddings_)
+    backend_.embedding_backward(dy + e.column, e.by_row.data<std::int32_t>(),
+                                e.offsets.data<std::int32_t>(), e.row_grads.data(),
+                                e.shape(joined_width_));
 }
 
-EvalResult Model::evaluate(const Dataset& data, std::size_t limit) {
+EvalResult Model::evaluate(const Dataset& data, std::size_t limit, const PrepareBatch& prepare) {
   const std::size_t count = std::min(limit, data.size());
   const std::size_t floats = data.sample_floats();
-  if (floats != static_cast<std::size_t>(input_shape_.c) * input_shape_.h * input_shape_.w) {
+  if (floats != static_cast<std::size_t>(features_)) {
     throw std::invalid_argument("model: " + data.name + " samples do not match the model's input");
   }
+  if (!embeddings_.empty() && !prepare)
+    throw std::invalid_argument("model: evaluating embedding layers needs each batch's rows");
   const auto batch = static_cast<std::size_t>(max_batch_);
   HostMemory images = backend_.alloc_host(batch * floats * sizeof(float));
   HostMemory labels = backend_.alloc_host(batch * sizeof(std::int32_t));
@@ -346,8 +491,9 @@ EvalResult Model::evaluate(const Dataset& data, std::size_t limit) {
     const std::size_t n = std::min(batch, count - start);
     std::copy_n(data.image(start), n * floats, images.data());
     std::copy_n(data.labels.data() + start, n, labels.data<std::int32_t>());
-    backend_.upload(images.data(), input_.data(), n * floats * sizeof(float));
+    if (floats > 0) backend_.upload(images.data(), input_.data(), n * floats * sizeof(float));
     backend_.upload(labels.data(), labels_.data(), n * sizeof(std::int32_t));
+    if (prepare) prepare(start, n);
     forward(static_cast<int>(n));
     loss(static_cast<int>(n));
     backend_.download(loss_.data(), losses.data(), n * sizeof(float));
@@ -372,6 +518,11 @@ std::string Model::describe() const {
                      Dims{input_shape_.c, input_shape_.h, input_shape_.w, false}.text() +
                      "\nclasses: " + std::to_string(classes_) +
                      "\nparameters: " + std::to_string(parameter_count_) + "\nlayers:\n";
+  for (const Embedding& e : embeddings_)
+    text += "  - {type: " + std::string(e.input.bag ? "embedding_bag" : "embedding") +
+            ", table: " + e.input.table + ", ids: " + std::to_string(e.input.ids) +
+            (e.input.bag ? std::string(", pool: ") + (e.input.mean ? "mean" : "sum") : "") +
+            ", output: [" + std::to_string(e.width) + "]}\n";
   for (const Layer& layer : layers_) {
     text += "  - {name: " + layer.name + ", type: " + layer.spec.type;
     switch (layer.kind) {

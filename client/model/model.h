@@ -3,6 +3,14 @@
 // conv2d, maxpool2d, flatten) ending in a dense layer to the classes, trained
 // with softmax cross-entropy.
 //
+// Embedding layers (embedding, embedding_bag; docs/embeddings.md) may open
+// the list: their tables live on the parameter servers, so the model holds
+// only the rows of the current batch. Before each forward the caller hands
+// each such layer the batch's unique rows and every id's place among them
+// (set_embedding_batch); after backward it reads the unique rows'
+// gradients (embedding_grads). The layer after them sees one flat row per
+// sample: the input's features, then each embedding layer's columns.
+//
 // Memory: every parameter and its gradient is a separate backend allocation
 // (variables() order), so the ps client can pull and push each one on its
 // own; activations, the batch and the loss live in backend memory sized for
@@ -11,15 +19,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "client/compute/backend.h"
 #include "client/data/dataset.h"
 #include "shared/config.h"
+#include "shared/embedding.h"
 #include "shared/shard_map.h"
 
 namespace pstrain {
+
+// Throws ConfigError when `config` has embedding layers and the data
+// `data_name` names has no ids per sample for them (the images, today).
+void check_ids_for_embeddings(const ModelConfig& config, const std::string& data_name);
 
 struct InputShape {
   int c = 1, h = 28, w = 28;
@@ -28,6 +42,15 @@ struct InputShape {
 // The layers of a preset ("mlp", "cnn") or the config's own list ("custom").
 // Throws ConfigError for an unknown preset or an empty custom list.
 std::vector<ModelLayer> model_layers(const ModelConfig& config);
+
+// An embedding layer as the caller feeds it.
+struct EmbeddingInput {
+  std::string table;
+  int ids = 1;        // ids per sample
+  int dim = 0;        // the table's row width
+  bool bag = false;   // pooled into one row (embedding_bag), else one row per id
+  bool mean = false;  // a bag's pooling
+};
 
 struct EvalResult {
   double loss = 0;      // mean per-sample cross-entropy
@@ -40,8 +63,11 @@ class Model {
   // Validates the layer list against the input shape and throws ConfigError
   // naming the layer ("model: layer 3 (conv2d): ..."): a conv or pool that
   // does not fit its input or follows a flat layer, non-positive sizes, or a
-  // last layer that is not a dense layer to `classes` units.
-  Model(const ModelConfig& config, Backend& backend, InputShape input, int classes, int max_batch);
+  // last layer that is not a dense layer to `classes` units; an embedding
+  // layer after another kind, or naming none of `tables`. With embedding
+  // layers the input may be empty (input.c == 0).
+  Model(const ModelConfig& config, Backend& backend, InputShape input, int classes, int max_batch,
+        const std::vector<TableSpec>& tables = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -66,6 +92,19 @@ class Model {
   float* input_buffer() { return input_.data(); }
   std::int32_t* label_buffer() { return labels_.data<std::int32_t>(); }
 
+  // The embedding layers, in order.
+  const std::vector<EmbeddingInput>& embeddings() const { return embedding_inputs_; }
+  // Layer e's part of the next batch of n samples: `rows`, the unique rows
+  // its ids name (unique x dim, as the ps answered them), and `inverse`,
+  // each id's row among them (n x ids, sample-major). Issues the uploads;
+  // the previous step's work must have completed. Throws
+  // std::invalid_argument when the sizes do not fit.
+  void set_embedding_batch(std::size_t e, int n, std::span<const float> rows,
+                           std::span<const std::uint32_t> inverse);
+  // After forward_backward: layer e's unique rows' gradients (unique x dim),
+  // downloaded into `out`; waits for the backward.
+  void embedding_grads(std::size_t e, std::span<float> out);
+
   // Logits of the first n samples of the input buffer (n <= max_batch).
   void forward(int n);
   // forward, then the loss (loss_buffer, correct_buffer) and every gradient.
@@ -86,7 +125,11 @@ class Model {
 
   // Mean loss and accuracy over the first `limit` samples of `data` (all by
   // default), in batches of max_batch; the parameters must be in place.
-  EvalResult evaluate(const Dataset& data, std::size_t limit = SIZE_MAX);
+  // `prepare(first, n)` runs before each batch's forward, for a model with
+  // embedding layers to be given that batch's rows (required then).
+  using PrepareBatch = std::function<void(std::size_t first, std::size_t n)>;
+  EvalResult evaluate(const Dataset& data, std::size_t limit = SIZE_MAX,
+                      const PrepareBatch& prepare = {});
 
   // The layers as YAML (type, sizes, output shape, parameters), for the saved
   // model and logs.
@@ -94,6 +137,7 @@ class Model {
 
  private:
   struct Layer;
+  struct Embedding;
   void loss(int n);
 
   Backend& backend_;
@@ -102,6 +146,11 @@ class Model {
   int classes_;
   int max_batch_;
   std::vector<Layer> layers_;
+  std::vector<Embedding> embeddings_;
+  std::vector<EmbeddingInput> embedding_inputs_;
+  int features_ = 0;     // floats of the input per sample
+  DeviceMemory joined_;  // with embeddings: features, then each layer's columns
+  std::size_t joined_width_ = 0;
   std::vector<VariableSpec> variables_;
   std::uint64_t parameter_count_ = 0;
   float loss_scale_ = 1;

@@ -67,6 +67,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   // alive as much as a long step or the final evaluation do.
   auto heartbeats = std::make_unique<HeartbeatThread>(config, index);
 
+  check_ids_for_embeddings(config.model, config.data.name);
   auto backend = make_backend(config, index);
   const Precision precision = apply_precision(*backend, config.train.precision);
   registry
@@ -185,6 +186,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 }
 
 int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model_path) {
+  check_ids_for_embeddings(config.model, config.data.name);
   const Dataset test = load_dataset(config.data, false);
   auto backend = make_cpu_backend(static_cast<int>(config.train.threads));
   Model model(config.model, *backend, InputShape{test.channels, test.height, test.width},

@@ -1,8 +1,9 @@
 // Embedding tables on real parameter servers (docs/embeddings.md): rows
 // created on first touch alike on every ps and after a restart, sparse
 // pushes applied exactly once under lost messages, bad ids refused with
-// nothing changed, and tables in checkpoints, whole and incremental,
-// restored bit for bit, a damaged delta named and passed over.
+// nothing changed, tables in checkpoints, whole and incremental, restored
+// bit for bit, a damaged delta named and passed over; and the embedding
+// layers learning a task through the ps.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -16,7 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "client/compute/cpu/cpu_backend.h"
+#include "client/model/model.h"
 #include "client/ps/ps_client.h"
+#include "client/train/embedding_exchange.h"
 #include "shared/embedding.h"
 #include "shared/messages.h"
 #include "shared/snapshot.h"
@@ -310,4 +314,98 @@ TEST_CASE(
   PsClient tool(config, kTool, no_variables(config));
   CHECK(fallback == rows_in(read_snapshot(tool.snapshot(0))));
   CHECK(fallback.size() > 50);
+}
+
+namespace {
+
+// A task only the ids can answer: each of kFields fields draws one of
+// kVocab ids; every id has a hidden sign, and the label says whether most
+// of a sample's ids are positive.
+constexpr int kFields = 3, kVocab = 150;
+float hidden_sign(std::uint64_t id) { return splitmix64(id ^ 0xabcdefULL) % 2 ? 1.0f : -1.0f; }
+struct IdBatch {
+  std::vector<std::uint64_t> ids;
+  std::vector<std::int32_t> labels;
+};
+IdBatch id_batch(std::mt19937& rng, int n) {
+  IdBatch b;
+  for (int s = 0; s < n; ++s) {
+    float vote = 0;
+    for (int f = 0; f < kFields; ++f) {
+      const std::uint64_t id = std::uint64_t(f) * kVocab + rng() % kVocab;
+      b.ids.push_back(id);
+      vote += hidden_sign(id);
+    }
+    b.labels.push_back(vote > 0 ? 1 : 0);
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("embeddings: embedding and embedding_bag layers learn a task of ids through the ps") {
+  for (const std::string type : {"embedding", "embedding_bag"}) {
+    CAPTURE(type);
+    PsCluster cluster({.ps = 2,
+                       .tables = "[{name: emb, dim: 8, rows: dynamic}]",
+                       .sparse_optimizer = "{name: adagrad, lr: 0.1}"});
+    cluster.start_all();
+    const auto& config = cluster.config();
+    ModelConfig layers{.preset = "custom",
+                       .layers = {{.type = type, .table = "emb", .ids = kFields},
+                                  {.type = "dense", .units = 16},
+                                  {.type = "relu"},
+                                  {.type = "dense", .units = 2}}};
+    auto backend = make_cpu_backend(1);
+    constexpr int kBatch = 64;
+    Model model(layers, *backend, {0, 1, 1}, 2, kBatch, config.tables);
+    REQUIRE(model.embeddings().size() == 1);
+    CHECK(model.embeddings()[0].bag == (type == "embedding_bag"));
+    model.initialize(1);
+    PsClient client(config, 0, no_variables(config));
+    client.hello();
+    EmbeddingExchange exchange(model, client, config.tables);
+    std::mt19937 rng(9);
+    const auto step = [&](const IdBatch& b, bool train) {
+      const std::span<const std::uint64_t> ids(b.ids);
+      exchange.pull(kBatch, std::span(&ids, 1));
+      std::copy(b.labels.begin(), b.labels.end(), model.label_buffer());
+      if (!train) {
+        model.forward(kBatch);
+        return;
+      }
+      model.forward_backward(kBatch, [](std::size_t) {});
+      exchange.push();
+      // The dense layers train here, by plain SGD: the rows train on the ps.
+      for (std::size_t v = 0; v < model.variables().size(); ++v)
+        backend->axpby(-0.1f, model.grad(v).data(), 1.0f, model.param(v).data(),
+                       model.variables()[v].size);
+    };
+    for (int i = 0; i < 400; ++i) step(id_batch(rng, kBatch), true);
+    exchange.wait();
+    int correct = 0;
+    for (int i = 0; i < 8; ++i) {
+      const auto b = id_batch(rng, kBatch);
+      step(b, false);
+      for (int s = 0; s < kBatch; ++s) {
+        const float* logit = model.logits() + 2 * s;
+        correct += (logit[1] > logit[0] ? 1 : 0) == b.labels[static_cast<std::size_t>(s)];
+      }
+    }
+    const double accuracy = correct / (8.0 * kBatch);
+    MESSAGE(type << ": test accuracy " << accuracy);
+    CHECK(accuracy > 0.95);
+    // The rows the ps trained are every id seen, spread over both ps.
+    std::size_t rows = 0;
+    for (std::uint32_t s = 0; s < 2; ++s) {
+      const auto stats = client.stats(s);
+      const std::string key = "\"emb\":{\"rows\":";
+      const auto at = stats.find(key);
+      REQUIRE(at != std::string::npos);
+      const auto here = std::stoull(stats.substr(at + key.size()));
+      CHECK(here > 100);
+      rows += here;
+    }
+    CHECK(rows == kFields * kVocab);
+  }
 }

@@ -363,4 +363,41 @@ TEST_CASE("an MLP trained on the GPU from backend calls alone learns") {
   CHECK(accuracy > 0.95);
 }
 
+TEST_CASE("embedding lookups and segment sums give the CPU's bits") {
+  auto b = make_backend();
+  std::mt19937 rng(3);
+  struct Case {
+    bool bag, mean;
+    int k, stride_extra;
+  };
+  for (const Case c : {Case{true, false, 3, 5}, Case{true, true, 4, 0}, Case{false, false, 3, 2},
+                       Case{false, false, 1, 0}}) {
+    const bool bag = c.bag, mean = c.mean;
+    const int k = c.k, stride_extra = c.stride_extra;
+    INFO("bag=" << bag << " mean=" << mean << " k=" << k);
+    const int n = 300, dim = 33, unique = 70;
+    const pstrain::EmbeddingShape s{n,      k,   dim, (bag ? dim : k * dim) + stride_extra,
+                                    unique, bag, mean};
+    std::vector<std::int32_t> inverse(std::size_t(n) * k);
+    for (auto& v : inverse) v = static_cast<std::int32_t>(rng() % unique);
+    for (int u = 0; u < unique; ++u) inverse[std::size_t(u)] = u;
+    const auto rows = random_vector(std::size_t(unique) * dim, rng);
+    const auto dout = random_vector(std::size_t(n) * s.stride, rng);
+    std::vector<std::int32_t> by_row, offsets;
+    ref::occurrences_by_row(inverse, unique, by_row, offsets);
+    Buffer<> d_rows(*b, rows), d_dout(*b, dout), d_out(*b, std::size_t(n) * s.stride),
+        d_drows(*b, std::size_t(unique) * dim);
+    Buffer<std::int32_t> d_inverse(*b, inverse), d_by_row(*b, by_row), d_offsets(*b, offsets);
+    b->fill(d_out.data(), 7.0f, d_out.size);
+    b->embedding_forward(d_rows.data(), d_inverse.data(), d_out.data(), s);
+    std::vector<float> want(std::size_t(n) * s.stride, 7.0f);
+    ref::embedding_forward(rows.data(), inverse.data(), want.data(), s);
+    CHECK(d_out.read() == want);
+    b->embedding_backward(d_dout.data(), d_by_row.data(), d_offsets.data(), d_drows.data(), s);
+    std::vector<float> want_drows(std::size_t(unique) * dim);
+    ref::embedding_backward(dout.data(), inverse.data(), want_drows.data(), s);
+    CHECK(d_drows.read() == want_drows);
+  }
+}
+
 }  // namespace

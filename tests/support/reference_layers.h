@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "client/compute/backend.h"
 
@@ -150,6 +151,54 @@ inline void softmax_xent(const double* logits, const std::int32_t* labels, doubl
       dlogits[i * classes + j] = (std::exp(row[j] - lse) - (j == labels[i] ? 1.0 : 0.0)) / n;
     loss[i] = lse - row[labels[i]];
     correct[i] = best == labels[i] ? 1.0 : 0.0;
+  }
+}
+
+// Embedding lookups (Backend::embedding_forward) in T, summing in the order
+// the backends do: in float it gives their bits, in double the exact value.
+template <class T>
+void embedding_forward(const T* rows, const std::int32_t* inverse, T* out,
+                       const EmbeddingShape& s) {
+  const T scale = s.mean ? T(1) / static_cast<T>(s.k) : T(1);
+  for (int i = 0; i < s.n; ++i)
+    for (int t = 0; t < s.k; ++t)
+      for (int j = 0; j < s.dim; ++j) {
+        const T v = rows[static_cast<std::size_t>(inverse[i * s.k + t]) * s.dim + j];
+        T* o = out + static_cast<std::size_t>(i) * s.stride + (s.bag ? 0 : t * s.dim) + j;
+        *o = s.bag && t > 0 ? *o + v : v;
+        if (s.bag && t == s.k - 1) *o = *o * scale;
+      }
+}
+
+// Its backward: each unique row sums the gradients of its occurrences in
+// ascending order (found by scanning `inverse`, not from by_row).
+template <class T>
+void embedding_backward(const T* dout, const std::int32_t* inverse, T* drows,
+                        const EmbeddingShape& s) {
+  const T scale = s.bag && s.mean ? T(1) / static_cast<T>(s.k) : T(1);
+  for (int u = 0; u < s.unique; ++u)
+    for (int j = 0; j < s.dim; ++j) {
+      T acc = 0;
+      for (int o = 0; o < s.n * s.k; ++o)
+        if (inverse[o] == u)
+          acc += dout[static_cast<std::size_t>(o / s.k) * s.stride +
+                      (s.bag ? 0 : (o % s.k) * s.dim) + j];
+      drows[static_cast<std::size_t>(u) * s.dim + j] = acc * scale;
+    }
+}
+
+// The occurrences of `inverse` grouped by row, ascending within each row, and
+// where each row's group starts: the by_row and offsets embedding_backward
+// takes.
+inline void occurrences_by_row(const std::vector<std::int32_t>& inverse, int unique,
+                               std::vector<std::int32_t>& by_row,
+                               std::vector<std::int32_t>& offsets) {
+  offsets.assign(static_cast<std::size_t>(unique) + 1, 0);
+  by_row.clear();
+  for (int u = 0; u < unique; ++u) {
+    for (std::size_t o = 0; o < inverse.size(); ++o)
+      if (inverse[o] == u) by_row.push_back(static_cast<std::int32_t>(o));
+    offsets[static_cast<std::size_t>(u) + 1] = static_cast<std::int32_t>(by_row.size());
   }
 }
 

@@ -181,6 +181,19 @@ class StagingBackend final : public Backend {
                     float* correct, int n, int classes) override {
     cpu_->softmax_xent(logits, labels, dlogits, loss, correct, n, classes);
   }
+  void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
+                         const EmbeddingShape& s) override {
+    cpu_->embedding_forward(rows, inverse, out, s);
+  }
+  void embedding_backward(const float* dout, const std::int32_t* by_row,
+                          const std::int32_t* offsets, float* drows,
+                          const EmbeddingShape& s) override {
+    cpu_->embedding_backward(dout, by_row, offsets, drows, s);
+  }
+  void copy_columns(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
+                    std::size_t rows, std::size_t cols) override {
+    cpu_->copy_columns(src, src_stride, dst, dst_stride, rows, cols);
+  }
   void scale(float* x, float a, std::size_t n) override { cpu_->scale(x, a, n); }
   void apply_optimizer(const OptimizerConfig& c, float* w, const float* g, float* state,
                        std::size_t n, std::uint64_t step, float lr_scale) override {

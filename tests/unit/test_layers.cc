@@ -618,3 +618,45 @@ TEST_CASE("cpu backend: memory, fences, scale and the optimizer step") {
   CHECK(state == state2);
   CHECK_THROWS_AS(make_cpu_backend(0), std::invalid_argument);
 }
+
+TEST_CASE("cpu embedding lookups and their segment sums give the reference's bits") {
+  auto cpu = make_cpu_backend(1);
+  std::mt19937 rng(3);
+  // A bag by sum and by mean, and one id per block; the layer's columns
+  // inside a wider row (stride) and alone.
+  struct Case {
+    bool bag, mean;
+    int k, stride_extra;
+  };
+  for (const Case c : {Case{true, false, 3, 5}, Case{true, true, 4, 0}, Case{false, false, 3, 2},
+                       Case{false, false, 1, 0}}) {
+    const bool bag = c.bag, mean = c.mean;
+    const int k = c.k, stride_extra = c.stride_extra;
+    CAPTURE(bag);
+    CAPTURE(mean);
+    CAPTURE(k);
+    const int n = 9, dim = 5, unique = 7;
+    const EmbeddingShape s{n, k, dim, (bag ? dim : k * dim) + stride_extra, unique, bag, mean};
+    std::vector<std::int32_t> inverse(static_cast<std::size_t>(n) * k);
+    for (auto& v : inverse) v = static_cast<std::int32_t>(rng() % unique);
+    for (int u = 0; u < unique; ++u) inverse[static_cast<std::size_t>(u)] = u;  // every row used
+    const auto rows = random_floats(static_cast<std::size_t>(unique) * dim, rng);
+    const auto dout = random_floats(static_cast<std::size_t>(n) * s.stride, rng);
+    std::vector<float> out(static_cast<std::size_t>(n) * s.stride, 7.0f), want = out;
+    cpu->embedding_forward(rows.data(), inverse.data(), out.data(), s);
+    reference::embedding_forward(rows.data(), inverse.data(), want.data(), s);
+    CHECK(out == want);  // the columns beyond the layer's are left alone
+
+    std::vector<std::int32_t> by_row, offsets;
+    reference::occurrences_by_row(inverse, unique, by_row, offsets);
+    std::vector<float> drows(static_cast<std::size_t>(unique) * dim, 7.0f);
+    std::vector<float> want_drows(drows.size());
+    cpu->embedding_backward(dout.data(), by_row.data(), offsets.data(), drows.data(), s);
+    reference::embedding_backward(dout.data(), inverse.data(), want_drows.data(), s);
+    CHECK(drows == want_drows);
+    // And in double: the float sums are close to the exact ones.
+    std::vector<double> exact(drows.size());
+    reference::embedding_backward(to_double(dout).data(), inverse.data(), exact.data(), s);
+    check_close(drows, exact, 1e-6, "embedding drows");
+  }
+}

@@ -262,3 +262,66 @@ TEST_CASE("model: kept convolution columns give the gradients of recomputed ones
     }
   }
 }
+
+TEST_CASE(
+    "model: embedding layers open the list, name a table, and their row gradients are exact") {
+  auto backend = make_cpu_backend(1);
+  const std::vector<TableSpec> tables = {{"a", 3, std::nullopt}, {"b", 2, 100}};
+  ModelConfig config{.preset = "custom",
+                     .layers = {{.type = "embedding_bag", .table = "a", .ids = 2, .pool = "mean"},
+                                {.type = "embedding", .table = "b", .ids = 2},
+                                {.type = "dense", .units = 5},
+                                {.type = "relu"},
+                                {.type = "dense", .units = 3}}};
+  SUBCASE("validation") {
+    ModelConfig late = config;
+    std::swap(late.layers[1], late.layers[2]);
+    CHECK_THROWS_WITH_AS(Model(late, *backend, {2, 1, 1}, 3, 4, tables),
+                         doctest::Contains("embedding layers must come first"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model(config, *backend, {2, 1, 1}, 3, 4, {tables[0]}),
+                         doctest::Contains("table 'b' is not among the run's tables"), ConfigError);
+    CHECK_THROWS_WITH_AS(check_ids_for_embeddings(config, "fashion-mnist"),
+                         doctest::Contains("data.name fashion-mnist has none"), ConfigError);
+  }
+  SUBCASE("gradients against finite differences") {
+    constexpr int n = 4;
+    Model model(config, *backend, {2, 1, 1}, 3, n, tables);
+    REQUIRE(model.embeddings().size() == 2);
+    CHECK(
+        model.describe().find("{type: embedding_bag, table: a, ids: 2, pool: mean, output: [3]}") !=
+        std::string::npos);
+    model.initialize(5);
+    std::mt19937 rng(2);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    for (int i = 0; i < n * 2; ++i) model.input_buffer()[i] = dist(rng);
+    for (int i = 0; i < n; ++i) model.label_buffer()[i] = i % 3;
+    // Layer 0: 3 unique rows for 8 ids; layer 1: 4 unique rows for 8 ids.
+    std::vector<std::vector<float>> rows = {std::vector<float>(9), std::vector<float>(8)};
+    for (auto& r : rows)
+      for (auto& v : r) v = dist(rng);
+    const std::vector<std::vector<std::uint32_t>> inverse = {{0, 1, 2, 2, 1, 1, 0, 2},
+                                                             {3, 0, 1, 1, 2, 3, 0, 0}};
+    const auto mean_loss = [&] {
+      for (std::size_t e = 0; e < 2; ++e) model.set_embedding_batch(e, n, rows[e], inverse[e]);
+      model.forward_backward(n, [](std::size_t) {});
+      double sum = 0;
+      for (int i = 0; i < n; ++i) sum += model.loss_buffer()[i];
+      return sum / n;
+    };
+    mean_loss();
+    std::vector<std::vector<float>> grads = {std::vector<float>(9), std::vector<float>(8)};
+    for (std::size_t e = 0; e < 2; ++e) model.embedding_grads(e, grads[e]);
+    for (std::size_t e = 0; e < 2; ++e)
+      for (std::size_t i = 0; i < rows[e].size(); ++i) {
+        CAPTURE(e);
+        CAPTURE(i);
+        const float keep = rows[e][i], h = 1e-2f;
+        rows[e][i] = keep + h;
+        const double up = mean_loss();
+        rows[e][i] = keep - h;
+        const double down = mean_loss();
+        rows[e][i] = keep;
+        CHECK(grads[e][i] == doctest::Approx((up - down) / (2 * h)).epsilon(2e-2));
+      }
+  }
+}

@@ -444,6 +444,45 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
   }
 
+  void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
+                         const EmbeddingShape& s) override {
+    const float scale = ew::pool_scale(s.k, s.mean);
+    for (int i = 0; i < s.n; ++i) {
+      float* o = out + static_cast<std::size_t>(i) * s.stride;
+      if (s.bag) std::fill_n(o, s.dim, 0.0f);
+      for (int t = 0; t < s.k; ++t) {
+        const float* r = rows + static_cast<std::size_t>(inverse[i * s.k + t]) * s.dim;
+        if (s.bag) {
+          for (int j = 0; j < s.dim; ++j) o[j] += r[j];
+        } else {
+          std::copy_n(r, s.dim, o + static_cast<std::size_t>(t) * s.dim);
+        }
+      }
+      if (s.bag)
+        for (int j = 0; j < s.dim; ++j) o[j] *= scale;
+    }
+  }
+
+  void embedding_backward(const float* dout, const std::int32_t* by_row,
+                          const std::int32_t* offsets, float* drows,
+                          const EmbeddingShape& s) override {
+    const float scale = s.bag ? ew::pool_scale(s.k, s.mean) : 1.0f;
+    for (int u = 0; u < s.unique; ++u) {
+      float* d = drows + static_cast<std::size_t>(u) * s.dim;
+      std::fill_n(d, s.dim, 0.0f);
+      for (std::int32_t o = offsets[u]; o < offsets[u + 1]; ++o)
+        for (int j = 0; j < s.dim; ++j)
+          d[j] += dout[ew::embedding_column(by_row[o], j, s.k, s.dim, s.stride, s.bag)];
+      for (int j = 0; j < s.dim; ++j) d[j] *= scale;
+    }
+  }
+
+  void copy_columns(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
+                    std::size_t rows, std::size_t cols) override {
+    for (std::size_t r = 0; r < rows; ++r)
+      std::copy_n(src + r * src_stride, cols, dst + r * dst_stride);
+  }
+
   void axpby(float a, const float* x, float b, float* y, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) y[i] = ew::axpby(a, x[i], b, y[i]);
   }

@@ -484,6 +484,32 @@ void CudaBackend::softmax_xent(const float* logits, const std::int32_t* labels, 
   });
 }
 
+void CudaBackend::embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
+                                    const EmbeddingShape& s) {
+  check_dims(s.n > 0 && s.k > 0 && s.dim > 0 && s.stride >= s.width(), "embedding_forward",
+             "n, k and dim must be positive and stride at least the layer's width");
+  compute({rows, inverse, out},
+          [&](cudaStream_t st) { kernels::embedding_forward(on(st), rows, inverse, out, s); });
+}
+
+void CudaBackend::embedding_backward(const float* dout, const std::int32_t* by_row,
+                                     const std::int32_t* offsets, float* drows,
+                                     const EmbeddingShape& s) {
+  check_dims(s.unique > 0 && s.k > 0 && s.dim > 0 && s.stride >= s.width(), "embedding_backward",
+             "unique, k and dim must be positive and stride at least the layer's width");
+  compute({dout, by_row, offsets, drows}, [&](cudaStream_t st) {
+    kernels::embedding_backward(on(st), dout, by_row, offsets, drows, s);
+  });
+}
+
+void CudaBackend::copy_columns(const float* src, std::size_t src_stride, float* dst,
+                               std::size_t dst_stride, std::size_t rows, std::size_t cols) {
+  if (rows == 0 || cols == 0) return;
+  compute({src, dst}, [&](cudaStream_t st) {
+    kernels::copy_columns(on(st), src, src_stride, dst, dst_stride, rows, cols);
+  });
+}
+
 void CudaBackend::scale(float* x, float a, std::size_t n) {
   if (n == 0) return;
   compute({x}, [&](cudaStream_t st) { kernels::scale(on(st), x, a, n); });

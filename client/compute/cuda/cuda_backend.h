@@ -85,6 +85,13 @@ class CudaBackend final : public Backend {
                         std::uint64_t step, float lr_scale) override;
   // y = a x + b y by a kernel on the compute stream (no host round trip).
   void axpby(float a, const float* x, float b, float* y, std::size_t n) override;
+  void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
+                         const EmbeddingShape& s) override;
+  void embedding_backward(const float* dout, const std::int32_t* by_row,
+                          const std::int32_t* offsets, float* drows,
+                          const EmbeddingShape& s) override;
+  void copy_columns(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
+                    std::size_t rows, std::size_t cols) override;
 
   // bf16 needs compute capability 8.0 (bf16 tensor-core GEMMs); fp16 runs
   // everywhere the library does. Other precisions than fp32 round the

@@ -216,6 +216,54 @@ __global__ void maxpool_backward_kernel(const float* dy, const std::int32_t* arg
   }
 }
 
+// One thread per output element: a bag's (sample, column) sums in t order,
+// then scales, as the CPU does; an id's block is a copy.
+__global__ void embedding_forward_kernel(const float* rows, const std::int32_t* inverse, float* out,
+                                         int n, int k, int dim, int stride, bool bag, float scale) {
+  const int width = bag ? dim : k * dim;
+  const std::size_t total = std::size_t(n) * width;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t i = e / width;
+    const int c = static_cast<int>(e - i * width);
+    if (bag) {
+      float acc = 0.0f;
+      for (int t = 0; t < k; ++t) acc += rows[std::size_t(inverse[i * k + t]) * dim + c];
+      out[i * stride + c] = acc * scale;
+    } else {
+      const int t = c / dim, j = c - t * dim;
+      out[i * stride + c] = rows[std::size_t(inverse[i * k + t]) * dim + j];
+    }
+  }
+}
+
+// One thread per (row, column), over the row's occurrences in by_row's
+// order: a segment sum with no atomics, the same bits as the CPU.
+__global__ void embedding_backward_kernel(const float* dout, const std::int32_t* by_row,
+                                          const std::int32_t* offsets, float* drows, int unique,
+                                          int k, int dim, int stride, bool bag, float scale) {
+  const std::size_t total = std::size_t(unique) * dim;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t u = e / dim;
+    const int j = static_cast<int>(e - u * dim);
+    float acc = 0.0f;
+    for (std::int32_t o = offsets[u]; o < offsets[u + 1]; ++o)
+      acc += dout[ew::embedding_column(by_row[o], j, k, dim, stride, bag)];
+    drows[e] = acc * scale;
+  }
+}
+
+__global__ void copy_columns_kernel(const float* src, std::size_t src_stride, float* dst,
+                                    std::size_t dst_stride, std::size_t rows, std::size_t cols) {
+  const std::size_t total = rows * cols;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t r = e / cols, c = e - r * cols;
+    dst[r * dst_stride + c] = src[r * src_stride + c];
+  }
+}
+
 // One warp per sample. A label outside [0, classes) cannot be reported from
 // here; its row's loss and gradients become NaN, which training notices.
 __global__ void softmax_xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
@@ -435,6 +483,30 @@ void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labe
   softmax_xent_kernel<<<(n + rows_per_block - 1) / rows_per_block, kThreads, 0, l.stream>>>(
       logits, labels, dlogits, loss, correct, n, classes);
   check_launch("softmax_xent_kernel");
+}
+
+void embedding_forward(const Launch& l, const float* rows, const std::int32_t* inverse, float* out,
+                       const EmbeddingShape& s) {
+  embedding_forward_kernel<<<grid_for(std::size_t(s.n) * s.width(), l.sm_count), kThreads, 0,
+                             l.stream>>>(rows, inverse, out, s.n, s.k, s.dim, s.stride, s.bag,
+                                         ew::pool_scale(s.k, s.mean));
+  check_launch("embedding_forward_kernel");
+}
+
+void embedding_backward(const Launch& l, const float* dout, const std::int32_t* by_row,
+                        const std::int32_t* offsets, float* drows, const EmbeddingShape& s) {
+  embedding_backward_kernel<<<grid_for(std::size_t(s.unique) * s.dim, l.sm_count), kThreads, 0,
+                              l.stream>>>(dout, by_row, offsets, drows, s.unique, s.k, s.dim,
+                                          s.stride, s.bag,
+                                          s.bag ? ew::pool_scale(s.k, s.mean) : 1.0f);
+  check_launch("embedding_backward_kernel");
+}
+
+void copy_columns(const Launch& l, const float* src, std::size_t src_stride, float* dst,
+                  std::size_t dst_stride, std::size_t rows, std::size_t cols) {
+  copy_columns_kernel<<<grid_for(rows * cols, l.sm_count), kThreads, 0, l.stream>>>(
+      src, src_stride, dst, dst_stride, rows, cols);
+  check_launch("copy_columns_kernel");
 }
 
 void encode_halves(const Launch& l, HalfFormat format, const float* x, std::uint16_t* out,

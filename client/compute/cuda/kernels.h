@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "client/compute/embedding_shape.h"
 #include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
 
@@ -63,6 +64,17 @@ void maxpool_backward(const Launch& l, const float* dy, const std::int32_t* argm
 // label. A label outside [0, classes) makes its row NaN.
 void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
                   float* loss, float* correct, int n, int classes);
+
+// Embedding lookups and their segment-sum backward, as Backend's
+// embedding_forward and embedding_backward say (client/compute/backend.h):
+// one thread per output element, summing in the same order as the CPU.
+void embedding_forward(const Launch& l, const float* rows, const std::int32_t* inverse, float* out,
+                       const EmbeddingShape& s);
+void embedding_backward(const Launch& l, const float* dout, const std::int32_t* by_row,
+                        const std::int32_t* offsets, float* drows, const EmbeddingShape& s);
+// dst[r * dst_stride + c] = src[r * src_stride + c].
+void copy_columns(const Launch& l, const float* src, std::size_t src_stride, float* dst,
+                  std::size_t dst_stride, std::size_t rows, std::size_t cols);
 
 // out[i] = x[i] in `format` (shared/low_precision.h's rounding): the
 // operands of mixed-precision GEMMs.
