@@ -4,7 +4,8 @@
 #   lib/pstrain/pstrain              the binary; its CUDA library beside it, as
 #   lib/pstrain/libpstrain_cuda.so   in the build tree (client/compute/cuda_loader.h)
 #   lib/pstrain/bench/bench_*        what pstrain-bench runs: the C++ benchmarks
-#                                    and bench_torch.py, their PyTorch peer
+#                                    and their PyTorch peers, bench_torch.py and
+#                                    bench_torch_embedding.py
 #   lib/pstrain/tools/               launch, compare, bench, report.py and the
 #                                    package they run, pstrain_tools/
 #   bin/pstrain, bin/pstrain-launch, bin/pstrain-compare, bin/pstrain-bench

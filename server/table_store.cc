@@ -306,31 +306,38 @@ std::uint64_t TableStore::update(std::string_view name, std::span<const std::uin
     throw std::invalid_argument(table_named(t.spec.name) + ": a push of " +
                                 std::to_string(keys.size()) + " rows cannot fit max_rows_per_ps " +
                                 std::to_string(cap));
-  // Which rows the push creates, decided (and the admission filter counted)
-  // before any row changes, so the eviction below spares them all.
-  std::vector<char> create(keys.size(), 0);
+  // Where each row is, and which rows the push creates, decided (and the
+  // admission filter counted) before any row changes, so the eviction below
+  // spares them all. Slots never move, so these stay valid through it.
+  constexpr std::uint32_t kNoRow = UINT32_MAX, kCreate = UINT32_MAX - 1;
+  struct Place {
+    Segment* seg;
+    std::uint32_t slot;
+  };
+  std::vector<Place> places(keys.size());
   std::uint64_t fresh = 0;
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    if (!t.segment(keys[i]).slots.contains(keys[i]) && t.admit(keys[i])) {
-      create[i] = 1;
-      ++fresh;
-    }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    Segment& seg = t.segment(keys[i]);
+    const auto it = seg.slots.find(keys[i]);
+    places[i] = {&seg, it != seg.slots.end() ? it->second : t.admit(keys[i]) ? kCreate : kNoRow};
+    fresh += places[i].slot == kCreate;
+  }
   if (t.rows + fresh > cap) evict(t, t.rows + fresh - cap + cap / 64, keys);
   ++t.clock;
   const std::size_t dim = t.spec.dim;
   const std::size_t state = t.optimizer.state_floats();
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    Segment& seg = t.segment(keys[i]);
-    if (!create[i] && !seg.slots.contains(keys[i])) {
+    auto [seg, slot] = places[i];
+    if (slot == kNoRow) {
       ++t.figures.admission_dropped;
       continue;
     }
-    RowChange change(seg, keys[i], t.row_floats);
-    const auto slot = create[i] ? t.create(seg, keys[i], options_.seed) : seg.slots.at(keys[i]);
-    float* row = seg.at(slot, t.row_floats);
+    RowChange change(*seg, keys[i], t.row_floats);
+    if (slot == kCreate) slot = t.create(*seg, keys[i], options_.seed);
+    float* row = seg->at(slot, t.row_floats);
     t.optimizer.update({row, dim}, {row + dim, state}, grads.subspan(i * dim, dim));
-    seg.clocks[slot] = t.clock;
-    seg.seconds[slot] = now;
+    seg->clocks[slot] = t.clock;
+    seg->seconds[slot] = now;
     ++t.figures.rows_pushed;
   }
   t.figures.created += fresh;

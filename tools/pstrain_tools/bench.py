@@ -5,8 +5,10 @@ min/median/max of each and the ratio of the medians.
     tools/bench --diff A.json B.json
 
 Peers: PyTorch (bench/bench_torch.py: single-process compute, DDP with Gloo
-2x1, its RPC parameter server 2 ps + 2 trainers) and raw ZeroMQ
-(DEALER->ROUTER moving the same chunks, inside bench_ps). No peer figure is
+2x1, its RPC parameter server 2 ps + 2 trainers; bench/bench_torch_embedding.py:
+nn.EmbeddingBag(sparse=True) with Adagrad in one process) and raw ZeroMQ
+(DEALER->ROUTER moving the same chunks, inside bench_ps, and the same rows,
+inside bench_embeddings). No peer figure is
 ever a constant: each comes from a run in this invocation. For compute and
 sync, every rep runs pstrain's benchmark and its peer as separate
 processes, which one goes first drawn at random, after one untimed run of
@@ -44,6 +46,7 @@ import time
 from . import paths, report
 
 TORCH_PEER = os.path.join(paths.BENCH, "bench_torch.py")
+TORCH_EMBEDDING_PEER = os.path.join(paths.BENCH, "bench_torch_embedding.py")
 NOT_INSTALLED = 3  # bench_torch.py's exit status without PyTorch
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # cluster.yaml's data.dir
 
@@ -55,7 +58,7 @@ class PeerUnavailable(Exception):
 def json_lines(cmd, what, env=None):
     """Runs cmd and returns the JSON objects it printed, one per line."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if proc.returncode == NOT_INSTALLED and cmd[1:2] == [TORCH_PEER]:
+    if proc.returncode == NOT_INSTALLED and cmd[1:2] in ([TORCH_PEER], [TORCH_EMBEDDING_PEER]):
         raise PeerUnavailable("not installed")
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -100,6 +103,7 @@ class Pair:
 
 def row(name, ours, peer, peer_name, peer_status):
     unit, better = ("GB/s", "higher") if name.startswith("ps ") else \
+        ("rows/s", "higher") if name.startswith("embeddings ") else \
         ("s", "lower") if name.startswith("time to") else ("samples/s", "higher")
     out = {"name": name, "unit": unit, "better": better, "ours": ours,
            "ours_stats": stats(ours), "peer_name": peer_name, "peer_status": peer_status,
@@ -248,6 +252,39 @@ def ps_rows(args, build, log):
             for r in json_lines(cmd, "bench_ps")]
 
 
+def embedding_rows(args, build, log):
+    """bench_embeddings alternates ours and raw ZeroMQ itself; the lookup and
+    update of both (a pull, then a push of the same rows) is set beside
+    PyTorch's EmbeddingBag with Adagrad, run after it in the same invocation."""
+    reps = ["--reps", str(args.reps)] + (["--quick"] if args.quick else [])
+    cmd = [binary(build, "bench_embeddings"), "rows", "--json"] + reps
+    log("embeddings: " + " ".join(os.path.basename(c) for c in cmd))
+    ours = json_lines(cmd, "bench_embeddings")
+    torch_cmd = [sys.executable, TORCH_EMBEDDING_PEER, "--json"] + reps
+    log("embeddings peer: " + " ".join(os.path.basename(c) for c in torch_cmd))
+    try:
+        torch = {(r["dim"], r["ids"]): r["rows_per_s"]
+                 for r in json_lines(torch_cmd, "bench_torch_embedding.py")
+                 if r["optimizer"] == "adagrad"}
+        torch_status = "ok"
+    except (PeerUnavailable, RuntimeError) as e:
+        torch, torch_status = {}, str(e)
+    out = []
+    for r in ours:
+        if r["bench"] != "embeddings":
+            continue
+        what = f"dim {r['dim']}, {r['ids']} ids"
+        out.append(row(f"embeddings pull {what}, 1 ps", r["pull_ours"], r["pull_raw"],
+                       "raw ZeroMQ", "ok"))
+        out.append(row(f"embeddings push {what}, 1 ps", r["push_ours"], r["push_raw"],
+                       "raw ZeroMQ", "ok"))
+        both = [1 / (1 / a + 1 / b) for a, b in zip(r["pull_ours"], r["push_ours"])]
+        peer = torch.get((r["dim"], r["ids"]))
+        out.append(row(f"embeddings pull+push {what}, 1 ps", both, peer,
+                       "torch EmbeddingBag+Adagrad", "ok" if peer else torch_status))
+    return out
+
+
 def cpu_model():
     try:
         out = subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True,
@@ -322,7 +359,7 @@ def main(argv=None):
     parser.add_argument("--only", metavar="REGEX",
                         help="only the benchmarks whose name (compute mlp, compute cnn, sync, "
                              "step, async mlp, async mlp rpcps, async cnn, async cnn rpcps, "
-                             "tta mlp, tta cnn, ps) matches")
+                             "tta mlp, tta cnn, ps, embeddings) matches")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="a cluster.yaml override for pstrain's launched runs (async, "
                              "tta), e.g. net.wire_dtype=bf16; repeatable")
@@ -345,7 +382,8 @@ def main(argv=None):
               if (re.search(args.only, p.name) if args.only
                   else not (args.quick and p.name.startswith("tta")))]
     with_ps = not args.only or re.search(args.only, "ps")
-    if not chosen and not with_ps:
+    with_embeddings = not args.only or re.search(args.only, "embeddings")
+    if not chosen and not with_ps and not with_embeddings:
         parser.error(f"--only {args.only!r} matches no benchmark")
 
     def log(msg):
@@ -358,6 +396,8 @@ def main(argv=None):
         result["rows"] += pair.run(args.reps, log)
     if with_ps:
         result["rows"] += ps_rows(args, build, log)
+    if with_embeddings:
+        result["rows"] += embedding_rows(args, build, log)
     print(table(result))
     if args.out:
         with open(args.out, "w") as f:
