@@ -37,6 +37,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "bench/raw_server.h"
 #include "client/ps/ps_client.h"
 #include "server/ps_role.h"
 #include "shared/row_optimizer.h"
@@ -130,26 +131,6 @@ double fill(PsClient& ps, std::uint64_t rows, std::uint32_t dim, std::mt19937_64
 
 // ---- rows: ours against raw ZeroMQ.
 
-// Replies to [u64 reply size][frames...] with a frame of that size, sent
-// zero-copy from a static buffer, as the ps sends its rows.
-[[noreturn]] void raw_server(std::uint16_t port) {
-  static std::vector<char> data(std::size_t{64} << 20);
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::router);
-  s.set(zmq::sockopt::sndhwm, 0);
-  s.set(zmq::sockopt::rcvhwm, 0);
-  s.bind("tcp://127.0.0.1:" + std::to_string(port));
-  std::vector<zmq::message_t> frames;
-  while (true) {
-    frames.clear();
-    if (!zmq::recv_multipart(s, std::back_inserter(frames))) continue;
-    std::uint64_t reply = 0;
-    std::memcpy(&reply, frames[1].data(), sizeof reply);
-    s.send(frames[0], zmq::send_flags::sndmore);
-    s.send(zmq::message_t(data.data(), reply, [](void*, void*) {}), zmq::send_flags::none);
-  }
-}
-
 struct RowsFigures {
   std::uint32_t dim = 0;
   std::size_t ids = 0;
@@ -171,8 +152,9 @@ int rows_mode(int reps, bool quick, bool json) {
   for (const auto& c : configs)
     children.push_back(std::make_unique<ChildProcess>(
         log_of(c, 0), [&c] { return run_ps_role(c, 0, std::nullopt); }));
-  children.push_back(std::make_unique<ChildProcess>(dir.path() / "raw.log",
-                                                    [raw_port]() -> int { raw_server(raw_port); }));
+  children.push_back(std::make_unique<ChildProcess>(dir.path() / "raw.log", [raw_port]() -> int {
+    bench::raw_server(raw_port, std::size_t{64} << 20);
+  }));
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
   raw.set(zmq::sockopt::sndhwm, 0);

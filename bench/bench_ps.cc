@@ -29,6 +29,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "bench/raw_server.h"
 #include "client/ps/ps_client.h"
 #include "server/ps_role.h"
 #include "tests/support/child_process.h"
@@ -90,26 +91,6 @@ std::string gbs_spread(double moved, const std::vector<double>& seconds) {
   std::snprintf(text, sizeof text, "%.3f (%.3f-%.3f)", moved / median(seconds) / 1e9,
                 moved / *slow / 1e9, moved / *fast / 1e9);
   return text;
-}
-
-// The raw peer: replies to [u64 reply size][payload?] with a frame of that
-// size, sent zero-copy from a static buffer, like the ps sends its values.
-int raw_server(std::uint16_t port) {
-  static std::vector<char> data(ShardMap::kMaxChunkBytes);
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::router);
-  s.set(zmq::sockopt::sndhwm, 0);
-  s.set(zmq::sockopt::rcvhwm, 0);
-  s.bind("tcp://127.0.0.1:" + std::to_string(port));
-  std::vector<zmq::message_t> frames;
-  while (true) {
-    frames.clear();
-    if (!zmq::recv_multipart(s, std::back_inserter(frames))) continue;
-    std::uint64_t reply = 0;
-    std::memcpy(&reply, frames[1].data(), sizeof reply);
-    s.send(frames[0], zmq::send_flags::sndmore);
-    s.send(zmq::message_t(data.data(), reply, [](void*, void*) {}), zmq::send_flags::none);
-  }
 }
 
 class RawClient {
@@ -369,8 +350,8 @@ int main(int argc, char** argv) try {
       const auto log = dir.path() / "servers.log";
       children.push_back(std::make_unique<ChildProcess>(
           log, [&, i] { return run_ps_role(s.config, i, std::nullopt); }));
-      children.push_back(
-          std::make_unique<ChildProcess>(log, [&, i] { return raw_server(s.raw_ports[i]); }));
+      children.push_back(std::make_unique<ChildProcess>(
+          log, [&, i]() -> int { bench::raw_server(s.raw_ports[i], ShardMap::kMaxChunkBytes); }));
     }
 
   if (!json) {
