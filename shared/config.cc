@@ -184,7 +184,7 @@ Field<ClusterConfig> tables_field() {
 }
 
 const std::vector<Field<DataConfig>> kDataFields = {
-    choice("name", &DataConfig::name, {"fashion-mnist", "synthetic"}),
+    choice("name", &DataConfig::name, {"fashion-mnist", "synthetic", "synthetic-ids"}),
     text("dir", &DataConfig::dir),
     bounded("synthetic_train", &DataConfig::synthetic_train, at_least(1)),
     bounded("synthetic_test", &DataConfig::synthetic_test, at_least(1)),
@@ -229,6 +229,7 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     choice("on_worker_loss", &TrainConfig::on_worker_loss,
            {WorkerLoss::continue_, WorkerLoss::fail}),
     bounded("accumulate_steps", &TrainConfig::accumulate_steps, at_least(1)),
+    bounded("prefetch", &TrainConfig::prefetch, between(0, 1)),
     choice("precision", &TrainConfig::precision,
            {Precision::fp32, Precision::bf16, Precision::fp16}),
     flag("cuda_graphs", &TrainConfig::cuda_graphs),

@@ -92,7 +92,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "fashion-mnist";  // fashion-mnist | synthetic
+  std::string name = "fashion-mnist";  // fashion-mnist | synthetic | synthetic-ids
   std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
   std::uint64_t synthetic_train = 6000;  // synthetic dataset sizes
   std::uint64_t synthetic_test = 1000;
@@ -128,6 +128,9 @@ struct TrainConfig {
   // the effective batch is accumulate_steps x batch_size. Steps count these
   // optimizer steps everywhere (sync_every, local_steps, warm-up, ssp clocks).
   std::uint32_t accumulate_steps = 1;
+  // Embedding layers: pull the next batch's rows while the current one
+  // computes (1), one update stale for the rows both touch; 0: never.
+  std::uint32_t prefetch = 0;
   Precision precision = Precision::fp32;
   // GPU workers record each step's kernels once as a CUDA graph and replay
   // it (client/train/step_graphs.h); false: every step launches them.

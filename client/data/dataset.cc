@@ -126,13 +126,35 @@ Dataset make_synthetic(std::size_t size, bool train) {
   return data;
 }
 
+Dataset make_synthetic_ids(std::size_t size, bool train) {
+  Dataset data;
+  data.name = train ? "synthetic-ids/train" : "synthetic-ids/test";
+  data.channels = 0;
+  data.classes = 2;
+  data.ids_per_sample = kSyntheticIdFields;
+  data.ids.reserve(size * kSyntheticIdFields);
+  data.labels.resize(size);
+  const std::uint64_t split_seed = train ? 0x1d5a1ULL : 0x1d5e7ULL;
+  for (std::size_t i = 0; i < size; ++i) {
+    Random random(mix(split_seed, i));
+    int positive = 0;
+    for (std::size_t f = 0; f < kSyntheticIdFields; ++f) {
+      const std::uint64_t id = f * kSyntheticIdVocab + random.below(kSyntheticIdVocab);
+      data.ids.push_back(id);
+      positive += mix(0x5167ULL, id) % 2 == 1;
+    }
+    data.labels[i] = 2 * positive > static_cast<int>(kSyntheticIdFields) ? 1 : 0;
+  }
+  return data;
+}
+
 Dataset load_dataset(const DataConfig& config, bool train) {
   if (config.name == "fashion-mnist") return load_fashion_mnist(config.dir, train);
-  if (config.name == "synthetic") {
-    return make_synthetic(train ? config.synthetic_train : config.synthetic_test, train);
-  }
+  const auto size = train ? config.synthetic_train : config.synthetic_test;
+  if (config.name == "synthetic") return make_synthetic(size, train);
+  if (config.name == "synthetic-ids") return make_synthetic_ids(size, train);
   throw std::invalid_argument("data.name: unknown dataset '" + config.name +
-                              "' (expected fashion-mnist or synthetic)");
+                              "' (expected fashion-mnist, synthetic or synthetic-ids)");
 }
 
 WorkerShard::WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers,
@@ -161,7 +183,8 @@ std::vector<std::size_t> WorkerShard::epoch_order(std::uint64_t epoch) const {
   return order;
 }
 
-Batch WorkerShard::next_batch(std::size_t batch_size, float* images, std::int32_t* labels) {
+Batch WorkerShard::next_batch(std::size_t batch_size, float* images, std::int32_t* labels,
+                              std::uint64_t* ids) {
   if (batch_size == 0) throw std::invalid_argument("data: batch size must be > 0");
   if (position_ == order_.size()) {
     order_ = epoch_order(++epoch_);
@@ -174,9 +197,27 @@ Batch WorkerShard::next_batch(std::size_t batch_size, float* images, std::int32_
     const std::size_t sample = order_[position_ + i];
     std::copy_n(data_.image(sample), floats, images + i * floats);
     labels[i] = data_.labels[sample];
+    if (ids)
+      std::copy_n(data_.sample_ids(sample), data_.ids_per_sample, ids + i * data_.ids_per_sample);
   }
   position_ += batch.size;
   return batch;
+}
+
+std::size_t WorkerShard::peek_ids(std::size_t batch_size, std::vector<std::uint64_t>& ids) const {
+  if (batch_size == 0) throw std::invalid_argument("data: batch size must be > 0");
+  // At the end of an epoch, next_batch starts the next one's order.
+  std::vector<std::size_t> next_order;
+  const bool new_epoch = position_ == order_.size();
+  if (new_epoch) next_order = epoch_order(epoch_ + 1);
+  const auto& order = new_epoch ? next_order : order_;
+  const std::size_t from = new_epoch ? 0 : position_;
+  const std::size_t n = std::min(batch_size, order.size() - from);
+  const std::size_t k = data_.ids_per_sample;
+  ids.resize(n * k);
+  for (std::size_t i = 0; i < n; ++i)
+    std::copy_n(data_.sample_ids(order[from + i]), k, ids.data() + i * k);
+  return n;
 }
 
 void WorkerShard::seek(std::uint64_t batches, std::size_t batch_size) {

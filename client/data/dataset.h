@@ -2,8 +2,9 @@
 // Training and test data held in host memory, and each worker's view of the
 // training set.
 //
-// Every dataset here is images NCHW (1x28x28) as float32 in [0, 1] with int32
-// labels in [0, classes).
+// The image datasets are NCHW (1x28x28) float32 in [0, 1] with int32 labels
+// in [0, classes). A dataset may carry ids per sample for embedding layers
+// (docs/embeddings.md) beside its features, or instead of them.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -22,9 +23,14 @@ struct Dataset {
   std::vector<float> images;         // size() * sample_floats()
   std::vector<std::int32_t> labels;  // size()
 
+  // Ids for embedding layers, sample-major: size() x ids_per_sample.
+  std::size_t ids_per_sample = 0;
+  std::vector<std::uint64_t> ids;
+
   std::size_t size() const { return labels.size(); }
   std::size_t sample_floats() const { return static_cast<std::size_t>(channels) * height * width; }
   const float* image(std::size_t i) const { return images.data() + i * sample_floats(); }
+  const std::uint64_t* sample_ids(std::size_t i) const { return ids.data() + i * ids_per_sample; }
 };
 
 // Fashion-MNIST's `train` (60,000) or `t10k` (10,000) split from the four
@@ -38,7 +44,16 @@ Dataset load_fashion_mnist(const std::filesystem::path& dir, bool train);
 // the train and test splits share classes but no samples.
 Dataset make_synthetic(std::size_t size, bool train);
 
-// The dataset DataConfig names (fashion-mnist or synthetic), train or test.
+// A stand-in with ids for embedding layers: each sample has kSyntheticIdFields
+// ids, field f's drawn uniformly from kSyntheticIdVocab ids of its own
+// (f * vocab + v), each id with a hidden sign fixed by its value; the label
+// (2 classes) says whether most of a sample's signs are positive. No other
+// features. Samples depend on (split, index) only.
+inline constexpr std::size_t kSyntheticIdFields = 3, kSyntheticIdVocab = 1000;
+Dataset make_synthetic_ids(std::size_t size, bool train);
+
+// The dataset DataConfig names (fashion-mnist, synthetic or synthetic-ids),
+// train or test.
 Dataset load_dataset(const DataConfig& config, bool train);
 
 struct Batch {
@@ -70,9 +85,14 @@ class WorkerShard {
   }
 
   // Copies the next up to `batch_size` samples into images (batch_size *
-  // sample_floats floats) and labels (batch_size), moving to the next epoch
-  // (and its order) when the current one is used up.
-  Batch next_batch(std::size_t batch_size, float* images, std::int32_t* labels);
+  // sample_floats floats), labels (batch_size) and, when not null, ids
+  // (batch_size * ids_per_sample), moving to the next epoch (and its order)
+  // when the current one is used up.
+  Batch next_batch(std::size_t batch_size, float* images, std::int32_t* labels,
+                   std::uint64_t* ids = nullptr);
+  // The ids of the batch next_batch(batch_size) would return, without
+  // moving: what a prefetch of its embedding rows needs. Returns its size.
+  std::size_t peek_ids(std::size_t batch_size, std::vector<std::uint64_t>& ids) const;
 
   // Puts the shard where `batches` calls of next_batch(batch_size) on a fresh
   // shard leave it (epoch, position and batch number), without reading any

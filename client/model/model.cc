@@ -61,13 +61,14 @@ std::vector<ModelLayer> model_layers(const ModelConfig& config) {
                     "' (expected mlp, cnn or custom)");
 }
 
-void check_ids_for_embeddings(const ModelConfig& config, const std::string& data_name) {
-  for (const auto& layer : model_layers(config))
-    if (layer.type == "embedding" || layer.type == "embedding_bag")
-      throw ConfigError("model: an " + layer.type + " layer needs ids per sample, and data.name " +
-                        data_name +
-                        " has none; for now embedding layers train only from client code "
-                        "(client/train/embedding_exchange.h, docs/embeddings.md)");
+void check_ids_for_embeddings(const Model& model, const Dataset& data) {
+  std::size_t ids = 0;
+  for (const auto& e : model.embeddings()) ids += static_cast<std::size_t>(e.ids);
+  if (ids != data.ids_per_sample)
+    throw ConfigError("model: the embedding layers take " + std::to_string(ids) +
+                      " ids per sample, and " + data.name + " has " +
+                      std::to_string(data.ids_per_sample) +
+                      (data.ids_per_sample == 0 ? " (a data set with ids: synthetic-ids)" : ""));
 }
 
 struct Model::Embedding {

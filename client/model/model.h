@@ -31,10 +31,6 @@
 
 namespace pstrain {
 
-// Throws ConfigError when `config` has embedding layers and the data
-// `data_name` names has no ids per sample for them (the images, today).
-void check_ids_for_embeddings(const ModelConfig& config, const std::string& data_name);
-
 struct InputShape {
   int c = 1, h = 28, w = 28;
 };
@@ -51,6 +47,11 @@ struct EmbeddingInput {
   bool bag = false;   // pooled into one row (embedding_bag), else one row per id
   bool mean = false;  // a bag's pooling
 };
+
+class Model;
+// Throws ConfigError unless `data` has as many ids per sample as the
+// model's embedding layers take (none when it has none).
+void check_ids_for_embeddings(const Model& model, const Dataset& data);
 
 struct EvalResult {
   double loss = 0;      // mean per-sample cross-entropy

@@ -1,5 +1,8 @@
 #include "client/train/backend_setup.h"
 
+#include <algorithm>
+
+#include "client/model/model.h"
 #include "shared/log.h"
 
 namespace pstrain {
@@ -28,8 +31,15 @@ std::string describe_paths(const PathCounts& paths) {
 }
 
 bool records_steps(const ClusterConfig& config, const Backend& backend) {
+  // Embedding layers: a batch's unique rows, and so the shapes of their
+  // lookups, change from step to step, which a replay cannot follow.
+  const auto layers = model_layers(config.model);
+  const bool embeddings = std::ranges::any_of(layers, [](const ModelLayer& l) {
+    return l.type == "embedding" || l.type == "embedding_bag";
+  });
   return config.train.cuda_graphs && backend.records_steps() &&
-         config.train.precision == Precision::fp32 && config.train.accumulate_steps == 1;
+         config.train.precision == Precision::fp32 && config.train.accumulate_steps == 1 &&
+         !embeddings;
 }
 
 int recorded_batch(const ClusterConfig& config, const Backend& backend) {

@@ -25,7 +25,8 @@ bool scales_loss(const ClusterConfig& config, const Backend& backend);
 // recorded calls, so none of a step's host decisions may change between
 // steps: not fp16's loss scale and overflow checks, not accumulation's
 // sums (a step's first micro-batch starts them, the later ones add), not
-// the reduced-precision GEMMs' scratch memory, which grows as needed.
+// the reduced-precision GEMMs' scratch memory, which grows as needed, and
+// not embedding layers' unique rows, whose count each batch decides.
 bool records_steps(const ClusterConfig& config, const Backend& backend);
 
 // The batch size whose steps a worker of `config` records: train.batch_size

@@ -13,6 +13,7 @@ BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard, std
       batch_size_(batch_size),
       direct_(backend.host_accessible()),
       losses_(model.loss_buffer()) {
+  for (auto& s : staged_) s.ids.resize(batch_size * shard.data().ids_per_sample);
   if (direct_) return;
   const std::size_t sample_floats = shard.data().sample_floats();
   for (auto& s : staged_) {
@@ -25,21 +26,26 @@ BatchFeeder::BatchFeeder(Backend& backend, Model& model, WorkerShard& shard, std
 
 Batch BatchFeeder::load() {
   if (direct_) {
-    const Batch b = shard_.next_batch(batch_size_, model_.input_buffer(), model_.label_buffer());
-    last_ = b.size;
-    return b;
+    Staged& s = staged_[0];
+    s.batch =
+        shard_.next_batch(batch_size_, model_.input_buffer(), model_.label_buffer(), s.ids.data());
+    last_ = s.batch.size;
+    loaded_ = &s;
+    return s.batch;
   }
   Staged& s = staged_[next_];
   if (!s.ready) {
-    s.batch = shard_.next_batch(batch_size_, s.images.data(), s.labels.data<std::int32_t>());
+    s.batch = shard_.next_batch(batch_size_, s.images.data(), s.labels.data<std::int32_t>(),
+                                s.ids.data());
   }
+  loaded_ = &s;
   // The other buffer's upload was issued a step ago and has completed (every
   // step ends with a fence), so stage_next may refill it now.
   s.ready = false;
   next_ ^= 1;
   last_ = s.batch.size;
-  backend_.upload(s.images.data(), model_.input_buffer(),
-                  s.batch.size * shard_.data().sample_floats() * sizeof(float));
+  if (const std::size_t floats = shard_.data().sample_floats(); floats > 0)
+    backend_.upload(s.images.data(), model_.input_buffer(), s.batch.size * floats * sizeof(float));
   backend_.upload(s.labels.data(), model_.label_buffer(), s.batch.size * sizeof(std::int32_t));
   return s.batch;
 }
@@ -48,8 +54,14 @@ void BatchFeeder::stage_next() {
   if (direct_) return;
   Staged& s = staged_[next_];
   if (s.ready) return;
-  s.batch = shard_.next_batch(batch_size_, s.images.data(), s.labels.data<std::int32_t>());
+  s.batch =
+      shard_.next_batch(batch_size_, s.images.data(), s.labels.data<std::int32_t>(), s.ids.data());
   s.ready = true;
+}
+
+std::span<const std::uint64_t> BatchFeeder::ids() const {
+  if (!loaded_) return {};
+  return std::span(loaded_->ids).first(loaded_->batch.size * shard_.data().ids_per_sample);
 }
 
 void BatchFeeder::fetch_losses() {

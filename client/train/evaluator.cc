@@ -7,6 +7,7 @@
 #include "client/compute/cpu/cpu_backend.h"
 #include "client/model/model.h"
 #include "client/ps/ps_client.h"
+#include "client/train/embedding_exchange.h"
 #include "shared/log.h"
 
 namespace pstrain {
@@ -39,7 +40,7 @@ Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset 
   backend_ = make_cpu_backend(static_cast<int>(config.train.threads));
   model_ = std::make_unique<Model>(config.model, *backend_,
                                    InputShape{test_.channels, test_.height, test_.width},
-                                   test_.classes, kEvalBatch);
+                                   test_.classes, kEvalBatch, config.tables);
   // The ps's f32 values, whatever net.wire_dtype: the evaluation (and the
   // saved model) is of the model as trained, not of its rounded copy.
   auto options = client_options(config, sender);
@@ -47,6 +48,8 @@ Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset 
   ps_ = std::make_unique<PsClient>(ps_addresses(config), shard_map_for(config, model_->variables()),
                                    config.run_id(), std::move(options));
   ps_->hello();
+  if (!model_->embeddings().empty())
+    rows_ = std::make_unique<EmbeddingExchange>(*model_, *ps_, config.tables);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -161,7 +164,13 @@ EvalPoint Evaluator::evaluate(const Job& job) {
   pull_weights(job.final ? start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(config_.net.worker_timeout))
                          : start);
-  const EvalResult result = model_->evaluate(test_);
+  // Embedding layers get each test batch's rows from the ps.
+  const auto prepare = [this](std::size_t first, std::size_t n) {
+    rows_->pull_samples(static_cast<int>(n),
+                        std::span(test_.sample_ids(first), n * test_.ids_per_sample));
+  };
+  const EvalResult result =
+      rows_ ? model_->evaluate(test_, SIZE_MAX, prepare) : model_->evaluate(test_);
   point.accuracy = result.accuracy;
   point.loss = result.loss;
   point.duration_s =

@@ -25,6 +25,7 @@ namespace pstrain {
 class Backend;
 class Model;
 class PsClient;
+class EmbeddingExchange;
 
 struct EvalPoint {
   std::uint64_t global_samples = 0;
@@ -76,6 +77,7 @@ class Evaluator {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<PsClient> ps_;
+  std::unique_ptr<EmbeddingExchange> rows_;  // with embedding layers; on the evaluator's thread
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -67,7 +67,6 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   // alive as much as a long step or the final evaluation do.
   auto heartbeats = std::make_unique<HeartbeatThread>(config, index);
 
-  check_ids_for_embeddings(config.model, config.data.name);
   auto backend = make_backend(config, index);
   const Precision precision = apply_precision(*backend, config.train.precision);
   registry
@@ -78,7 +77,12 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   const Dataset train = load_dataset(config.data, true);
   WorkerShard shard(train, index, n_workers, config.train.seed);
   Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
-              train.classes, static_cast<int>(config.train.batch_size));
+              train.classes, static_cast<int>(config.train.batch_size), config.tables);
+  check_ids_for_embeddings(model, train);
+  if (!model.embeddings().empty() && precision == Precision::fp16)
+    throw ConfigError(
+        "train.precision fp16 with embedding layers: the loss scaler does not yet check the row "
+        "gradients for overflow; use bf16 or fp32");
   log("backend ", backend->name(), ", model ", config.model.preset, " (", model.parameter_count(),
       " parameters), ", shard.size(), " training samples of ", train.size(), ", batch ",
       config.train.batch_size, " x ", config.train.accumulate_steps, " accumulated, precision ",
@@ -186,11 +190,14 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 }
 
 int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model_path) {
-  check_ids_for_embeddings(config.model, config.data.name);
   const Dataset test = load_dataset(config.data, false);
   auto backend = make_cpu_backend(static_cast<int>(config.train.threads));
   Model model(config.model, *backend, InputShape{test.channels, test.height, test.width},
-              test.classes, 500);
+              test.classes, 500, config.tables);
+  if (!model.embeddings().empty())
+    throw ConfigError(
+        "--role eval: a saved model holds no embedding tables (they live on the ps); worker 0 "
+        "evaluates such a model during the run");
   load_model_weights(model_path, model);
   const EvalResult result = model.evaluate(test);
   std::printf("%s: test accuracy %.4f, loss %.4f on %zu samples (%s)\n",

@@ -409,3 +409,43 @@ TEST_CASE("embeddings: embedding and embedding_bag layers learn a task of ids th
     CHECK(rows == kFields * kVocab);
   }
 }
+
+TEST_CASE("embeddings: a prefetched batch has the rows from before the push of the batch before") {
+  PsCluster cluster({.ps = 2, .tables = kTables, .sparse_optimizer = "{name: sgd, lr: 1}"});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  ModelConfig layers{.preset = "custom",
+                     .layers = {{.type = "embedding_bag", .table = "emb", .ids = 2},
+                                {.type = "dense", .units = 2}}};
+  auto backend = make_cpu_backend(1);
+  Model model(layers, *backend, {0, 1, 1}, 2, 2, config.tables);
+  model.initialize(1);
+  PsClient client(config, 0, no_variables(config));
+  client.hello();
+  EmbeddingExchange exchange(model, client, config.tables);
+  // Batch 1 touches rows 10, 20, 30; batch 2 rows 20, 30, 40: two shared.
+  const std::vector<std::uint64_t> first{10, 20, 30, 10}, second{20, 40, 30, 40};
+  exchange.pull_samples(2, first);
+  CHECK(exchange.last_rows() == 3);
+  exchange.prefetch(2, second);  // before batch 1's push
+  for (int i = 0; i < 2; ++i) model.label_buffer()[i] = i;
+  model.forward_backward(2, [](std::size_t) {});
+  exchange.push();
+  exchange.pull_samples(2, second);
+  CHECK(exchange.last_rows() == 3);
+  CHECK(exchange.last_stale_rows() == 2);
+  // The prefetched rows are the initial ones (the push came after the
+  // pull): the logits are those of the rows as every process creates them.
+  model.forward(2);
+  const std::vector<float> prefetched(model.logits(), model.logits() + 4);
+  const std::vector<std::uint64_t> keys{20, 30, 40};
+  model.set_embedding_batch(0, 2, initial_rows(config, keys),
+                            std::vector<std::uint32_t>{0, 2, 1, 2});
+  model.forward(2);
+  CHECK(std::vector<float>(model.logits(), model.logits() + 4) == prefetched);
+  // A batch pulled without a prefetch sees every push before it.
+  exchange.pull_samples(2, second);
+  model.forward(2);
+  CHECK(std::vector<float>(model.logits(), model.logits() + 4) != prefetched);
+  CHECK(exchange.last_stale_rows() == 0);
+}

@@ -129,6 +129,33 @@ TEST_CASE("async: 2 ps + 2 workers train the MLP to at least 80% in one epoch") 
   CHECK(std::abs(std::stod(m[1]) - accuracy) < 1e-4);
 }
 
+TEST_CASE("async: embedding layers in the model's list train on synthetic-ids through 2 ps") {
+  // The bag with the next batch's rows prefetched (one update stale).
+  using Case = std::pair<std::string, std::string>;  // a layer, more train keys
+  for (const Case& c :
+       {Case{"{type: embedding, table: ids, ids: 3}", ""},
+        Case{"{type: embedding_bag, table: ids, ids: 3, pool: mean}", ", prefetch: 1"}}) {
+    const std::string& layer = c.first;
+    const std::string& train = c.second;
+    CAPTURE(layer);
+    CAPTURE(train);
+    Run run(2, 2,
+            "tables: [{name: ids, dim: 8, rows: dynamic}]\n"
+            "optimizer: {name: sgd, lr: 0.1, sparse: {name: adagrad, lr: 0.1}}\n"
+            "model: [" +
+                layer +
+                ", {type: dense, units: 16}, {type: relu}, {type: dense, units: 2}]\n"
+                "data: {name: synthetic-ids, synthetic_train: 40000, synthetic_test: 2000}\n"
+                "train: {epochs: 2, eval_every: 0" +
+                train + "}\n");
+    const std::string logs = run.train(180s);
+    for (auto& w : run.workers) CHECK_MESSAGE(w->wait_for(0s) == 0, logs);
+    const double accuracy = final_accuracy(run.workers[0]->log_text());
+    MESSAGE(layer, ": final test accuracy ", accuracy);
+    CHECK_MESSAGE(accuracy >= 0.9, logs);
+  }
+}
+
 TEST_CASE("async: the default job at train.precision bf16 reaches 85% in its 3 epochs") {
   // cluster.yaml's training; the CPU computes bf16 everywhere (emulated
   // where OpenBLAS lacks cblas_sbgemm), so this never skips.

@@ -206,7 +206,8 @@ TEST_CASE("synthetic: deterministic, in range, all classes, splits differ") {
 
   config.name = "cifar";
   CHECK_THROWS_WITH_AS(load_dataset(config, true),
-                       "data.name: unknown dataset 'cifar' (expected fashion-mnist or synthetic)",
+                       "data.name: unknown dataset 'cifar' (expected fashion-mnist, synthetic or "
+                       "synthetic-ids)",
                        std::invalid_argument);
 }
 

@@ -280,8 +280,13 @@ TEST_CASE(
                          doctest::Contains("embedding layers must come first"), ConfigError);
     CHECK_THROWS_WITH_AS(Model(config, *backend, {2, 1, 1}, 3, 4, {tables[0]}),
                          doctest::Contains("table 'b' is not among the run's tables"), ConfigError);
-    CHECK_THROWS_WITH_AS(check_ids_for_embeddings(config, "fashion-mnist"),
-                         doctest::Contains("data.name fashion-mnist has none"), ConfigError);
+    Model model(config, *backend, {0, 1, 1}, 3, 4, tables);
+    CHECK_THROWS_WITH_AS(check_ids_for_embeddings(model, make_synthetic(10, true)),
+                         doctest::Contains("take 4 ids per sample, and synthetic/train has 0"),
+                         ConfigError);
+    Dataset with_ids = make_synthetic_ids(10, true);
+    with_ids.ids_per_sample = 4;
+    CHECK_NOTHROW(check_ids_for_embeddings(model, with_ids));
   }
   SUBCASE("gradients against finite differences") {
     constexpr int n = 4;
