@@ -144,8 +144,6 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                                 config.checkpoint.full_every,
                                 [&stats](double s) { stats.checkpoint_written(s); }},
         [&](ps::CutKind kind, std::uint64_t previous) {
-          // Expired rows go before the cut, so no checkpoint keeps them.
-          tables.expire(static_cast<std::uint32_t>(unix_time()));
           return ps::cut_shard(shard, kind, previous);
         },
         ps::Clock::now());

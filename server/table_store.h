@@ -25,11 +25,11 @@
 // 8-bit counters, the lower one read), so unadmitted ids take no memory of
 // their own and a collision can only admit an id early. Rows not updated
 // for expire_after_s are removed by a sweep that runs a slice at a time
-// (tick()) and before every checkpoint cut. A push that would take the
-// table past max_rows_per_ps first evicts the least recently updated rows
-// (by the table's update clock; 1/64 of the cap beyond what is needed, so
-// that the scan this takes runs once per cap/64 new rows), never rows of the
-// push itself; a push with more new rows than the cap is refused.
+// (tick()), a whole pass every expire_after_s / 8. A push that would take
+// the table past max_rows_per_ps first evicts the least recently updated
+// rows (by the table's update clock; 1/64 of the cap beyond what is needed,
+// so that the scan this takes runs once per cap/64 new rows), never rows of
+// the push itself; a push of more rows than the cap is refused.
 //
 // Cuts. cut() marks every segment pending and returns at once (O(segments)).
 // A writer thread then reads the segments one by one, each under its mutex,
@@ -135,13 +135,14 @@ class TableStore {
   // (checked) with the table's row optimizer at UNIX second `now`, creating
   // the admitted rows that do not exist, evicting for them at the cap;
   // returns how many it created. Throws std::invalid_argument, changing
-  // nothing, when the keys or sizes are wrong or the push alone has more
-  // new rows than max_rows_per_ps.
+  // nothing, when the keys or sizes are wrong or the push has more rows
+  // than max_rows_per_ps.
   std::uint64_t update(std::string_view table, std::span<const std::uint64_t> keys,
                        std::span<const float> grads, std::uint32_t now);
   // Runs a slice of the expiry sweep when one is due at UNIX second `now`.
   void tick(std::uint32_t now);
-  // Removes every row not updated for expire_after_s at `now`.
+  // Removes every row not updated for expire_after_s at `now`, at once (a
+  // scan of every row: for tests and tools; serving uses tick()).
   void expire(std::uint32_t now);
 
   // Rows of `table` this ps holds.

@@ -258,7 +258,10 @@ void write_snapshot(const std::filesystem::path& path, const Snapshot& snapshot)
   views.reserve(snapshot.records.size());
   for (const auto& r : snapshot.records)
     views.push_back({r.name, r.chunk, r.version, r.values, r.state});
-  write_snapshot(path, snapshot, views);
+  std::vector<TableSnapshotView> tables;
+  for (const auto& t : snapshot.tables)
+    tables.push_back({t, [&t](const auto& emit) { emit(t.rows); }, t.removed});
+  write_snapshot(path, snapshot, views, tables);
 }
 
 Snapshot read_snapshot(const std::filesystem::path& path) {

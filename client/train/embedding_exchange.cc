@@ -38,10 +38,20 @@ EmbeddingExchange::EmbeddingExchange(Model& model, PsDataClient& client,
   grads_.resize(tables_.size());
 }
 
-// Replies to pulls still in flight belong to the client's channel, which
-// drops them with their tickets; pushes are not waited for here either (a
-// failing step is left to the caller's recovery).
-EmbeddingExchange::~EmbeddingExchange() = default;
+// A pull still in flight writes its rows into this exchange's buffers when
+// its reply arrives, so it is waited for (each wait has the client's
+// deadline; a failure is the caller's recovery's to handle, not this
+// destructor's). Pushes need no buffer of ours: the client copied them.
+EmbeddingExchange::~EmbeddingExchange() {
+  for (auto* pulls : {&current_.pulls, next_ ? &next_->pulls : nullptr}) {
+    if (!pulls) continue;
+    for (const auto ticket : *pulls) try {
+        client_.wait(ticket);
+      } catch (...) {
+        // Failed or abandoned: the client holds nothing for it any more.
+      }
+  }
+}
 
 std::size_t EmbeddingExchange::ids_per_sample() const {
   std::size_t ids = 0;

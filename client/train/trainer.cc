@@ -54,8 +54,10 @@ TrainSummary train(const TrainContext& context, std::uint64_t first_step) {
         rows_pulled.add(static_cast<double>(rows->last_rows()));
         rows_stale.add(static_cast<double>(rows->last_stale_rows()));
       };
-      // The rows' share of a step accumulated over m micro-batches, as the
-      // dense gradients are averaged (client/train/grad_accumulator.h).
+      // The rows' share of a step of m micro-batches: 1/m each, where the
+      // dense gradients are weighted by their micro-batch's size
+      // (client/train/grad_accumulator.h); the two differ only in a step
+      // that takes an epoch's shorter last batch.
       const auto push_rows = [&](std::uint32_t m) {
         if (rows) rows->push(1.0f / static_cast<float>(m));
       };

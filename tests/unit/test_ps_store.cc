@@ -269,6 +269,12 @@ TEST_CASE("snapshot: embedding tables read back identically, a damaged block is 
   CHECK(got.rows.seconds == t.rows.seconds);
   CHECK(got.rows.floats == t.rows.floats);
   CHECK(got.removed == t.removed);
+  // A snapshot read back and written again keeps its tables.
+  write_snapshot(dir.path() / "again.bin", r);
+  const auto again = read_snapshot(dir.path() / "again.bin");
+  REQUIRE(again.tables.size() == 1);
+  CHECK(again.tables[0].rows.floats == t.rows.floats);
+  CHECK(again.tables[0].removed == t.removed);
 
   auto bad = read_bytes(path);
   // The end: the second block's 3 values and crc, the empty block (12 B),
