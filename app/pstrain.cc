@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "app/build_info.h"
+#include "client/data/synthetic_ctr.h"
 #include "client/model/model_io.h"
 #include "client/train/worker_role.h"
 #include "server/ps_role.h"
@@ -41,6 +42,7 @@ constexpr const char* kUsage =
     "  pstrain [options]                            ps or worker as the scheduler says\n"
     "  pstrain --role eval   --model FILE [options] print the test accuracy of a saved model\n"
     "  pstrain --keygen DIR  [options]              write the cluster's CURVE keys into DIR\n"
+    "  pstrain --export-data DIR [options]          write synthetic-ctr's splits as Criteo TSV\n"
     "\n"
     "Every process of a run must be given the same cluster file and --set overrides\n"
     "(their hash is checked when a worker connects) and the same --run-id.\n"
@@ -66,6 +68,7 @@ struct UsageError : pstrain::Error {
 struct Args {
   bool check = false;
   std::optional<std::filesystem::path> keygen;
+  std::optional<std::filesystem::path> export_data;
   std::string role;  // empty: from the scheduler's environment
   std::uint32_t index = 0;
   std::filesystem::path cluster;
@@ -107,7 +110,11 @@ po::options_description options() {
       "write a CURVE key pair for every ps and worker of the cluster and for the tool "
       "identity into DIR (secret files ps-N.key, worker-N.key, tool.key, mode 0600), and the "
       "list of public keys (DIR/public_keys), then exit (no --role needed)")(
-      "help,h", "print this help")("version", "print the version");
+      "export-data", po::value<std::string>()->value_name("DIR"),
+      "write the configured synthetic-ctr data set's training and test splits as "
+      "DIR/train.tsv and DIR/test.tsv in Criteo's format (for a peer to train on the same "
+      "samples), then exit (no --role needed)")("help,h", "print this help")("version",
+                                                                             "print the version");
   return desc;
 }
 
@@ -155,7 +162,12 @@ std::optional<Args> parse_args(int argc, char** argv) {
 
   Args args;
   args.check = vm.count("check") > 0;
-  if (vm.count("keygen")) {
+  if (vm.count("export-data")) {
+    if (args.check || vm.count("keygen") || vm.count("role"))
+      throw UsageError("--export-data takes no --check, --keygen or --role");
+    args.export_data = vm["export-data"].as<std::string>();
+    args.role = "export";
+  } else if (vm.count("keygen")) {
     if (args.check) throw UsageError("--keygen and --check do not go together");
     args.keygen = vm["keygen"].as<std::string>();
     args.role = "keygen";
@@ -167,7 +179,7 @@ std::optional<Args> parse_args(int argc, char** argv) {
     throw UsageError(kNoRole);
   }
   if (args.keygen && vm.count("role")) throw UsageError("--keygen takes no --role");
-  if (!args.check && !args.keygen && !args.role.empty() && args.role != "ps" &&
+  if (!args.check && !args.keygen && !args.export_data && !args.role.empty() && args.role != "ps" &&
       args.role != "worker" && args.role != "eval") {
     throw UsageError("--role: expected ps, worker or eval, got '" + args.role + "'");
   }
@@ -349,8 +361,15 @@ int main(int argc, char** argv) {
     config = args.role == "eval" ? pstrain::load_model_config(*args.model, args.overrides)
                                  : pstrain::load_config(args.cluster, args.overrides);
     if (args.keygen) return keygen(*args.keygen, args.cluster, config);
+    if (args.export_data) {
+      const auto [train, test] = pstrain::export_ctr_data(config.data, *args.export_data);
+      std::cout << "pstrain: " << config.data.name << " written to " << train.string() << " and "
+                << test.string() << "\n";
+      return 0;
+    }
     if (args.role != "eval") placement = place(args, config);
     if (args.check) {
+      pstrain::check_model(config);
       // As YAML comments, so that the output still reads as the config.
       if (placement)
         for (const auto& line : describe(*placement, config)) std::cout << "# " << line << "\n";

@@ -94,6 +94,17 @@ class TimedBackend final : public Backend {
                     int k) override {
     time("elementwise", [&] { inner_.softmax_xent(l, y, d, loss, c, n, k); });
   }
+  void bce_logits(const float* l, const std::int32_t* y, float* d, float* loss, float* c,
+                  int n) override {
+    time("elementwise", [&] { inner_.bce_logits(l, y, d, loss, c, n); });
+  }
+  void dot_interaction_forward(const float* x, float* y, const InteractionShape& s) override {
+    time("interaction", [&] { inner_.dot_interaction_forward(x, y, s); });
+  }
+  void dot_interaction_backward(const float* x, const float* dy, float* dx,
+                                const InteractionShape& s) override {
+    time("interaction", [&] { inner_.dot_interaction_backward(x, dy, dx, s); });
+  }
   void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
                          const EmbeddingShape& s) override {
     time("embedding", [&] { inner_.embedding_forward(rows, inverse, out, s); });

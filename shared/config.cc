@@ -183,11 +183,46 @@ Field<ClusterConfig> tables_field() {
           .omitted = [](const ClusterConfig& c) { return c.tables.empty(); }};
 }
 
+const std::vector<Field<SyntheticCtrConfig>> kSyntheticCtrFields = {
+    bounded("seed", &SyntheticCtrConfig::seed, at_least(0)),
+    bounded("vocab_scale", &SyntheticCtrConfig::vocab_scale, kPositive),
+    bounded("zipf_s", &SyntheticCtrConfig::zipf_s, kPositive),
+    bounded("click_rate", &SyntheticCtrConfig::click_rate, Range{0, true, 1, true}),
+};
+
+// A key only some datasets read: written only for those, so that the
+// canonical form (and the hash) of a run of another dataset is as before.
+Field<DataConfig> used_by(Field<DataConfig> field, std::vector<std::string> datasets) {
+  field.omitted = [datasets = std::move(datasets)](const DataConfig& d) {
+    return std::find(datasets.begin(), datasets.end(), d.name) == datasets.end();
+  };
+  return field;
+}
+
+// A criteo file, which may be left out: empty (none) is not written.
+Field<DataConfig> data_file_field(std::string key, std::filesystem::path DataConfig::*member) {
+  Field<DataConfig> field = text(std::move(key), member);
+  field.omitted = [member](const DataConfig& d) {
+    return d.name != "criteo" || (d.*member).empty();
+  };
+  return field;
+}
+
 const std::vector<Field<DataConfig>> kDataFields = {
-    choice("name", &DataConfig::name, {"fashion-mnist", "synthetic", "synthetic-ids"}),
+    choice("name", &DataConfig::name,
+           {"fashion-mnist", "synthetic", "synthetic-ids", "criteo", "synthetic-ctr"}),
     text("dir", &DataConfig::dir),
     bounded("synthetic_train", &DataConfig::synthetic_train, at_least(1)),
     bounded("synthetic_test", &DataConfig::synthetic_test, at_least(1)),
+    // That criteo has its files: checked across sections (check_data).
+    data_file_field("train", &DataConfig::train),
+    data_file_field("test", &DataConfig::test),
+    used_by(bounded("test_fraction", &DataConfig::test_fraction, kUnitOpen), {"criteo"}),
+    used_by(flag("skip_bad_lines", &DataConfig::skip_bad_lines), {"criteo"}),
+    used_by(flag("log_integers", &DataConfig::log_integers), {"criteo", "synthetic-ctr"}),
+    used_by(bounded("block_lines", &DataConfig::block_lines, at_least(1)), {"criteo"}),
+    used_by(section("synthetic_ctr", &DataConfig::synthetic_ctr, kSyntheticCtrFields),
+            {"synthetic-ctr"}),
 };
 
 // straggler_worker: an index, -1 (none) or all (kEveryWorker), so that a
@@ -348,6 +383,50 @@ struct LayerKind {
   std::vector<Field<ModelLayer>> fields;  // type first, then the sizes
 };
 
+// A list of scalars in one member, each read by `item`, written on one line.
+template <class S, class T, class Item>
+Field<S> list_of(std::string key, std::vector<T> S::*member, std::string what, Item item) {
+  std::vector<std::string> keys = {key};
+  return {.key = std::move(key),
+          .read =
+              [member, what, item](const Reader& r, const YAML::Node& node, const std::string& path,
+                                   S& s) {
+                if (!node.IsSequence()) r.fail(path, "expected " + what + ", got " + shown(node));
+                (s.*member).clear();
+                for (std::size_t i = 0; i < node.size(); ++i)
+                  (s.*member).push_back(item(r, node[i], join(path, std::to_string(i))));
+              },
+          .write =
+              [member](YAML::Emitter& out, const S& s) {
+                out << YAML::Flow << YAML::BeginSeq;
+                for (const T& value : s.*member) out << value;
+                out << YAML::EndSeq;
+              },
+          .keys = std::move(keys)};
+}
+
+// The same field, left out of the written file when `left_out` says so (a
+// value the layer did not need), so older files keep their hash.
+template <class S, class LeftOut>
+Field<S> unless(Field<S> field, LeftOut left_out) {
+  field.omitted = left_out;
+  return field;
+}
+
+// Every layer may be named and read other layers than the one before it
+// (client/model/model.h): `name`, `inputs`.
+void add_wiring(LayerKind& kind, bool inputs_required) {
+  kind.fields.push_back(
+      unless(text("name", &ModelLayer::name), [](const ModelLayer& l) { return l.name.empty(); }));
+  Field<ModelLayer> inputs = list_of("inputs", &ModelLayer::inputs, "a list of layer names",
+                                     [](const Reader& r, const YAML::Node& node,
+                                        const std::string& path) { return r.text(node, path); });
+  kind.fields.push_back(
+      inputs_required
+          ? required(inputs, "required for a " + kind.type + " layer: the layers it joins")
+          : unless(inputs, [](const ModelLayer& l) { return l.inputs.empty(); }));
+}
+
 LayerKind layer_kind(const std::string& type,
                      const std::vector<std::pair<std::string, int ModelLayer::*>>& sizes) {
   LayerKind kind{type, {text("type", &ModelLayer::type)}};
@@ -355,17 +434,20 @@ LayerKind layer_kind(const std::string& type,
     kind.fields.push_back(
         required(bounded(key, member, at_least(1)), "required for a " + type + " layer"));
   }
+  add_wiring(kind, type == "concat" || type == "dot_interaction");
   return kind;
 }
 
 // Embedding layers (docs/embeddings.md): `ids` ids per sample looked up in
 // `table`, each id its own columns (embedding) or pooled into one row
-// (embedding_bag, by `pool`).
+// (embedding_bag, by `pool`), from the sample's id `first_id` on.
 LayerKind embedding_kind(const std::string& type, bool bag) {
   LayerKind kind = layer_kind(type, {{"ids", &ModelLayer::ids}});
   kind.fields.push_back(
       required(text("table", &ModelLayer::table), "required for an " + type + " layer"));
   if (bag) kind.fields.push_back(choice("pool", &ModelLayer::pool, {"sum", "mean"}));
+  kind.fields.push_back(unless(bounded("first_id", &ModelLayer::first_id, at_least(0)),
+                               [](const ModelLayer& l) { return l.first_id < 0; }));
   return kind;
 }
 
@@ -375,6 +457,8 @@ const std::vector<LayerKind> kLayerKinds = {
     layer_kind("conv2d", {{"filters", &ModelLayer::filters}, {"kernel", &ModelLayer::kernel}}),
     layer_kind("maxpool2d", {{"kernel", &ModelLayer::kernel}}),
     layer_kind("flatten", {}),
+    layer_kind("concat", {}),
+    layer_kind("dot_interaction", {}),
     embedding_kind("embedding", false),
     embedding_kind("embedding_bag", true),
 };
@@ -512,9 +596,66 @@ Field<ClusterConfig> mode_field() {
   return field;
 }
 
-// A preset's name, or a custom model as a list of layers.
+Field<ModelConfig> unit_counts(std::string key, std::vector<int> ModelConfig::*member) {
+  return list_of(std::move(key), member, "a list of unit counts",
+                 [](const Reader& r, const YAML::Node& node, const std::string& path) {
+                   return r.integer<int>(node, path, at_least(1));
+                 });
+}
+
+// The map form's keys beside `preset` or `layers`: the loss and the
+// click-through presets' sizes (docs/ctr.md).
+const std::vector<Field<ModelConfig>> kModelMapFields = {
+    choice("loss", &ModelConfig::loss, std::vector<std::string>{"auto", "softmax", "bce"}),
+    bounded("embedding_dim", &ModelConfig::embedding_dim, between(1, 4096)),
+    unit_counts("bottom_mlp", &ModelConfig::bottom_mlp),
+    unit_counts("top_mlp", &ModelConfig::top_mlp),
+    unit_counts("deep_mlp", &ModelConfig::deep_mlp),
+};
+
+const std::vector<std::string> kPresets = {"mlp", "cnn", "dlrm", "wide_deep"};
+
+// A custom model's list of layers, each a map of its type's keys.
+void read_layers(const Reader& r, const YAML::Node& node, const std::string& path,
+                 ModelConfig& model) {
+  if (!node.IsSequence() || node.size() == 0)
+    r.fail(path, "expected " + listed(kPresets, ", ") + " or a non-empty list of layers, got " +
+                     shown(node));
+  std::vector<std::string> types;
+  std::string spelled;  // dense|relu|...
+  for (const auto& kind : kLayerKinds) {
+    spelled += (types.empty() ? "" : "|") + kind.type;
+    types.push_back(kind.type);
+  }
+  model.preset = "custom";
+  for (std::size_t i = 0; i < node.size(); ++i) {
+    const std::string at = join(path, std::to_string(i));
+    const YAML::Node entry = node[i];
+    if (!entry.IsMap() || !entry["type"]) {
+      r.fail(at, "expected a layer {type: " + spelled + ", ...}, got " + shown(entry));
+    }
+    const std::string type = r.choice(entry["type"], join(at, "type"), types);
+    ModelLayer layer;
+    read_map(r, entry, at, layer_kind_of(type).fields, layer);
+    model.layers.push_back(std::move(layer));
+  }
+}
+
+void write_layers(YAML::Emitter& out, const ModelConfig& model) {
+  out << YAML::BeginSeq;
+  for (const auto& layer : model.layers) {
+    out << YAML::Flow << YAML::BeginMap;
+    write_fields(out, layer_kind_of(layer.type).fields, layer);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+// A preset's name, a custom model as a list of layers, or a map of either
+// (`preset` or `layers`) with the loss and the presets' sizes.
 Field<ClusterConfig> model_field() {
-  std::vector<std::string> keys = {"model"};
+  std::vector<std::string> keys = {"model", "model.preset", "model.layers"};
+  for (const auto& key : keys_below("model.", kModelMapFields)) keys.push_back(key);
   for (const auto& kind : kLayerKinds) {
     for (const auto& key : keys_below("model.N.", kind.fields)) {
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
@@ -523,45 +664,66 @@ Field<ClusterConfig> model_field() {
   const auto read = [](const Reader& r, const YAML::Node& node, const std::string& path,
                        ClusterConfig& c) {
     if (node.IsScalar()) {
-      c.model.preset = r.choice(node, path, {"mlp", "cnn"});
+      c.model.preset = r.choice(node, path, kPresets);
       return;
     }
-    if (!node.IsSequence() || node.size() == 0) {
-      r.fail(path, "expected mlp, cnn or a non-empty list of layers, got " + shown(node));
+    if (!node.IsMap()) return read_layers(r, node, path, c.model);
+    std::vector<std::string> map_keys = {"preset", "layers"};
+    for (const auto& key : names(kModelMapFields)) map_keys.push_back(key);
+    r.keys(node, path, map_keys, map_of(map_keys));
+    if (node["preset"] && node["layers"]) r.fail(path, "give either preset or layers, not both");
+    if (node["preset"]) {
+      c.model.preset = r.choice(node["preset"], join(path, "preset"), kPresets);
+    } else if (node["layers"]) {
+      read_layers(r, node["layers"], join(path, "layers"), c.model);
+    } else {
+      r.fail(join(path, "preset"), "missing (a preset, or layers: a list of layers)");
     }
-    std::vector<std::string> types;
-    std::string spelled;  // dense|relu|...
-    for (const auto& kind : kLayerKinds) {
-      spelled += (types.empty() ? "" : "|") + kind.type;
-      types.push_back(kind.type);
-    }
-    c.model.preset = "custom";
-    for (std::size_t i = 0; i < node.size(); ++i) {
-      const std::string at = join(path, std::to_string(i));
-      const YAML::Node entry = node[i];
-      if (!entry.IsMap() || !entry["type"]) {
-        r.fail(at, "expected a layer {type: " + spelled + ", ...}, got " + shown(entry));
-      }
-      const std::string type = r.choice(entry["type"], join(at, "type"), types);
-      ModelLayer layer;
-      read_map(r, entry, at, layer_kind_of(type).fields, layer);
-      c.model.layers.push_back(std::move(layer));
-    }
+    read_fields(r, node, path, kModelMapFields, c.model);
   };
   const auto write = [](YAML::Emitter& out, const ClusterConfig& c) {
-    if (c.model.preset != "custom") {
-      out << c.model.preset;
+    const bool ctr = c.model.preset == "dlrm" || c.model.preset == "wide_deep";
+    if (!ctr && c.model.loss == "auto") {
+      if (c.model.preset != "custom") {
+        out << c.model.preset;
+      } else {
+        write_layers(out, c.model);
+      }
       return;
     }
-    out << YAML::BeginSeq;
-    for (const auto& layer : c.model.layers) {
-      out << YAML::Flow << YAML::BeginMap;
-      write_fields(out, layer_kind_of(layer.type).fields, layer);
-      out << YAML::EndMap;
+    out << YAML::BeginMap;
+    if (c.model.preset != "custom") {
+      out << YAML::Key << "preset" << YAML::Value << c.model.preset;
+    } else {
+      out << YAML::Key << "layers" << YAML::Value;
+      write_layers(out, c.model);
     }
-    out << YAML::EndSeq;
+    write_fields(out, kModelMapFields, c.model);
+    out << YAML::EndMap;
   };
   return {.key = "model", .read = read, .write = write, .keys = keys};
+}
+
+// The click-through presets look their ids up in tables of fixed names
+// (shared/config.h): a run gets them unless `tables` has them already, in
+// which case their widths must fit.
+void add_preset_tables(const Reader& r, ClusterConfig& c) {
+  const auto need = [&](std::string_view name, std::uint32_t dim) {
+    const auto table = std::ranges::find(c.tables, name, &TableSpec::name);
+    if (table == c.tables.end()) {
+      TableSpec spec;
+      spec.name = std::string(name);
+      spec.dim = dim;
+      c.tables.push_back(std::move(spec));
+    } else if (table->dim != dim) {
+      r.fail(join(join("tables", std::to_string(table - c.tables.begin())), "dim"),
+             "the " + c.model.preset + " model looks up rows of " + std::to_string(dim) +
+                 " floats in table '" + std::string(name) + "', got " + std::to_string(table->dim));
+    }
+  };
+  if (c.model.preset != "dlrm" && c.model.preset != "wide_deep") return;
+  need(kCtrTable, static_cast<std::uint32_t>(c.model.embedding_dim));
+  if (c.model.preset == "wide_deep") need(kCtrWideTable, 1);
 }
 
 const std::vector<Field<ClusterConfig>> kRootFields = {
@@ -599,8 +761,23 @@ void check_metrics_ports(const Reader& r, const ClusterConfig& c) {
                                       std::to_string(i) + "'s port " + number(c.ps[i].port));
 }
 
+// criteo reads its splits from files: data.train always, data.test unless
+// data.test_fraction takes the test split from data.train.
+void check_data(const Reader& r, const DataConfig& d) {
+  if (d.name != "criteo") return;
+  if (d.train.empty())
+    r.fail("data.train",
+           "missing (data.name criteo reads its training set from this file: Criteo's TSV, plain "
+           "or gzip; docs/ctr.md)");
+  if (d.test.empty() && d.test_fraction == 0)
+    r.fail("data.test",
+           "missing (data.name criteo needs a test file, or data.test_fraction > 0 to hold out "
+           "that fraction of data.train's line blocks; docs/ctr.md)");
+}
+
 // Constraints between sections, checked once every section is read.
 void check_across(const Reader& r, const ClusterConfig& c) {
+  check_data(r, c.data);
   if (c.net.heartbeat >= c.net.worker_timeout) {
     r.fail("net.heartbeat", "must be shorter than net.worker_timeout (" +
                                 number(c.net.worker_timeout) +
@@ -636,6 +813,7 @@ ClusterConfig read_config(const Reader& r, const YAML::Node& root) {
   r.keys(root, "", names(kRootFields), kRootWhat);
   ClusterConfig c;
   read_fields(r, root, "", kRootFields, c);
+  add_preset_tables(r, c);
   check_across(r, c);
   if (!c.hosts_pending)
     for (auto& w : c.workers)

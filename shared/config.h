@@ -76,26 +76,74 @@ enum class Precision { fp32, bf16, fp16 };
 // (shared/low_precision.h).
 enum class WireDType { fp32, bf16, fp16 };
 
-struct ModelLayer {          // one entry of a model given as a list of layers
-  std::string type;          // dense, relu, conv2d, maxpool2d, flatten, embedding, embedding_bag
+struct ModelLayer {  // one entry of a model given as a list of layers
+  // dense, relu, conv2d, maxpool2d, flatten, embedding, embedding_bag, concat,
+  // dot_interaction
+  std::string type;
   int units = 0;             // dense
   int filters = 0;           // conv2d
   int kernel = 0;            // conv2d, maxpool2d
   std::string table = {};    // embedding, embedding_bag: the table its ids name
   int ids = 0;               // embedding, embedding_bag: ids per sample
   std::string pool = "sum";  // embedding_bag: sum | mean
+  // embedding, embedding_bag: the sample's id its ids start at; -1: after
+  // the previous embedding layer's.
+  int first_id = -1;
+  std::string name = {};                 // how `inputs` name it; "": its default name
+  std::vector<std::string> inputs = {};  // the layers it reads; empty: the one before
 };
 
+// The tables the click-through presets (dlrm, wide_deep) look their ids up
+// in; a run with such a preset gets them with these names unless `tables`
+// has them already (docs/ctr.md).
+inline constexpr std::string_view kCtrTable = "ctr_embeddings";
+inline constexpr std::string_view kCtrWideTable = "ctr_wide";
+// The shape the presets expect of a sample: Criteo's 13 integer features
+// and 26 categorical fields.
+inline constexpr int kCtrDenseFeatures = 13, kCtrFields = 26;
+
 struct ModelConfig {
-  std::string preset = "mlp";      // mlp | cnn | custom
+  std::string preset = "mlp";      // mlp | cnn | dlrm | wide_deep | custom
   std::vector<ModelLayer> layers;  // for custom models
+  // softmax: cross-entropy over the last layer's units, one per class;
+  // bce: binary cross-entropy on one logit; auto: bce for dlrm and
+  // wide_deep, softmax otherwise.
+  std::string loss = "auto";
+  // The click-through presets' sizes: the embedding rows' width, and the
+  // hidden units of each MLP (every hidden layer followed by a relu).
+  int embedding_dim = 16;
+  std::vector<int> bottom_mlp = {64};    // dlrm: over the dense features, then embedding_dim
+  std::vector<int> top_mlp = {64};       // dlrm: over the interaction, then one logit
+  std::vector<int> deep_mlp = {64, 32};  // wide_deep: over embeddings and dense features
+  bool uses_bce() const {
+    return loss == "bce" || (loss == "auto" && (preset == "dlrm" || preset == "wide_deep"));
+  }
+};
+
+// data.synthetic_ctr: the generator of synthetic-ctr (client/data/synthetic_ctr.h).
+struct SyntheticCtrConfig {
+  std::uint64_t seed = 1;    // the planted teacher and every sample
+  double vocab_scale = 1;    // x Criteo's per-field vocabulary sizes (each at least 1)
+  double zipf_s = 1.1;       // exponent of each field's Zipf distribution of values
+  double click_rate = 0.25;  // the mean click probability the teacher is calibrated to
 };
 
 struct DataConfig {
-  std::string name = "fashion-mnist";  // fashion-mnist | synthetic | synthetic-ids
+  // fashion-mnist | synthetic | synthetic-ids | criteo | synthetic-ctr
+  std::string name = "fashion-mnist";
   std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
-  std::uint64_t synthetic_train = 6000;  // synthetic dataset sizes
+  std::uint64_t synthetic_train = 6000;  // synthetic dataset sizes (synthetic-ctr too)
   std::uint64_t synthetic_test = 1000;
+  // criteo: Criteo's TSV files (plain or gzip), docs/ctr.md. Empty: none.
+  std::filesystem::path train;
+  std::filesystem::path test;
+  // criteo: > 0: the test split is this fraction of `train`'s line blocks
+  // (and `test` is not read); 0: the test split is `test`.
+  double test_fraction = 0;
+  bool skip_bad_lines = false;       // criteo: skip (and count) malformed lines
+  bool log_integers = true;          // criteo, synthetic-ctr: dense feature = log(1 + max(x, 0))
+  std::uint32_t block_lines = 4096;  // criteo: lines per block (worker k reads blocks k mod N)
+  SyntheticCtrConfig synthetic_ctr;
 };
 
 // train.straggler_worker: all, every worker straggles.

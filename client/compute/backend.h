@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/compute/embedding_shape.h"
+#include "client/compute/interaction_shape.h"
 #include "shared/config.h"
 #include "shared/optimizer.h"
 
@@ -225,6 +226,21 @@ class Backend {
   // by n), per-sample loss[n] and correct[n] (1 where argmax == label).
   virtual void softmax_xent(const float* logits, const std::int32_t* labels, float* dlogits,
                             float* loss, float* correct, int n, int classes) = 0;
+
+  // Mean binary cross-entropy of one logit per sample (a click model's
+  // output) against labels 0 or 1, by ew::bce_loss and ew::bce_grad: writes
+  // dlogits (already divided by n), loss[n] and correct[n] (1 where the
+  // logit's sign is the label's). A label other than 0 or 1 throws
+  // std::invalid_argument on the CPU and makes its row NaN on a device.
+  virtual void bce_logits(const float* logits, const std::int32_t* labels, float* dlogits,
+                          float* loss, float* correct, int n) = 0;
+
+  // DLRM's dot interaction (client/compute/interaction_shape.h): y's row
+  // is x's first s.keep floats, then ew::interaction_dot of every pair of
+  // x's vectors. Backward writes every dx by ew::interaction_grad.
+  virtual void dot_interaction_forward(const float* x, float* y, const InteractionShape& s) = 0;
+  virtual void dot_interaction_backward(const float* x, const float* dy, float* dx,
+                                        const InteractionShape& s) = 0;
 
   // Embedding lookups (docs/embeddings.md). A bag: out[s, j] = the sum over
   // t < k, in order, of rows[inverse[s*k + t], j], times

@@ -2,7 +2,7 @@
 // Per-element arithmetic of the layers, shared by the CPU backend and the
 // CUDA kernels (PSTRAIN_HD) so both compute the same values and the CPU tests
 // cover the definitions the GPU runs. Only functions that exist on the device
-// too (expf, logf, fmaxf) may appear here.
+// too (expf, logf, log1pf, fmaxf, fabsf) may appear here.
 #include <cstddef>
 #include <cstdint>
 
@@ -51,6 +51,51 @@ PSTRAIN_HD float xent_grad(float logit, float lse, bool is_label, float inv_n) {
 }
 // The per-sample loss: -log softmax(label) = lse - logit[label].
 PSTRAIN_HD float xent_loss(float label_logit, float lse) { return lse - label_logit; }
+
+// Binary cross-entropy of one logit z against a label y in {0, 1}, in the
+// form that cannot overflow: max(z, 0) - z y + log(1 + e^-|z|).
+PSTRAIN_HD float bce_loss(float z, std::int32_t y) {
+  return fmaxf(z, 0.0f) - (y != 0 ? z : 0.0f) + log1pf(expf(-fabsf(z)));
+}
+// d loss / d z, divided by the batch size: (sigmoid(z) - y) / n, the
+// sigmoid from e^-|z| so that neither branch overflows.
+PSTRAIN_HD float bce_grad(float z, std::int32_t y, float inv_n) {
+  const float e = expf(-fabsf(z));
+  const float p = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return (p - (y != 0 ? 1.0f : 0.0f)) * inv_n;
+}
+// 1 where the logit's side of 0 is the label's (a probability above one half
+// predicts a click).
+PSTRAIN_HD float bce_correct(float z, std::int32_t y) {
+  return (z > 0.0f) == (y != 0) ? 1.0f : 0.0f;
+}
+
+// The dot interaction (client/compute/interaction_shape.h) on one sample's
+// row x of `vectors` x `dim` floats. The place of pair (a, b), a < b, among
+// the pairs in row-major order of the upper triangle.
+PSTRAIN_HD int interaction_pair(int a, int b, int vectors) {
+  return a * vectors - a * (a + 1) / 2 + (b - a - 1);
+}
+// <x_a, x_b>, summed in increasing column order.
+PSTRAIN_HD float interaction_dot(const float* x, int dim, int a, int b) {
+  float acc = 0.0f;
+  for (int j = 0; j < dim; ++j) acc += x[a * dim + j] * x[b * dim + j];
+  return acc;
+}
+// d loss / d x[v * dim + j] given the output row's gradient dy (`keep`
+// passed-through floats, then the pairs): the passed-through gradient, then
+// the sum over the other vectors u in increasing order of dy(pair u, v) x_u.
+PSTRAIN_HD float interaction_grad(const float* x, const float* dy, int vectors, int dim, int keep,
+                                  int v, int j) {
+  const int c = v * dim + j;
+  float acc = c < keep ? dy[c] : 0.0f;
+  for (int u = 0; u < vectors; ++u) {
+    if (u == v) continue;
+    const int pair = u < v ? interaction_pair(u, v, vectors) : interaction_pair(v, u, vectors);
+    acc += dy[keep + pair] * x[u * dim + j];
+  }
+  return acc;
+}
 
 // Argmax with ties broken towards the lower index, so every backend picks the
 // same class (and the same pooling input) for equal values: scan in

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "client/data/criteo_reader.h"
+#include "client/data/synthetic_ctr.h"
+
 namespace pstrain {
 namespace {
 
@@ -148,13 +151,44 @@ Dataset make_synthetic_ids(std::size_t size, bool train) {
   return data;
 }
 
-Dataset load_dataset(const DataConfig& config, bool train) {
+namespace {
+
+Dataset load_criteo(const DataConfig& config, bool train, std::uint32_t worker,
+                    std::uint32_t workers) {
+  const CriteoOptions options{.block_lines = config.block_lines,
+                              .test_fraction = config.test_fraction,
+                              .test_split = !train,
+                              .skip_bad_lines = config.skip_bad_lines,
+                              .log_integers = config.log_integers};
+  // With a test fraction both splits come from the training file.
+  const bool from_train = train || config.test_fraction > 0;
+  const auto& path = from_train ? config.train : config.test;
+  if (path.empty())
+    throw DataError(std::string("data: criteo needs data.") + (from_train ? "train" : "test") +
+                    ", the file of its " + (train ? "training" : "test") + " split (docs/ctr.md)");
+  return read_criteo(path, options, worker, workers);
+}
+
+}  // namespace
+
+Dataset load_dataset(const DataConfig& config, bool train, std::uint32_t worker,
+                     std::uint32_t workers) {
   if (config.name == "fashion-mnist") return load_fashion_mnist(config.dir, train);
+  if (config.name == "criteo") return load_criteo(config, train, worker, workers);
   const auto size = train ? config.synthetic_train : config.synthetic_test;
   if (config.name == "synthetic") return make_synthetic(size, train);
   if (config.name == "synthetic-ids") return make_synthetic_ids(size, train);
+  if (config.name == "synthetic-ctr") return make_synthetic_ctr(config, train, 0, size);
   throw std::invalid_argument("data.name: unknown dataset '" + config.name +
-                              "' (expected fashion-mnist, synthetic or synthetic-ids)");
+                              "' (expected fashion-mnist, synthetic, synthetic-ids, criteo or "
+                              "synthetic-ctr)");
+}
+
+DataShape data_shape(const DataConfig& config) {
+  if (config.name == "synthetic-ids") return {0, 1, 1, 2, kSyntheticIdFields};
+  if (config.name == "criteo" || config.name == "synthetic-ctr")
+    return {kCtrDenseFeatures, 1, 1, 2, static_cast<std::size_t>(kCtrFields)};
+  return {};
 }
 
 WorkerShard::WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers,
@@ -164,12 +198,22 @@ WorkerShard::WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_
     throw std::invalid_argument("data: worker " + std::to_string(worker) + " is not one of " +
                                 std::to_string(workers) + " workers");
   }
-  part_ = data.size() / workers;
-  if (part_ == 0) {
-    throw std::invalid_argument("data: " + data.name + " has " + std::to_string(data.size()) +
-                                " samples, too few for " + std::to_string(workers) + " workers");
+  if (data.part_size > 0) {
+    // The loader read only this worker's samples.
+    if (data.part_size > data.size())
+      throw std::invalid_argument("data: " + data.name + " has " + std::to_string(data.size()) +
+                                  " samples, fewer than its part_size " +
+                                  std::to_string(data.part_size));
+    part_ = data.part_size;
+    first_ = 0;
+  } else {
+    part_ = data.size() / workers;
+    if (part_ == 0) {
+      throw std::invalid_argument("data: " + data.name + " has " + std::to_string(data.size()) +
+                                  " samples, too few for " + std::to_string(workers) + " workers");
+    }
+    first_ = part_ * worker;
   }
-  first_ = part_ * worker;
   order_ = epoch_order(0);
 }
 

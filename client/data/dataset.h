@@ -4,7 +4,9 @@
 //
 // The image datasets are NCHW (1x28x28) float32 in [0, 1] with int32 labels
 // in [0, classes). A dataset may carry ids per sample for embedding layers
-// (docs/embeddings.md) beside its features, or instead of them.
+// (docs/embeddings.md) beside its features, or instead of them. The click
+// datasets (criteo, synthetic-ctr: docs/ctr.md) hold 13 dense features as
+// 13x1x1 "images", 26 ids and labels 0/1.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -26,6 +28,20 @@ struct Dataset {
   // Ids for embedding layers, sample-major: size() x ids_per_sample.
   std::size_t ids_per_sample = 0;
   std::vector<std::uint64_t> ids;
+
+  // 0: the dataset is a whole split, and WorkerShard gives worker w of N
+  // its part w. > 0: it holds one worker's own samples already (criteo's
+  // training split), and WorkerShard trains on its first part_size.
+  std::size_t part_size = 0;
+  // criteo: malformed lines skipped (data.skip_bad_lines) in this part.
+  std::uint64_t skipped_lines = 0;
+  // synthetic-ctr, test split: the planted teacher's own AUC and log loss on
+  // these samples, the best a model can do; -1: unknown.
+  double ceiling_auc = -1, ceiling_logloss = -1;
+  // synthetic-ctr: the 13 integers each sample's dense features were made
+  // from, sample-major (missing: kCtrMissingInteger, criteo_reader.h), for
+  // write_criteo_tsv. Empty for other datasets.
+  std::vector<std::int32_t> raw_integers;
 
   std::size_t size() const { return labels.size(); }
   std::size_t sample_floats() const { return static_cast<std::size_t>(channels) * height * width; }
@@ -52,9 +68,24 @@ Dataset make_synthetic(std::size_t size, bool train);
 inline constexpr std::size_t kSyntheticIdFields = 3, kSyntheticIdVocab = 1000;
 Dataset make_synthetic_ids(std::size_t size, bool train);
 
-// The dataset DataConfig names (fashion-mnist, synthetic or synthetic-ids),
-// train or test.
-Dataset load_dataset(const DataConfig& config, bool train);
+// The dataset DataConfig names (fashion-mnist, synthetic, synthetic-ids,
+// criteo or synthetic-ctr), train or test. For worker `worker` of `workers`:
+// criteo's training split is read as that worker's part (part_size > 0,
+// client/data/criteo_reader.h); every other dataset, and every test split,
+// is whole. Throws DataError for missing or malformed files,
+// std::invalid_argument for an unknown name.
+Dataset load_dataset(const DataConfig& config, bool train, std::uint32_t worker = 0,
+                     std::uint32_t workers = 1);
+
+// What a model must know of a data set before loading it: a sample's
+// features (channels x height x width), the classes and the ids per sample.
+// `pstrain --check` builds the model from it.
+struct DataShape {
+  int channels = 1, height = 28, width = 28;
+  int classes = 10;
+  std::size_t ids_per_sample = 0;
+};
+DataShape data_shape(const DataConfig& config);
 
 struct Batch {
   std::size_t size = 0;     // samples copied; 0 never happens
@@ -66,15 +97,18 @@ struct Batch {
 // [worker * part, (worker + 1) * part) of the training set, with
 // part = size / workers: every worker gets the same number of samples, so in
 // sync mode all take the same number of steps (the < workers samples left
-// over are not used). Each epoch visits the part in a new order, a pure
-// function of (seed, worker, epoch). The last batch of an epoch is smaller
-// when the batch size does not divide the part: it is kept, so an epoch sees
-// every owned sample exactly once.
+// over are not used). A dataset with part_size > 0 holds this worker's own
+// samples already: the worker owns its first part_size, [0, part_size)
+// (the loader made part_size the same for every worker). Each epoch visits
+// the part in a new order, a pure function of (seed, worker, epoch). The
+// last batch of an epoch is smaller when the batch size does not divide the
+// part: it is kept, so an epoch sees every owned sample exactly once.
 class WorkerShard {
  public:
   // Keeps a reference to `data`, which must outlive the shard. Throws
   // std::invalid_argument when the dataset has fewer samples than
-  // workers, or worker >= workers.
+  // workers (with part_size > 0: fewer than part_size), or
+  // worker >= workers.
   WorkerShard(const Dataset& data, std::uint32_t worker, std::uint32_t workers, std::uint64_t seed);
 
   const Dataset& data() const { return data_; }

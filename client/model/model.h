@@ -1,24 +1,37 @@
 #pragma once
-// A feed-forward classifier over a Backend: a list of layers (dense, relu,
-// conv2d, maxpool2d, flatten) ending in a dense layer to the classes, trained
-// with softmax cross-entropy.
+// A feed-forward model over a Backend: a list of layers (dense, relu,
+// conv2d, maxpool2d, flatten, concat, dot_interaction) ending in a dense
+// layer, trained with softmax cross-entropy over classes or with binary
+// cross-entropy on one logit (a click model).
 //
-// Embedding layers (embedding, embedding_bag; docs/embeddings.md) may open
-// the list: their tables live on the parameter servers, so the model holds
-// only the rows of the current batch. Before each forward the caller hands
-// each such layer the batch's unique rows and every id's place among them
+// Each layer reads the layer before it, or the layers its `inputs` name
+// (by `name`, or the default "<type><k>"; "input" is the data's features),
+// so a list can branch and join as DLRM and Wide & Deep do (docs/ctr.md):
+// `concat` joins its inputs' columns, `dot_interaction` passes its first
+// input through and appends the dot products of every pair of vectors among
+// all its inputs, vectors as wide as the first input (or as its rows, when
+// it is an embedding layer). Every layer's output feeds at most one
+// layer, and all but the last feed one.
+//
+// Embedding layers (embedding, embedding_bag; docs/embeddings.md) open the
+// list: their tables live on the parameter servers, so the model holds only
+// the rows of the current batch. Before each forward the caller hands each
+// such layer the batch's unique rows and every id's place among them
 // (set_embedding_batch); after backward it reads the unique rows'
-// gradients (embedding_grads). The layer after them sees one flat row per
-// sample: the input's features, then each embedding layer's columns.
+// gradients (embedding_grads). A first layer without `inputs` sees one
+// flat row per sample: the input's features, then each embedding layer's
+// columns.
 //
 // Memory: every parameter and its gradient is a separate backend allocation
 // (variables() order), so the ps client can pull and push each one on its
-// own; activations, the batch and the loss live in backend memory sized for
-// max_batch. Layer outputs are kept for backward; a relu overwrites its
-// input in place, since the layers below it need only their own inputs.
+// own; activations, their gradients, the batch and the loss live in backend
+// memory sized for max_batch. Layer outputs are kept for backward; a relu
+// overwrites its input in place, since the layers below it need only their
+// own inputs.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,28 +48,36 @@ struct InputShape {
   int c = 1, h = 28, w = 28;
 };
 
-// The layers of a preset ("mlp", "cnn") or the config's own list ("custom").
-// Throws ConfigError for an unknown preset or an empty custom list.
+// The layers of a preset ("mlp", "cnn", "dlrm", "wide_deep") or the config's
+// own list ("custom"). Throws ConfigError for an unknown preset or an empty
+// custom list.
 std::vector<ModelLayer> model_layers(const ModelConfig& config);
 
 // An embedding layer as the caller feeds it.
 struct EmbeddingInput {
   std::string table;
+  int first_id = 0;   // the sample's id its ids start at
   int ids = 1;        // ids per sample
   int dim = 0;        // the table's row width
   bool bag = false;   // pooled into one row (embedding_bag), else one row per id
   bool mean = false;  // a bag's pooling
 };
 
-class Model;
+// The ids per sample embedding layers read: up to the end of the layer
+// whose ids end last (layers may share ids: first_id).
+std::size_t embedding_ids_per_sample(const std::vector<EmbeddingInput>& layers);
+
 // Throws ConfigError unless `data` has as many ids per sample as the
 // model's embedding layers take (none when it has none).
-void check_ids_for_embeddings(const Model& model, const Dataset& data);
+void check_ids_for_embeddings(const std::vector<EmbeddingInput>& layers, const Dataset& data);
 
 struct EvalResult {
-  double loss = 0;      // mean per-sample cross-entropy
+  double loss = 0;      // mean per-sample cross-entropy (bce: the logloss)
   double accuracy = 0;  // fraction classified correctly
   std::size_t samples = 0;
+  // bce models: the exact AUC over every sample (client/data/click_metrics.h);
+  // NaN when one class is absent. Empty for softmax models.
+  std::optional<double> auc;
 };
 
 class Model {
@@ -64,12 +85,18 @@ class Model {
   // Validates the layer list against the input shape and throws ConfigError
   // naming the layer ("model: layer 3 (conv2d): ..."): a conv or pool that
   // does not fit its input or follows a flat layer, non-positive sizes, or a
-  // last layer that is not a dense layer to `classes` units; an embedding
-  // layer after another kind, or naming none of `tables`. With embedding
+  // last layer that is not a dense layer to `classes` units (1 under bce);
+  // an embedding layer after another kind, or naming none of `tables`; an
+  // input that names no earlier layer, an output read twice or never, a
+  // dot_interaction whose inputs are not whole vectors. With embedding
   // layers the input may be empty (input.c == 0).
   Model(const ModelConfig& config, Backend& backend, InputShape input, int classes, int max_batch,
         const std::vector<TableSpec>& tables = {});
   ~Model();
+  // Validates as the constructor does, without a backend or any memory
+  // (what `pstrain --check` runs), and returns the embedding layers.
+  static std::vector<EmbeddingInput> check(const ModelConfig& config, InputShape input, int classes,
+                                           const std::vector<TableSpec>& tables = {});
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
@@ -120,8 +147,9 @@ class Model {
   void set_loss_scale(float scale) { loss_scale_ = scale; }
   float loss_scale() const { return loss_scale_; }
 
-  const float* logits() const;                                     // n x classes
-  const float* loss_buffer() const { return loss_.data(); }        // n
+  bool binary() const { return bce_; }                       // trained with bce on one logit
+  const float* logits() const;                               // n x classes, or n x 1 under bce
+  const float* loss_buffer() const { return loss_.data(); }  // n
   const float* correct_buffer() const { return correct_.data(); }  // n: 1 or 0
 
   // Mean loss and accuracy over the first `limit` samples of `data` (all by
@@ -139,25 +167,36 @@ class Model {
  private:
   struct Layer;
   struct Embedding;
+  struct Node;
+  // Without a backend (null): the layers validated, nothing allocated.
+  Model(const ModelConfig& config, Backend* backend, InputShape input, int classes, int max_batch,
+        const std::vector<TableSpec>& tables);
+  void build_graph(std::vector<ModelLayer> specs, std::size_t opening,
+                   const std::vector<TableSpec>& tables);
+  void allocate();
   void loss(int n);
+  void backward_layer(std::size_t index, int n,
+                      const std::function<void(std::size_t variable)>& on_grad_issued);
 
-  Backend& backend_;
+  Backend* backend_;  // never null but in check()
   std::string preset_;
   InputShape input_shape_;
   int classes_;
   int max_batch_;
+  bool bce_ = false;
+  // The data flow: node 0 the input's features, then one per embedding layer,
+  // then one per other layer (layers_[i] is node 1 + embeddings + i).
+  std::vector<Node> nodes_;
   std::vector<Layer> layers_;
   std::vector<Embedding> embeddings_;
   std::vector<EmbeddingInput> embedding_inputs_;
-  int features_ = 0;     // floats of the input per sample
-  DeviceMemory joined_;  // with embeddings: features, then each layer's columns
-  std::size_t joined_width_ = 0;
+  int features_ = 0;  // floats of the input per sample
   std::vector<VariableSpec> variables_;
   std::uint64_t parameter_count_ = 0;
   float loss_scale_ = 1;
   std::vector<DeviceMemory> params_, grads_;
   DeviceMemory input_, labels_, loss_, correct_;
-  DeviceMemory grad_a_, grad_b_, workspace_;
+  DeviceMemory workspace_;
 };
 
 }  // namespace pstrain

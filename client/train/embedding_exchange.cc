@@ -54,9 +54,7 @@ EmbeddingExchange::~EmbeddingExchange() {
 }
 
 std::size_t EmbeddingExchange::ids_per_sample() const {
-  std::size_t ids = 0;
-  for (const auto& input : model_.embeddings()) ids += static_cast<std::size_t>(input.ids);
-  return ids;
+  return embedding_ids_per_sample(model_.embeddings());
 }
 
 std::vector<std::span<const std::uint64_t>> EmbeddingExchange::split(
@@ -68,9 +66,10 @@ std::vector<std::span<const std::uint64_t>> EmbeddingExchange::split(
                                 std::to_string(per_sample));
   split_.resize(tables_.size());
   std::vector<std::span<const std::uint64_t>> spans;
-  std::size_t column = 0;
   for (std::size_t e = 0; e < tables_.size(); ++e) {
-    const auto k = static_cast<std::size_t>(model_.embeddings()[e].ids);
+    const auto& input = model_.embeddings()[e];
+    const auto k = static_cast<std::size_t>(input.ids);
+    const auto column = static_cast<std::size_t>(input.first_id);
     auto& ids = split_[e];
     ids.clear();
     for (int s = 0; s < n; ++s) {
@@ -78,7 +77,6 @@ std::vector<std::span<const std::uint64_t>> EmbeddingExchange::split(
       ids.insert(ids.end(), first, first + k);
     }
     spans.emplace_back(ids);
-    column += k;
   }
   return spans;
 }

@@ -34,8 +34,7 @@ class EmbeddingExchange {
   EmbeddingExchange(const EmbeddingExchange&) = delete;
   EmbeddingExchange& operator=(const EmbeddingExchange&) = delete;
 
-  // Ids per sample the layers take together: layer e's `ids` after the
-  // layers' before it.
+  // Ids per sample the layers take together (embedding_ids_per_sample).
   std::size_t ids_per_sample() const;
   // A batch of n samples from a dataset's ids (n x ids_per_sample(),
   // sample-major): waits for the previous push, then takes the prefetched

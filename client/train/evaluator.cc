@@ -1,5 +1,7 @@
 #include "client/train/evaluator.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -20,13 +22,17 @@ constexpr int kEvalBatch = 500;
 }  // namespace
 
 JsonObject eval_record(const char* event, const EvalPoint& point) {
-  return JsonObject()
-      .add("role", "worker")
-      .add("index", 0)
-      .add("event", event)
-      .add("global_samples", point.global_samples)
-      .add("test_accuracy", point.accuracy)
-      .add("test_loss", point.loss);
+  JsonObject record = JsonObject()
+                          .add("role", "worker")
+                          .add("index", 0)
+                          .add("event", event)
+                          .add("global_samples", point.global_samples)
+                          .add("test_accuracy", point.accuracy)
+                          .add("test_loss", point.loss);
+  // A test split of one class has no AUC (NaN, which JSON cannot hold).
+  if (point.auc && std::isfinite(*point.auc))
+    record.add("test_auc", *point.auc).add("test_logloss", point.loss);
+  return record;
 }
 
 Evaluator::Evaluator(const ClusterConfig& config, std::uint32_t sender, Dataset test,
@@ -173,6 +179,7 @@ EvalPoint Evaluator::evaluate(const Job& job) {
       rows_ ? model_->evaluate(test_, SIZE_MAX, prepare) : model_->evaluate(test_);
   point.accuracy = result.accuracy;
   point.loss = result.loss;
+  point.auc = result.auc;
   point.duration_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   metrics_.write(eval_record("eval", point).add("eval_s", point.duration_s));

@@ -32,6 +32,7 @@ struct EvalPoint {
   double accuracy = 0;
   double loss = 0;
   double duration_s = 0;
+  std::optional<double> auc;  // bce models (then `loss` is the logloss)
 };
 
 // The metrics line of an evaluation: event "eval" for the periodic ones,
@@ -59,6 +60,7 @@ class Evaluator {
   // The replica holding the weights of the last evaluation (for saving the
   // model after evaluate_now()).
   Model& model();
+  const Dataset& test_set() const { return test_; }
 
  private:
   struct Job {

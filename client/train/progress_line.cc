@@ -43,8 +43,11 @@ void ProgressLine::update(const ProgressFigures& s) {
   if (since < (tty_ ? 0.1 : interval_s_)) return;
   last_ = now;
 
-  char acc[16] = "-";
+  char acc[40] = "-";
   if (s.test_accuracy) std::snprintf(acc, sizeof acc, "%.4f", *s.test_accuracy);
+  // A click model's AUC says more than its accuracy (75% is no clicks).
+  if (s.test_auc)
+    std::snprintf(acc, sizeof acc, "%.4f | test auc %.4f", *s.test_accuracy, *s.test_auc);
   char line[256];
   std::snprintf(line, sizeof line,
                 "progress epoch %.2f/%g | samples %s | %s samples/s | loss %.4f | "

@@ -17,6 +17,7 @@ struct ProgressFigures {
   double samples_per_s = 0;             // global, over the recent window
   double loss = 0;                      // this worker's recent mean training loss
   std::optional<double> test_accuracy;  // last evaluation
+  std::optional<double> test_auc;       // ... of a click model
   double eta_s = -1;                    // < 0: unknown
 };
 

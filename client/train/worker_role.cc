@@ -41,12 +41,59 @@ std::unique_ptr<Backend> make_backend(const ClusterConfig& config, std::uint32_t
   }
 }
 
-void print_final(const EvalPoint& point, double seconds) {
+// `test`: the evaluated split, which may know the best AUC a model can
+// reach on it (synthetic-ctr's teacher).
+void print_final(const EvalPoint& point, double seconds, const Dataset& test) {
   std::printf("final test accuracy %.4f (loss %.4f) after %llu global samples, %.1f s\n",
               point.accuracy, point.loss, static_cast<unsigned long long>(point.global_samples),
               seconds);
+  if (point.auc) {
+    std::printf("final test AUC %.4f, logloss %.4f", *point.auc, point.loss);
+    if (test.ceiling_auc >= 0)
+      std::printf(" (the data's teacher: AUC %.4f, logloss %.4f)", test.ceiling_auc,
+                  test.ceiling_logloss);
+    std::printf("\n");
+  }
   std::fflush(stdout);
 }
+
+// Worker 0's gauges of its latest evaluation; the AUC and logloss ones only
+// for a click model.
+class EvalGauges {
+ public:
+  EvalGauges(MetricsRegistry& registry, bool binary)
+      : accuracy_(registry
+                      .gauge("pstrain_worker_test_accuracy",
+                             "Test accuracy of worker 0's latest evaluation.")
+                      .with()),
+        loss_(
+            registry.gauge("pstrain_worker_test_loss", "Test loss of worker 0's latest evaluation.")
+                .with()) {
+    if (!binary) return;
+    auc_ = &registry
+                .gauge("pstrain_worker_test_auc",
+                       "Test AUC of worker 0's latest evaluation (click models).")
+                .with();
+    logloss_ = &registry
+                    .gauge("pstrain_worker_test_logloss",
+                           "Test logloss of worker 0's latest evaluation (click models).")
+                    .with();
+  }
+  void set(const EvalPoint& point) {
+    accuracy_.set(point.accuracy);
+    loss_.set(point.loss);
+    if (auc_ && point.auc) {
+      auc_->set(*point.auc);
+      logloss_->set(point.loss);
+    }
+  }
+
+ private:
+  Gauge& accuracy_;
+  Gauge& loss_;
+  Gauge* auc_ = nullptr;
+  Gauge* logloss_ = nullptr;
+};
 
 }  // namespace
 
@@ -74,11 +121,12 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
              "1 when the backend cannot compute at train.precision and trains in fp32.")
       .with()
       .set(precision != config.train.precision ? 1 : 0);
-  const Dataset train = load_dataset(config.data, true);
+  // criteo's training split is read as this worker's part only.
+  const Dataset train = load_dataset(config.data, true, index, n_workers);
   WorkerShard shard(train, index, n_workers, config.train.seed);
   Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
               train.classes, static_cast<int>(config.train.batch_size), config.tables);
-  check_ids_for_embeddings(model, train);
+  check_ids_for_embeddings(model.embeddings(), train);
   if (!model.embeddings().empty() && precision == Precision::fp16)
     throw ConfigError(
         "train.precision fp16 with embedding layers: the loss scaler does not yet check the row "
@@ -109,16 +157,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   MetricsFile metrics(config.run_dir / ("worker" + std::to_string(index) + ".metrics.jsonl"));
   std::unique_ptr<Evaluator> evaluator;
   std::unique_ptr<ProgressLine> progress;
-  Gauge* test_accuracy = nullptr;
-  Gauge* test_loss = nullptr;
+  std::optional<EvalGauges> gauges;
   if (index == 0) {
-    test_accuracy = &registry
-                         .gauge("pstrain_worker_test_accuracy",
-                                "Test accuracy of worker 0's latest evaluation.")
-                         .with();
-    test_loss =
-        &registry.gauge("pstrain_worker_test_loss", "Test loss of worker 0's latest evaluation.")
-             .with();
+    gauges.emplace(registry, model.binary());
     // Under security.curve a request's sender is its key's, and this process
     // holds worker 0's key only: the evaluator speaks as worker 0 (its pulls
     // count as worker 0 being heard, which it is).
@@ -130,8 +171,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
 
   ReportHook hook;
   if (evaluator) {
-    const double total =
-        config.train.epochs * static_cast<double>(train.size() / n_workers) * n_workers;
+    const double total = config.train.epochs * static_cast<double>(shard.size()) * n_workers;
     // `total` by value: it ends with this block, the hook lives on.
     hook = [&, total](std::uint64_t global, double epoch, double loss, double rate) {
       evaluator->on_global_samples(global);
@@ -143,8 +183,8 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
       state.loss = loss;
       if (auto last = evaluator->latest()) {
         state.test_accuracy = last->accuracy;
-        test_accuracy->set(last->accuracy);
-        test_loss->set(last->loss);
+        state.test_auc = last->auc;
+        gauges->set(*last);
       }
       state.eta_s = rate > 0 ? std::max(0.0, total - static_cast<double>(global)) / rate : -1;
       progress->update(state);
@@ -167,10 +207,9 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   if (evaluator) {
     // After the barrier ps 0 has counted every worker's samples.
     const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat());
-    test_accuracy->set(final_point.accuracy);
-    test_loss->set(final_point.loss);
+    gauges->set(final_point);
     progress.reset();
-    print_final(final_point, summary.seconds);
+    print_final(final_point, summary.seconds, evaluator->test_set());
     const auto model_path = config.run_dir / "model.bin";
     save_model(model_path, evaluator->model(), config, final_point.global_samples);
     metrics.write(eval_record("final", final_point).add("train_s", summary.seconds));
@@ -187,6 +226,17 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   ps.done(summary.local_samples);
   process_metrics.finish();
   return 0;
+}
+
+void check_model(const ClusterConfig& config) {
+  const DataShape shape = data_shape(config.data);
+  Dataset probe;
+  probe.name = config.data.name;
+  probe.ids_per_sample = shape.ids_per_sample;
+  check_ids_for_embeddings(
+      Model::check(config.model, InputShape{shape.channels, shape.height, shape.width},
+                   shape.classes, config.tables),
+      probe);
 }
 
 int run_eval_role(const ClusterConfig& config, const std::filesystem::path& model_path) {

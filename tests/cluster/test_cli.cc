@@ -147,12 +147,38 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
        "pstrain: unexpected argument 'extra'"},
       {{"--role", "worker", "--index", "0", "--cluster", cluster, "--bogus"},
        "pstrain: unrecognised option '--bogus'"},
+      // --check builds the model: a layer list's shape errors are named.
+      {{"--check", "--cluster", cluster, "--set",
+        "model=[{type: dense, units: 9, name: a}, {type: dot_interaction, inputs: [a, input]}, "
+        "{type: dense, units: 10}]"},
+       "pstrain: model: layer 1 (dot_interaction): input 'input' has 784 floats per sample, not "
+       "a whole number of vectors of the first input's width 9"},
+      {{"--check", "--cluster", cluster, "--set", "model=dlrm"},
+       "pstrain: model.loss: bce needs a data set of 2 classes (click or not), got 10"},
+      {{"--export-data", (dir.path() / "out").string(), "--cluster", cluster},
+       "pstrain: --export-data writes synthetic-ctr's samples; data.name is synthetic"},
   };
   for (const auto& c : cases) {
     INFO(c.expected);
     const auto result = run_cli(dir, c.args);
     CHECK(result.code == 2);
     CHECK(result.output.rfind(c.expected, 0) == 0);
+  }
+}
+
+TEST_CASE("cli: --export-data writes synthetic-ctr's splits in Criteo's format") {
+  TempDir dir;
+  const auto out = dir.path() / "ctr";
+  const auto result =
+      run_cli(dir, {"--export-data", out.string(), "--cluster", cluster_file(dir), "--set",
+                    "data={name: synthetic-ctr, synthetic_train: 300, synthetic_test: 120}"});
+  REQUIRE_MESSAGE(result.code == 0, result.output);
+  for (const auto& [name, lines] : {std::pair{"train.tsv", 300}, std::pair{"test.tsv", 120}}) {
+    std::ifstream in(out / name);
+    int count = 0;
+    for (std::string line; std::getline(in, line); ++count)
+      CHECK(std::count(line.begin(), line.end(), '\t') == 39);
+    CHECK(count == lines);
   }
 }
 

@@ -1,6 +1,7 @@
 // The CUDA backend's layers against the double reference: dense, relu,
-// conv2d (cuDNN and im2col), maxpool, softmax cross-entropy, and an MLP
-// trained from backend calls alone.
+// conv2d (cuDNN and im2col), maxpool, softmax and binary cross-entropy, the
+// dot interaction, embedding lookups, and an MLP trained from backend calls
+// alone.
 #include "tests/gpu/gpu_support.h"
 
 using namespace pstrain::gpu_test;
@@ -234,6 +235,42 @@ TEST_CASE("softmax cross-entropy matches the reference") {
     check_close(dl.read(), rdl, "dlogits");
     check_close(loss.read(), rloss, "loss");
     check_close(correct.read(), rcorrect, "correct", 0);
+  }
+}
+
+TEST_CASE("binary cross-entropy and the dot interaction match the reference") {
+  auto b = make_backend();
+  std::mt19937 rng(6);
+  const int n = 1000;
+  auto logits = random_vector(n, rng, -30, 30);
+  logits[0] = 90.0f;   // confidently right, and
+  logits[1] = -90.0f;  // confidently wrong: finite either way
+  std::vector<std::int32_t> labels(n);
+  for (int i = 0; i < n; ++i) labels[i] = static_cast<std::int32_t>(rng() % 2);
+  labels[0] = labels[1] = 1;
+  Buffer<> bl(*b, logits), dl(*b, n), loss(*b, n), correct(*b, n);
+  Buffer<std::int32_t> blabels(*b, labels);
+  b->bce_logits(bl.data(), blabels.data(), dl.data(), loss.data(), correct.data(), n);
+  std::vector<double> rdl(n), rloss(n), rcorrect(n);
+  ref::bce_logits(widen(logits).data(), labels.data(), rdl.data(), rloss.data(), rcorrect.data(),
+                  n);
+  check_close(dl.read(), rdl, "dlogits");
+  check_close(loss.read(), rloss, "loss");
+  check_close(correct.read(), rcorrect, "correct", 0);
+
+  for (const pstrain::InteractionShape s :
+       {pstrain::InteractionShape{300, 27, 16, 16}, pstrain::InteractionShape{7, 3, 5, 0}}) {
+    INFO("vectors=" << s.vectors << " dim=" << s.dim);
+    const auto x = random_vector(std::size_t(s.n) * s.in_width(), rng);
+    const auto dy = random_vector(std::size_t(s.n) * s.out_width(), rng);
+    Buffer<> bx(*b, x), bdy(*b, dy), by(*b, dy.size()), bdx(*b, x.size());
+    b->dot_interaction_forward(bx.data(), by.data(), s);
+    b->dot_interaction_backward(bx.data(), bdy.data(), bdx.data(), s);
+    std::vector<double> ry(dy.size()), rdx(x.size());
+    ref::dot_interaction_forward(widen(x).data(), ry.data(), s);
+    ref::dot_interaction_backward(widen(x).data(), widen(dy).data(), rdx.data(), s);
+    check_close(by.read(), ry, "interaction");
+    check_close(bdx.read(), rdx, "interaction dx");
   }
 }
 

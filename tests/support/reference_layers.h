@@ -154,6 +154,58 @@ inline void softmax_xent(const double* logits, const std::int32_t* labels, doubl
   }
 }
 
+// Mean binary cross-entropy of one logit per sample, the naive way (fine in
+// double for |z| well below 700): dlogits already divided by n.
+inline void bce_logits(const double* logits, const std::int32_t* labels, double* dlogits,
+                       double* loss, double* correct, int n) {
+  for (int i = 0; i < n; ++i) {
+    const double z = logits[i];
+    const double p = 1 / (1 + std::exp(-z));
+    dlogits[i] = (p - labels[i]) / n;
+    // -log p for a click, -log(1 - p) else, each from its own exponential.
+    loss[i] = labels[i] == 1 ? std::log1p(std::exp(-z)) : std::log1p(std::exp(z));
+    correct[i] = (logits[i] > 0) == (labels[i] == 1) ? 1.0 : 0.0;
+  }
+}
+
+// The dot interaction (Backend::dot_interaction_forward) straight from its
+// definition: the first `keep` floats, then <x_a, x_b> for a < b in
+// row-major order of the upper triangle.
+template <class T>
+void dot_interaction_forward(const T* x, T* y, const InteractionShape& s) {
+  for (int i = 0; i < s.n; ++i) {
+    const T* row = x + static_cast<std::size_t>(i) * s.in_width();
+    T* out = y + static_cast<std::size_t>(i) * s.out_width();
+    for (int c = 0; c < s.keep; ++c) out[c] = row[c];
+    int p = s.keep;
+    for (int a = 0; a < s.vectors; ++a)
+      for (int b = a + 1; b < s.vectors; ++b) {
+        T acc = 0;
+        for (int j = 0; j < s.dim; ++j) acc += row[a * s.dim + j] * row[b * s.dim + j];
+        out[p++] = acc;
+      }
+  }
+}
+
+// Its backward by the chain rule over the pairs in the forward's order,
+// each pair adding its share to both of its vectors.
+template <class T>
+void dot_interaction_backward(const T* x, const T* dy, T* dx, const InteractionShape& s) {
+  for (int i = 0; i < s.n; ++i) {
+    const T* row = x + static_cast<std::size_t>(i) * s.in_width();
+    const T* grad = dy + static_cast<std::size_t>(i) * s.out_width();
+    T* out = dx + static_cast<std::size_t>(i) * s.in_width();
+    for (int c = 0; c < s.in_width(); ++c) out[c] = c < s.keep ? grad[c] : T(0);
+    int p = s.keep;
+    for (int a = 0; a < s.vectors; ++a)
+      for (int b = a + 1; b < s.vectors; ++b, ++p)
+        for (int j = 0; j < s.dim; ++j) {
+          out[a * s.dim + j] += grad[p] * row[b * s.dim + j];
+          out[b * s.dim + j] += grad[p] * row[a * s.dim + j];
+        }
+  }
+}
+
 // Embedding lookups (Backend::embedding_forward) in T, summing in the order
 // the backends do: in float it gives their bits, in double the exact value.
 template <class T>

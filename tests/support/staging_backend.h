@@ -181,6 +181,17 @@ class StagingBackend final : public Backend {
                     float* correct, int n, int classes) override {
     cpu_->softmax_xent(logits, labels, dlogits, loss, correct, n, classes);
   }
+  void bce_logits(const float* logits, const std::int32_t* labels, float* dlogits, float* loss,
+                  float* correct, int n) override {
+    cpu_->bce_logits(logits, labels, dlogits, loss, correct, n);
+  }
+  void dot_interaction_forward(const float* x, float* y, const InteractionShape& s) override {
+    cpu_->dot_interaction_forward(x, y, s);
+  }
+  void dot_interaction_backward(const float* x, const float* dy, float* dx,
+                                const InteractionShape& s) override {
+    cpu_->dot_interaction_backward(x, dy, dx, s);
+  }
   void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
                          const EmbeddingShape& s) override {
     cpu_->embedding_forward(rows, inverse, out, s);

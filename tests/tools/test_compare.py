@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import support
 from pstrain_tools import compare, report
@@ -161,15 +162,43 @@ def eval_record(time, eval_s, accuracy):
             "global_samples": 0}
 
 
-def write_run(path, mode, workers, evals, final_accuracy, start, end):
+def auc_eval_record(time, eval_s, accuracy, auc, logloss):
+    """A click model's evaluation: its accuracy, AUC and log loss."""
+    return dict(eval_record(time, eval_s, accuracy), test_auc=auc, test_logloss=logloss,
+                test_loss=logloss)
+
+
+def _stale(mean, peak):
+    return {"staleness": mean, "max_staleness": peak}
+
+
+# The training records of the two fake runs the report tests read (their
+# docstrings work out what each implies).
+ASYNC_STEPS = {
+    0: [train_record(10.0, 10, 100, 50.0, **_stale(1.0, 2)),
+        train_record(13.0, 30, 300, 100.0, **_stale(2.0, 5)),
+        train_record(17.0, 40, 400, 25.0, **_stale(4.0, 3))],
+    1: [train_record(9.0, 4, 200, 100.0, **_stale(0.5, 1)),
+        train_record(11.0, 10, 600, 200.0, **_stale(3.0, 7))],
+}
+SYNC_STEPS = {
+    0: [train_record(5.0, 10, 320, 160.0, allreduce_ms=3.0),
+        train_record(7.0, 20, 640, 160.0, allreduce_ms=3.0)],
+    1: [train_record(5.0, 10, 320, 320.0, allreduce_ms=3.0),
+        train_record(9.0, 20, 640, 80.0, allreduce_ms=3.0)],
+}
+
+
+def write_run(path, mode, workers, evals, final_accuracy, start, end, final_extra=None):
     """A run directory as pstrain and tools/launch leave it: one metrics file
-    per worker (worker 0's also holds the evaluations and the final one) and
-    launch.json."""
+    per worker (worker 0's also holds the evaluations and the final one, with
+    `final_extra`'s keys) and launch.json."""
     os.makedirs(path)
     for index, records in workers.items():
         lines = [dict(r, index=index) for r in records]
         if index == 0:
-            lines += evals + [{"event": "final", "test_accuracy": final_accuracy}]
+            lines += evals + [dict({"event": "final", "test_accuracy": final_accuracy},
+                                   **(final_extra or {}))]
         with open(os.path.join(path, f"worker{index}.metrics.jsonl"), "w") as f:
             f.writelines(json.dumps(line) + "\n" for line in lines)
     with open(os.path.join(path, "launch.json"), "w") as f:
@@ -201,22 +230,10 @@ class ReportNumbersTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory(prefix="pstrain-report-")
         cls.async_dir = os.path.join(cls.tmp.name, "async")
         cls.sync_dir = os.path.join(cls.tmp.name, "sync")
-        stale = lambda mean, peak: {"staleness": mean, "max_staleness": peak}
-        write_run(cls.async_dir, "async", {
-            0: [train_record(10.0, 10, 100, 50.0, **stale(1.0, 2)),
-                train_record(13.0, 30, 300, 100.0, **stale(2.0, 5)),
-                train_record(17.0, 40, 400, 25.0, **stale(4.0, 3))],
-            1: [train_record(9.0, 4, 200, 100.0, **stale(0.5, 1)),
-                train_record(11.0, 10, 600, 200.0, **stale(3.0, 7))],
-        }, evals=[eval_record(20.0, 0.5, 0.7), eval_record(12.0, 1.0, 0.5),
+        write_run(cls.async_dir, "async", ASYNC_STEPS, evals=[eval_record(20.0, 0.5, 0.7), eval_record(12.0, 1.0, 0.5),
                   eval_record(22.0, 0.5, 0.9), eval_record(16.0, 0.5, 0.8)],
             final_accuracy=0.8125, start=100.0, end=112.5)
-        write_run(cls.sync_dir, "sync", {
-            0: [train_record(5.0, 10, 320, 160.0, allreduce_ms=3.0),
-                train_record(7.0, 20, 640, 160.0, allreduce_ms=3.0)],
-            1: [train_record(5.0, 10, 320, 320.0, allreduce_ms=3.0),
-                train_record(9.0, 20, 640, 80.0, allreduce_ms=3.0)],
-        }, evals=[eval_record(7.5, 0.5, 0.76)], final_accuracy=0.75, start=50.0, end=58.0)
+        write_run(cls.sync_dir, "sync", SYNC_STEPS, evals=[eval_record(7.5, 0.5, 0.76)], final_accuracy=0.75, start=50.0, end=58.0)
 
     @classmethod
     def tearDownClass(cls):
@@ -304,6 +321,183 @@ class ReportNumbersTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("| async | async | not reached | 0.8125 |", r.stdout)
 
+    def test_an_accuracy_job_reports_accuracy_as_before(self):
+        # No test_auc in its evaluations: no AUC anywhere, the default
+        # target 0.85, the accuracy plot.
+        out = os.path.join(self.tmp.name, "report-accuracy")
+        r = subprocess.run([sys.executable, os.path.join(support.TOOLS, "report.py"), out,
+                            self.async_dir, self.sync_dir],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines()[:4], [
+            "| run | mode | time to 85% (s) | final accuracy | samples/s | samples/s per worker "
+            "| staleness mean / max | wall time (s) |",
+            "|---|---|---|---|---|---|---|---|",
+            "| async | async | 14.5 | 0.8125 | 125 | 50 150 | 2.20 / 7.00 | 12.5 |",
+            "| sync | sync | not reached | 0.7500 | 256 | 160 128 | - | 8.0 |",
+        ])
+        self.assertIn("- **async** ended with the best final accuracy (0.8125)", r.stdout)
+        text = support.read_text(os.path.join(out, "report.md"))
+        for word in ("AUC", "auc", "logloss", "Click models"):
+            self.assertNotIn(word, text)
+        self.assertIn("## Test accuracy vs wall time\n\n"
+                      "![Test accuracy vs wall time](accuracy_vs_time.png)", text)
+        self.assertTrue(os.path.exists(os.path.join(out, "accuracy_vs_time.png")))
+        self.assertFalse(os.path.exists(os.path.join(out, "auc_vs_time.png")))
+        summary = support.read_json(os.path.join(out, "summary.json"))
+        self.assertEqual(summary["metric"], "accuracy")
+        self.assertEqual([(s["metric"], s["target"], s["final_accuracy"], s["final_auc"],
+                           s["final_logloss"]) for s in summary["runs"]],
+                         [("accuracy", 0.85, 0.8125, None, None),
+                          ("accuracy", 0.85, 0.75, None, None)])
+        self.assertEqual([(g["metric"], g["final_accuracy"]["median"], g["final_auc"],
+                           g["final_logloss"]) for g in summary["groups"]],
+                         [("accuracy", 0.8125, None, None), ("accuracy", 0.75, None, None)])
+        self.assertEqual([w["column"] for w in summary["winners"]],
+                         ["time_to_target_s", "final_accuracy"])
+
+
+class AucReportTest(unittest.TestCase):
+    """tools/report.py on a click model's runs, whose evaluations carry
+    test_auc and test_logloss: the training records are ReportNumbersTest's
+    (origins 7 and 3; 125 and 256 samples/s), the accuracy is high from the
+    start (a click model's mostly-negative test split), the AUC is not.
+
+    async: evaluations pulled at 4 (accuracy 0.97, no AUC: a test split of
+      one class), 8.5 (AUC 0.74), 12.5 (0.76), 14.5 (0.79); final AUC
+      0.785, log loss 0.4412, accuracy 0.971.
+    sync: one evaluation at 4, AUC 0.77; final AUC 0.77, log loss 0.4523,
+      accuracy 0.965.
+    By accuracy both would reach 0.75 at 4 s; by AUC async gets there at
+    12.5 s.
+    """
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="pstrain-report-auc-")
+        cls.async_dir = os.path.join(cls.tmp.name, "async")
+        cls.sync_dir = os.path.join(cls.tmp.name, "sync")
+        write_run(cls.async_dir, "async", ASYNC_STEPS, evals=[auc_eval_record(20.0, 0.5, 0.97, 0.76, 0.46),
+                  eval_record(12.0, 1.0, 0.97),
+                  auc_eval_record(22.0, 0.5, 0.97, 0.79, 0.45),
+                  auc_eval_record(16.0, 0.5, 0.97, 0.74, 0.47)],
+            final_accuracy=0.971, start=100.0, end=112.5,
+            final_extra={"test_auc": 0.785, "test_logloss": 0.4412, "test_loss": 0.4412})
+        write_run(cls.sync_dir, "sync", SYNC_STEPS, evals=[auc_eval_record(7.5, 0.5, 0.96, 0.77, 0.455)], final_accuracy=0.965,
+            start=50.0, end=58.0,
+            final_extra={"test_auc": 0.77, "test_logloss": 0.4523, "test_loss": 0.4523})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def report_tool(self, name, *args):
+        out = os.path.join(self.tmp.name, name)
+        r = subprocess.run([sys.executable, os.path.join(support.TOOLS, "report.py"), out,
+                            self.async_dir, self.sync_dir, *args],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return out, r.stdout
+
+    def test_time_to_target_is_the_first_evaluation_with_auc_at_or_above_it(self):
+        run = report.Run(self.async_dir)
+        self.assertTrue(run.has_auc)
+        self.assertTrue(report.Run(self.sync_dir).has_auc)
+        self.assertEqual([(t, v) for t, v, _ in run.eval_points("auc")],
+                         [(8.5, 0.74), (12.5, 0.76), (14.5, 0.79)])
+        at = lambda target: report.summarize(run, target)["time_to_target_s"]  # noqa: E731
+        # The evaluation at 4 s has no AUC: it reaches no AUC target.
+        self.assertEqual(at(0.6), 8.5)
+        self.assertEqual(at(0.75), 12.5)
+        self.assertEqual(at(0.78), 14.5)
+        self.assertIsNone(at(0.8))
+        s = report.summarize(run)
+        self.assertEqual((s["metric"], s["target"], s["time_to_target_s"]), ("auc", 0.75, 12.5))
+        self.assertEqual((s["final_auc"], s["final_logloss"], s["final_accuracy"]),
+                         (0.785, 0.4412, 0.971))
+        self.assertEqual(report.summarize(run, 0.75, "accuracy")["time_to_target_s"], 4.0)
+
+    def test_report_tool_speaks_auc_with_the_default_target_0_75(self):
+        out, stdout = self.report_tool("report")
+        self.assertEqual(stdout.splitlines(), [
+            "| run | mode | time to AUC 0.75 (s) | final AUC | final logloss | samples/s "
+            "| samples/s per worker | staleness mean / max | wall time (s) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            "| async | async | 12.5 | 0.7850 | 0.4412 | 125 | 50 150 | 2.20 / 7.00 | 12.5 |",
+            "| sync | sync | 4.0 | 0.7700 | 0.4523 | 256 | 160 128 | - | 8.0 |",
+            "",
+            "- **sync** reached the target soonest (4.0 s); its range overlaps no other mode's",
+            "- **async** ended with the best final AUC (0.7850); "
+            "its range overlaps no other mode's",
+        ])
+        text = support.read_text(os.path.join(out, "report.md"))
+        self.assertIn(stdout, text)
+        self.assertIn("Click models", text)
+        summary = support.read_json(os.path.join(out, "summary.json"))
+        self.assertEqual(summary["metric"], "auc")
+        self.assertEqual([(s["run"], s["metric"], s["target"], s["time_to_target_s"],
+                           s["final_auc"], s["final_logloss"], s["final_accuracy"])
+                          for s in summary["runs"]],
+                         [("async", "auc", 0.75, 12.5, 0.785, 0.4412, 0.971),
+                          ("sync", "auc", 0.75, 4.0, 0.77, 0.4523, 0.965)])
+        self.assertEqual([(g["metric"], g["final_auc"]["median"], g["final_logloss"]["median"],
+                           g["final_accuracy"]["median"]) for g in summary["groups"]],
+                         [("auc", 0.785, 0.4412, 0.971), ("auc", 0.77, 0.4523, 0.965)])
+        self.assertEqual([(w["column"], w["mode"]) for w in summary["winners"]],
+                         [("time_to_target_s", "sync"), ("final_auc", "async")])
+
+    def test_target_is_in_auc_units(self):
+        _, stdout = self.report_tool("report-target", "--target", "0.78")
+        self.assertIn("| time to AUC 0.78 (s) | final AUC | final logloss |", stdout)
+        self.assertIn("| async | async | 14.5 | 0.7850 | 0.4412 |", stdout)
+        self.assertIn("| sync | sync | not reached | 0.7700 | 0.4523 |", stdout)
+        self.assertIn("- **async** reached the target soonest (14.5 s)", stdout)
+
+    def test_the_plot_is_of_auc(self):
+        out, _ = self.report_tool("report-plot")
+        text = support.read_text(os.path.join(out, "report.md"))
+        self.assertIn("## Test AUC vs wall time\n\n![Test AUC vs wall time](auc_vs_time.png)",
+                      text)
+        self.assertNotIn("Test accuracy vs wall time", text)
+        self.assertFalse(os.path.exists(os.path.join(out, "accuracy_vs_time.png")))
+        with open(os.path.join(out, "auc_vs_time.png"), "rb") as f:
+            self.assertEqual(f.read(8), PNG_SIGNATURE)
+        # The figure itself: its title, axis label and the AUC points.
+        import matplotlib.figure
+        seen = {}
+        original = matplotlib.figure.Figure.savefig
+
+        def record(fig, path, *args, **kwargs):
+            ax = fig.axes[0]
+            seen[os.path.basename(path)] = (ax.get_title(), ax.get_ylabel(),
+                                            [list(line.get_ydata()) for line in ax.get_lines()])
+            return original(fig, path, *args, **kwargs)
+        runs = [report.Run(self.async_dir), report.Run(self.sync_dir)]
+        plots_dir = os.path.join(self.tmp.name, "plots-only")
+        os.makedirs(plots_dir)
+        with mock.patch.object(matplotlib.figure.Figure, "savefig", record):
+            files = report.plots(runs, plots_dir, metric="auc")
+        self.assertEqual(files["Test AUC vs wall time"], "auc_vs_time.png")
+        self.assertEqual(seen["auc_vs_time.png"][:2], ("Test AUC vs wall time", "test AUC"))
+        self.assertEqual(seen["auc_vs_time.png"][2], [[0.74, 0.76, 0.79], [0.77]])
+
+    def test_the_group_table_speaks_auc(self):
+        a, s = report.Run(self.async_dir), report.Run(self.sync_dir)
+        out = os.path.join(self.tmp.name, "report-groups")
+        text = report.write([a, s, a], out, None, [], [report.Group("async", "w1", [a, a]),
+                                                    report.Group("sync", "none", [s])])
+        lines = text.splitlines()
+        self.assertEqual(lines[:4], [
+            "| straggler | mode | runs | time to AUC 0.75 (s) | final AUC | final logloss "
+            "| samples/s | staleness mean / max |",
+            "|---|---|---|---|---|---|---|---|",
+            "| w1 | async | 2 | 12.5 | 0.7850 | 0.4412 | 125 | 2.20 / 7.00 |",
+            "| none | sync | 1 | 4.0 | 0.7700 | 0.4523 | 256 | - |",
+        ])
+        self.assertIn("- with w1: **async** ended with the best final AUC (0.7850); "
+                      "its range overlaps no other mode's", lines)
+        self.assertTrue(os.path.exists(os.path.join(out, "auc_vs_time.png")))
+
 
 class SpecTest(unittest.TestCase):
     """--modes and --straggler as compare reads them, without pstrain."""
@@ -381,6 +575,15 @@ class SpecTest(unittest.TestCase):
         r = support.run_tool("compare", ["cluster.yaml", "--repeats", "0"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("--repeats: '0': expected a whole number >= 1", r.stderr)
+
+    def test_target_defaults_by_metric(self):
+        # compare's --target is None until the runs say which metric;
+        # report.write resolves it.
+        self.assertEqual((report.default_target("accuracy"), report.default_target("auc")),
+                         (0.85, 0.75))
+        r = support.run_tool("compare", ["--help"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(default 0.75)", " ".join(r.stdout.split()))
 
 
 def run_summary(run, time_to_target, final, samples_per_s, staleness=None):

@@ -370,6 +370,8 @@ TEST_CASE("config: to_yaml round-trips") {
        "optimizer={name: adagrad, lr: 0.3, eps: 3e-9}", "train.epochs=0.1", "job=\"true\"",
        "data.dir='/path with: colon'", "train.straggler_delay_ms=0.1"},
       {"train.straggler_worker=all", "train.straggler_pause_probability=0.05"},
+      {"data.name=criteo", "data.train=/d/train.tsv.gz", "data.test_fraction=0.25",
+       "data.block_lines=100", "data.synthetic_ctr={seed: 7, zipf_s: 0.9}"},
   };
   for (const auto& overrides : variants) {
     const auto c = parse(kMinimal, overrides);
@@ -417,7 +419,7 @@ TEST_CASE("config: bad files name the key and the problem") {
        "t.yaml: workers.cnt: unknown key"},
       {m + "model: [{type: relu, units: 3}]\n",
        {},
-       "t.yaml: model.0.units: unknown key (expected one of: type)"},
+       "t.yaml: model.0.units: unknown key (expected one of: type, name, inputs)"},
       {m, {"train.batchsize=3"}, "t.yaml: train.batchsize: unknown key"},
       {m + "train: {epochs: 1, epochs: 2}\n", {}, "t.yaml: train.epochs: given more than once"},
       // wrong types
@@ -520,14 +522,61 @@ TEST_CASE("config: bad files name the key and the problem") {
        "t.yaml: optimizer.name: expected sgd, momentum, adam or adagrad, got 'rmsprop'"},
       {m + "data: {name: cifar}\n",
        {},
-       "t.yaml: data.name: expected fashion-mnist, synthetic or synthetic-ids"},
-      {m + "model: resnet\n", {}, "t.yaml: model: expected mlp or cnn, got 'resnet'"},
-      {m + "model: custom\n", {}, "t.yaml: model: expected mlp or cnn, got 'custom'"},
-      {m + "model: []\n", {}, "t.yaml: model: expected mlp, cnn or a non-empty list of layers"},
+       "t.yaml: data.name: expected fashion-mnist, synthetic, synthetic-ids, criteo or "
+       "synthetic-ctr, got 'cifar'"},
+      {m + "data: {test_fraction: 1}\n",
+       {},
+       "t.yaml: data.test_fraction: expected a number in [0, 1), got '1'"},
+      {m + "data: {block_lines: 0}\n",
+       {},
+       "t.yaml: data.block_lines: expected an integer >= 1, got '0'"},
+      {m + "data: {train: ''}\n", {}, "t.yaml: data.train: expected a non-empty string"},
+      {m + "data: {synthetic_ctr: {click_rate: 1}}\n",
+       {},
+       "t.yaml: data.synthetic_ctr.click_rate: expected a number in (0, 1), got '1'"},
+      {m + "data: {synthetic_ctr: {zipf_s: 0}}\n",
+       {},
+       "t.yaml: data.synthetic_ctr.zipf_s: expected a number > 0, got '0'"},
+      {m + "data: {synthetic_ctr: {vocab: 3}}\n",
+       {},
+       "t.yaml: data.synthetic_ctr.vocab: unknown key"},
+      {m + "data: {name: criteo, test: /t.tsv}\n",
+       {},
+       "t.yaml: data.train: missing (data.name criteo reads its training set from this file"},
+      {m + "data: {name: criteo, train: /t.tsv}\n",
+       {},
+       "t.yaml: data.test: missing (data.name criteo needs a test file, or data.test_fraction > "
+       "0"},
+      {m + "model: resnet\n",
+       {},
+       "t.yaml: model: expected mlp, cnn, dlrm or wide_deep, got 'resnet'"},
+      {m + "model: custom\n",
+       {},
+       "t.yaml: model: expected mlp, cnn, dlrm or wide_deep, got 'custom'"},
+      {m + "model: []\n",
+       {},
+       "t.yaml: model: expected mlp, cnn, dlrm, wide_deep or a non-empty list of layers"},
       {m + "model: [{type: dense, units: 3}, {type: softmax}]\n",
        {},
-       "t.yaml: model.1.type: expected dense, relu, conv2d, maxpool2d, flatten, embedding or "
-       "embedding_bag, got 'softmax'"},
+       "t.yaml: model.1.type: expected dense, relu, conv2d, maxpool2d, flatten, concat, "
+       "dot_interaction, embedding or embedding_bag, got 'softmax'"},
+      {m + "model: [{type: concat}]\n",
+       {},
+       "t.yaml: model.0.inputs: missing (required for a concat layer: the layers it joins)"},
+      {m + "model: {preset: dlrm, layers: []}\n",
+       {},
+       "t.yaml: model: give either preset or layers"},
+      {m + "model: {loss: bce}\n", {}, "t.yaml: model.preset: missing (a preset, or layers"},
+      {m + "model: {preset: dlrm, bottom_mlp: [0]}\n",
+       {},
+       "t.yaml: model.bottom_mlp.0: expected an integer >= 1, got '0'"},
+      {m + "model: {preset: dlrm, loss: hinge}\n",
+       {},
+       "t.yaml: model.loss: expected auto, softmax or bce, got 'hinge'"},
+      {m + "model: {preset: dlrm, embedding_dim: 8}\ntables: [{name: ctr_embeddings, dim: 4}]\n",
+       {},
+       "t.yaml: tables.0.dim: the dlrm model looks up rows of 8 floats in table "
+       "'ctr_embeddings', got 4"},
       {m + "model: [{units: 3}]\n", {}, "t.yaml: model.0: expected a layer {type: "},
       {m + "model: [{type: dense}]\n",
        {},
@@ -553,6 +602,73 @@ TEST_CASE("config: bad files name the key and the problem") {
     const std::string message = error_of(c.text, c.overrides);
     CHECK(message.find(c.expected) == 0);
   }
+}
+
+TEST_CASE("config: criteo and synthetic-ctr data") {
+  const auto c = parse(kMinimal);
+  CHECK(c.data.train.empty());
+  CHECK(c.data.test.empty());
+  CHECK(c.data.test_fraction == 0);
+  CHECK_FALSE(c.data.skip_bad_lines);
+  CHECK(c.data.log_integers);
+  CHECK(c.data.block_lines == 4096);
+  CHECK(c.data.synthetic_ctr.seed == 1);
+  CHECK(c.data.synthetic_ctr.vocab_scale == 1);
+  CHECK(c.data.synthetic_ctr.zipf_s == 1.1);
+  CHECK(c.data.synthetic_ctr.click_rate == 0.25);
+  // The keys only criteo or synthetic-ctr read are written for those only:
+  // other runs keep their hash.
+  for (const char* key : {"\n  train:", "\n  test:", "test_fraction", "skip_bad_lines",
+                          "log_integers", "block_lines", "synthetic_ctr"}) {
+    CAPTURE(key);
+    CHECK(c.to_yaml().find(key) == std::string::npos);
+    CHECK(parse(kMinimal, {"data.name=synthetic", "data.block_lines=3", "data.test=/t"})
+              .to_yaml()
+              .find(key) == std::string::npos);
+  }
+  // ... and every value of theirs counts in the hash there.
+  const std::vector<std::string> criteo_base = {"data.name=criteo", "data.train=/x.tsv",
+                                                "data.test=/y.tsv"};
+  const std::vector<std::string> ctr_base = {"data.name=synthetic-ctr"};
+  const std::vector<std::pair<std::vector<std::string>, std::string>> changes = {
+      {criteo_base, "data.train=/z.tsv"},
+      {criteo_base, "data.test=/z.tsv"},
+      {criteo_base, "data.test_fraction=0.1"},
+      {criteo_base, "data.skip_bad_lines=true"},
+      {criteo_base, "data.log_integers=false"},
+      {criteo_base, "data.block_lines=8"},
+      {ctr_base, "data.log_integers=false"},
+      {ctr_base, "data.synthetic_ctr.seed=2"},
+      {ctr_base, "data.synthetic_ctr.vocab_scale=0.5"},
+      {ctr_base, "data.synthetic_ctr.zipf_s=1.2"},
+      {ctr_base, "data.synthetic_ctr.click_rate=0.5"},
+  };
+  for (const auto& [base, change] : changes) {
+    CAPTURE(change);
+    auto changed = base;
+    changed.push_back(change);
+    CHECK(parse(kMinimal, changed).hash() != parse(kMinimal, base).hash());
+    CHECK(parse(parse(kMinimal, changed).to_yaml()).hash() == parse(kMinimal, changed).hash());
+  }
+
+  const auto criteo = parse(kMinimal, {"data.name=criteo", "data.train=/d/train.txt",
+                                       "data.test=/d/test.txt", "data.skip_bad_lines=true"});
+  CHECK(criteo.data.name == "criteo");
+  CHECK(criteo.data.train == "/d/train.txt");
+  CHECK(criteo.data.test == "/d/test.txt");
+  CHECK(criteo.data.skip_bad_lines);
+  const auto again = parse(criteo.to_yaml());
+  CHECK(again.data.train == "/d/train.txt");
+  CHECK(again.data.test == "/d/test.txt");
+  // A held-out fraction of the training file stands in for data.test.
+  const auto held_out =
+      parse(kMinimal, {"data.name=criteo", "data.train=/d/train.txt", "data.test_fraction=0.1"});
+  CHECK(held_out.data.test_fraction == 0.1);
+  CHECK(held_out.data.test.empty());
+  // The files are checked only for criteo.
+  CHECK(parse(kMinimal, {"data.name=synthetic-ctr", "data.synthetic_ctr.seed=9"})
+            .data.synthetic_ctr.seed == 9);
+  CHECK(error_of(kMinimal, {"data.name=criteo"}).find("t.yaml: data.train: missing") == 0);
 }
 
 TEST_CASE("config: the YAML syntax error names the file and line") {

@@ -206,8 +206,8 @@ TEST_CASE("synthetic: deterministic, in range, all classes, splits differ") {
 
   config.name = "cifar";
   CHECK_THROWS_WITH_AS(load_dataset(config, true),
-                       "data.name: unknown dataset 'cifar' (expected fashion-mnist, synthetic or "
-                       "synthetic-ids)",
+                       "data.name: unknown dataset 'cifar' (expected fashion-mnist, synthetic, "
+                       "synthetic-ids, criteo or synthetic-ctr)",
                        std::invalid_argument);
 }
 

@@ -102,7 +102,7 @@ TEST_CASE("model: presets have the published layer sizes") {
 
 TEST_CASE("model: bad layer lists are rejected with the layer named") {
   CHECK(build_error(preset("resnet")) ==
-        "model.preset: unknown preset 'resnet' (expected mlp, cnn or custom)");
+        "model.preset: unknown preset 'resnet' (expected mlp, cnn, dlrm, wide_deep or custom)");
   CHECK(build_error(custom({})) == "model.layers: a custom model needs at least one layer");
   CHECK(build_error(custom({{"dense", 32, 0, 0}, {"conv2d", 0, 8, 3}, {"dense", 10, 0, 0}})) ==
         "model: layer 1 (conv2d): needs an image input (channels x height x width), got the "
@@ -120,8 +120,8 @@ TEST_CASE("model: bad layer lists are rejected with the layer named") {
         "model: layer 0 (dense): the last layer must be dense with 10 units (the number of "
         "classes), got output [7]");
   CHECK(build_error(custom({{"dropout", 0, 0, 0}, {"dense", 10, 0, 0}})) ==
-        "model: layer 0: unknown type 'dropout' (expected dense, relu, conv2d, maxpool2d or "
-        "flatten)");
+        "model: layer 0: unknown type 'dropout' (expected dense, relu, conv2d, maxpool2d, "
+        "flatten, concat or dot_interaction)");
 }
 
 TEST_CASE("model: end-to-end gradients match finite differences") {
@@ -281,20 +281,20 @@ TEST_CASE(
     CHECK_THROWS_WITH_AS(Model(config, *backend, {2, 1, 1}, 3, 4, {tables[0]}),
                          doctest::Contains("table 'b' is not among the run's tables"), ConfigError);
     Model model(config, *backend, {0, 1, 1}, 3, 4, tables);
-    CHECK_THROWS_WITH_AS(check_ids_for_embeddings(model, make_synthetic(10, true)),
+    CHECK_THROWS_WITH_AS(check_ids_for_embeddings(model.embeddings(), make_synthetic(10, true)),
                          doctest::Contains("take 4 ids per sample, and synthetic/train has 0"),
                          ConfigError);
     Dataset with_ids = make_synthetic_ids(10, true);
     with_ids.ids_per_sample = 4;
-    CHECK_NOTHROW(check_ids_for_embeddings(model, with_ids));
+    CHECK_NOTHROW(check_ids_for_embeddings(model.embeddings(), with_ids));
   }
   SUBCASE("gradients against finite differences") {
     constexpr int n = 4;
     Model model(config, *backend, {2, 1, 1}, 3, n, tables);
     REQUIRE(model.embeddings().size() == 2);
-    CHECK(
-        model.describe().find("{type: embedding_bag, table: a, ids: 2, pool: mean, output: [3]}") !=
-        std::string::npos);
+    CHECK(model.describe().find("{name: embedding_bag0, type: embedding_bag, table: a, first_id: "
+                                "0, ids: 2, pool: mean, "
+                                "output: [3]}") != std::string::npos);
     model.initialize(5);
     std::mt19937 rng(2);
     std::uniform_real_distribution<float> dist(-1, 1);

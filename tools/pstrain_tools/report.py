@@ -1,6 +1,6 @@
 """Summary, plots and report.md for one or more pstrain run directories.
 
-    tools/report.py OUT_DIR RUN_DIR [RUN_DIR ...] [--target 0.85]
+    tools/report.py OUT_DIR RUN_DIR [RUN_DIR ...] [--target T]
 
 tools/compare uses it on its async and sync runs; run it by hand to redo a
 report, or to compare any runs (e.g. two learning rates).
@@ -27,6 +27,14 @@ What the numbers mean (all from the workers' metrics files):
   to target, and the one with the highest median final accuracy. When the
   winner's range overlaps another group's, the data cannot tell them apart,
   and the summary says so rather than naming a clear winner.
+
+Click models (loss bce, whose evaluations carry test_auc and test_logloss):
+when the runs' evaluations carry test_auc, the report's quality metric is
+the test AUC instead of the accuracy: the points and plot are of AUC, time
+to target is the first evaluation with AUC at or above the target (0.75
+unless --target is given), and the winner is the group with the highest
+median final AUC. The final log loss (of the final evaluation) is shown
+beside it; summary.json keeps the final accuracy too.
 """
 
 import argparse
@@ -42,6 +50,23 @@ import yaml
 
 class ReportError(Exception):
     pass
+
+
+# The report's quality metric -> (the evaluation records' key, its name in
+# headings and sentences, --target's default).
+METRICS = {"accuracy": ("test_accuracy", "accuracy", 0.85),
+           "auc": ("test_auc", "AUC", 0.75)}
+
+
+def report_metric(runs):
+    """'auc' when the runs' evaluations carry test_auc (a click model's: all
+    runs of a comparison are one job), else 'accuracy'."""
+    return "auc" if any(run.has_auc for run in runs) else "accuracy"
+
+
+def default_target(metric):
+    """--target when it is not given: 0.85 accuracy, 0.75 AUC."""
+    return METRICS[metric][2]
 
 
 def json_record(path, number, line):
@@ -129,14 +154,28 @@ class Run:
     def worker_train_s(self, index):
         return sum(w[1] for w in self.windows(index))
 
-    def eval_points(self):
-        """(seconds since the first step, accuracy, global samples) per evaluation."""
+    @property
+    def has_auc(self):
+        """Whether its evaluations carry test_auc (a click model's)."""
+        return any("test_auc" in e for e in self.evals + [self.final or {}])
+
+    def eval_points(self, metric="accuracy"):
+        """(seconds since the first step, accuracy or AUC, global samples) per
+        evaluation that carries the metric (an AUC is left out when the
+        test split held one class)."""
+        key = METRICS[metric][0]
         t0 = self.origin
-        return [(e["time"] - e.get("eval_s", 0.0) - t0, e["test_accuracy"], e["global_samples"])
-                for e in self.evals]
+        return [(e["time"] - e.get("eval_s", 0.0) - t0, e[key], e["global_samples"])
+                for e in self.evals if key in e or metric == "accuracy"]
 
 
-def summarize(run, target):
+def summarize(run, target=None, metric=None):
+    """The run's numbers; metric (default: the run's own, report_metric)
+    'accuracy' or 'auc' decides what time to target measures; target None
+    is the metric's default."""
+    metric = metric or report_metric([run])
+    if target is None:
+        target = default_target(metric)
     workers = sorted(run.train)
     per_worker = {}
     total_samples = 0
@@ -146,15 +185,19 @@ def summarize(run, target):
         per_worker[i] = samples / seconds if seconds > 0 else 0.0
         total_samples += samples
     longest = max(run.worker_train_s(i) for i in workers)
-    reached = next(((t, acc) for t, acc, _ in run.eval_points() if acc >= target), None)
+    reached = next(((t, v) for t, v, _ in run.eval_points(metric) if v >= target), None)
+    final = run.final or {}
     summary = {
         "run": run.label,
         "mode": run.mode,
         "dir": run.dir,
         "workers": len(workers),
+        "metric": metric,
         "target": target,
         "time_to_target_s": reached[0] if reached else None,
         "final_accuracy": run.final["test_accuracy"] if run.final else None,
+        "final_auc": final.get("test_auc"),
+        "final_logloss": final.get("test_logloss"),
         "samples": total_samples,
         "samples_per_s": total_samples / longest if longest > 0 else 0.0,
         "samples_per_s_per_worker": [per_worker[i] for i in workers],
@@ -207,12 +250,16 @@ def summarize_group(group, summaries):
     stale = [s["mean_staleness"] for s in summaries if s["mean_staleness"] is not None]
     peaks = [s["max_staleness"] for s in summaries if s["max_staleness"] is not None]
     finals = [s["final_accuracy"] for s in summaries if s["final_accuracy"] is not None]
+    present = lambda key: [s[key] for s in summaries if s.get(key) is not None]  # noqa: E731
     return {
         "mode": group.mode,
         "straggler": group.straggler,
+        "metric": summaries[0].get("metric", "accuracy") if summaries else "accuracy",
         "runs": [s["run"] for s in summaries],
         "time_to_target_s": spread([s["time_to_target_s"] for s in summaries]),
         "final_accuracy": spread(finals),
+        "final_auc": spread(present("final_auc")),
+        "final_logloss": spread(present("final_logloss")),
         "samples_per_s": spread([s["samples_per_s"] for s in summaries]),
         "mean_staleness": statistics.median(stale) if stale else None,
         "max_staleness": max(peaks) if peaks else None,
@@ -225,20 +272,27 @@ def overlaps(a, b):
     return lo(a["min"]) <= lo(b["max"]) and lo(b["min"]) <= lo(a["max"])
 
 
-# The columns a winner is named for: (key, what the winner did, higher is
-# better, unit).
-WINNER_COLUMNS = (("time_to_target_s", "reached the target soonest", False, " s"),
-                  ("final_accuracy", "ended with the best final accuracy", True, ""))
+# The columns a winner is named for, per metric: (key, what the winner did,
+# higher is better, unit).
+WINNER_COLUMNS = {
+    "accuracy": (("time_to_target_s", "reached the target soonest", False, " s"),
+                 ("final_accuracy", "ended with the best final accuracy", True, "")),
+    "auc": (("time_to_target_s", "reached the target soonest", False, " s"),
+            ("final_auc", "ended with the best final AUC", True, "")),
+}
 
 
-def winners(group_summaries):
+def winners(group_summaries, metric=None):
     """Per straggler setting and column: the group with the best median, and
-    the groups whose range overlaps its own."""
+    the groups whose range overlaps its own. metric (default: the groups')
+    picks the final column: final accuracy or final AUC."""
+    if metric is None:
+        metric = group_summaries[0].get("metric", "accuracy") if group_summaries else "accuracy"
     out = []
     settings = list(dict.fromkeys(g["straggler"] for g in group_summaries))
     for straggler in settings:
         groups = [g for g in group_summaries if g["straggler"] == straggler]
-        for key, what, higher, unit in WINNER_COLUMNS:
+        for key, what, higher, unit in WINNER_COLUMNS[metric]:
             ranked = [g for g in groups if g[key] is not None]
             if not ranked:
                 continue
@@ -279,19 +333,33 @@ def _fmt(value, spec, missing="-"):
     return missing if value is None else format(value, spec)
 
 
+def _quality_head(target, metric):
+    """The time to target and final columns' headings: 'time to 85% (s)',
+    'final accuracy'; 'time to AUC 0.75 (s)', 'final AUC', 'final logloss'."""
+    if metric == "auc":
+        return [f"time to AUC {target:g} (s)", "final AUC", "final logloss"]
+    return [f"time to {target:.0%} (s)", "final accuracy"]
+
+
+def _final_keys(metric):
+    return ("final_auc", "final_logloss") if metric == "auc" else ("final_accuracy",)
+
+
 def table(summaries):
     """The summary as a Markdown table (also printed by tools/compare)."""
     target = summaries[0]["target"]
-    head = ["run", "mode", f"time to {target:.0%} (s)", "final accuracy", "samples/s",
-            "samples/s per worker", "staleness mean / max", "wall time (s)"]
+    metric = summaries[0].get("metric", "accuracy")
+    head = (["run", "mode"] + _quality_head(target, metric)
+            + ["samples/s", "samples/s per worker", "staleness mean / max", "wall time (s)"])
     rows = []
     for s in summaries:
         stale = ("-" if s["mean_staleness"] is None
                  else f"{s['mean_staleness']:.2f} / {s['max_staleness']:.2f}")
-        rows.append([s["run"], s["mode"], _fmt(s["time_to_target_s"], ".1f", "not reached"),
-                     _fmt(s["final_accuracy"], ".4f"), f"{s['samples_per_s']:.0f}",
-                     " ".join(f"{r:.0f}" for r in s["samples_per_s_per_worker"]),
-                     stale, _fmt(s["wall_s"], ".1f")])
+        rows.append([s["run"], s["mode"], _fmt(s["time_to_target_s"], ".1f", "not reached")]
+                    + [_fmt(s[k], ".4f") for k in _final_keys(metric)]
+                    + [f"{s['samples_per_s']:.0f}",
+                       " ".join(f"{r:.0f}" for r in s["samples_per_s_per_worker"]),
+                       stale, _fmt(s["wall_s"], ".1f")])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -307,29 +375,31 @@ def _spread_cell(s, spec, missing="-"):
     return f"{median} [{_fmt(s['min'], spec, missing)}-{_fmt(s['max'], spec, missing)}]"
 
 
-def group_table(group_summaries, target):
+def group_table(group_summaries, target, metric=None):
     """One row per mode and straggler setting: medians and [min-max] ranges."""
-    head = ["straggler", "mode", "runs", f"time to {target:.0%} (s)", "final accuracy",
-            "samples/s", "staleness mean / max"]
+    if metric is None:
+        metric = group_summaries[0].get("metric", "accuracy") if group_summaries else "accuracy"
+    head = (["straggler", "mode", "runs"] + _quality_head(target, metric)
+            + ["samples/s", "staleness mean / max"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in group_summaries:
         stale = ("-" if g["mean_staleness"] is None
                  else f"{g['mean_staleness']:.2f} / {g['max_staleness']:.2f}")
-        row = [g["straggler"] or "-", g["mode"], str(len(g["runs"])),
-               _spread_cell(g["time_to_target_s"], ".1f", "not reached"),
-               _spread_cell(g["final_accuracy"], ".4f"), _spread_cell(g["samples_per_s"], ".0f"),
-               stale]
+        row = ([g["straggler"] or "-", g["mode"], str(len(g["runs"])),
+                _spread_cell(g["time_to_target_s"], ".1f", "not reached")]
+               + [_spread_cell(g[k], ".4f") for k in _final_keys(metric)]
+               + [_spread_cell(g["samples_per_s"], ".0f"), stale])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def accuracy_bands(group):
-    """(time grid, median, min, max) of the group's test accuracy: each run's
-    evaluations interpolated linearly on a common grid, from the latest first
-    evaluation (where every run has one) to the last; a run that ended
-    earlier holds its last accuracy."""
+def accuracy_bands(group, metric="accuracy"):
+    """(time grid, median, min, max) of the group's test accuracy (or AUC):
+    each run's evaluations interpolated linearly on a common grid, from the
+    latest first evaluation (where every run has one) to the last; a run
+    that ended earlier holds its last accuracy."""
     import numpy as np
-    curves = [r.eval_points() for r in group.runs]
+    curves = [r.eval_points(metric) for r in group.runs]
     curves = [c for c in curves if c]
     if not curves:
         return None
@@ -340,8 +410,9 @@ def accuracy_bands(group):
     return grid, np.median(values, axis=0), values.min(axis=0), values.max(axis=0)
 
 
-def plots(runs, out_dir, groups=None):
-    """Writes the PNGs; returns {title: file name}."""
+def plots(runs, out_dir, groups=None, metric="accuracy"):
+    """Writes the PNGs; returns {title: file name}. The first is of the
+    metric: accuracy_vs_time.png, or auc_vs_time.png for AUC."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -357,27 +428,29 @@ def plots(runs, out_dir, groups=None):
     if groups is None:
         groups = [Group(run.label, "", [run]) for run in runs]
     settings = list(dict.fromkeys(g.straggler for g in groups))
+    name = METRICS[metric][1]
+    quality_title = f"Test {name} vs wall time"
     fig, axes = plt.subplots(1, len(settings), figsize=(7 * len(settings), 4.5), sharey=True,
                              squeeze=False)
     for ax, straggler in zip(axes[0], settings):
         for group in (g for g in groups if g.straggler == straggler):
             if len(group.runs) == 1:
-                points = group.runs[0].eval_points()
+                points = group.runs[0].eval_points(metric)
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
                         label=group.mode)
                 continue
-            bands = accuracy_bands(group)
+            bands = accuracy_bands(group, metric)
             if bands is None:
                 continue
             grid, median, low, high = bands
             line, = ax.plot(grid, median, label=f"{group.mode} (median of {len(group.runs)})")
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         ax.set(xlabel="seconds since the first step",
-               title="Test accuracy vs wall time" + (f": {straggler}" if straggler else ""))
+               title=quality_title + (f": {straggler}" if straggler else ""))
         ax.grid(alpha=0.3)
         ax.legend()
-    axes[0][0].set_ylabel("test accuracy")
-    save(fig, "accuracy_vs_time.png", "Test accuracy vs wall time")
+    axes[0][0].set_ylabel(f"test {name}")
+    save(fig, f"{metric}_vs_time.png", quality_title)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
@@ -423,31 +496,41 @@ def plots(runs, out_dir, groups=None):
     return files
 
 
-def write(runs, out_dir, target, notes=(), groups=None):
+def write(runs, out_dir, target=None, notes=(), groups=None):
     """Writes report.md, summary.json and the plots into out_dir; returns the
     tables. `groups` (default: one per run) are the runs of each mode and
     straggler setting; when some group has several runs or there are several
     settings, a table of medians and ranges comes first. The plots other
-    than accuracy show the first run of each group."""
+    than accuracy (or AUC) show the first run of each group. The metric is
+    AUC when the runs' evaluations carry test_auc, else accuracy; target
+    None is the metric's default (0.85 accuracy, 0.75 AUC)."""
     os.makedirs(out_dir, exist_ok=True)
     if groups is None:
         groups = [Group(run.label, "", [run]) for run in runs]
-    summaries = [summarize(r, target) for r in runs]
+    metric = report_metric(runs)
+    if target is None:
+        target = default_target(metric)
+    summaries = [summarize(r, target, metric) for r in runs]
     by_run = {id(r): s for r, s in zip(runs, summaries)}
     grouped = [summarize_group(g, [by_run[id(r)] for r in g.runs]) for g in groups]
-    named = winners(grouped)
+    named = winners(grouped, metric)
     text = table(summaries)
     if any(len(g.runs) > 1 for g in groups) or len({g.straggler for g in groups}) > 1:
-        text = group_table(grouped, target) + "\n" + text
+        text = group_table(grouped, target, metric) + "\n" + text
     text += "\n" + "".join(f"- {w['text']}\n" for w in named)
-    figures = plots([g.runs[0] for g in groups], out_dir, groups)
+    figures = plots([g.runs[0] for g in groups], out_dir, groups, metric)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump({"runs": summaries, "groups": grouped, "winners": named}, f, indent=1)
+        json.dump({"metric": metric, "runs": summaries, "groups": grouped, "winners": named},
+                  f, indent=1)
+    meaning, _, click = __doc__.split("What the numbers mean")[1].split("\n", 1)[1].partition(
+        "\nClick models")
     md = ["# pstrain run comparison", ""]
     md += [f"- **{s['run']}**: {s['mode']}, {s['workers']} workers, "
            f"{s['samples']} samples, run directory `{s['dir']}`" for s in summaries]
     md += [f"- {n}" for n in notes]
-    md += ["", text, __doc__.split("What the numbers mean")[1].split("\n", 1)[1].strip(), ""]
+    md += ["", text, meaning.strip(), ""]
+    if metric == "auc":
+        md[-1:-1] = ["", ("Click models" + click).strip()]
     for title, name in figures.items():
         md += [f"## {title}", "", f"![{title}]({name})", ""]
     with open(os.path.join(out_dir, "report.md"), "w") as f:
@@ -459,8 +542,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("run_dirs", nargs="+")
-    ap.add_argument("--target", type=float, default=0.85,
-                    help="test accuracy whose time to reach is reported (default 0.85)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="test accuracy whose time to reach is reported (default 0.85); for "
+                         "click models, whose evaluations carry test_auc, the test AUC "
+                         "(default 0.75)")
     args = ap.parse_args(argv)
     try:
         runs = [Run(d) for d in args.run_dirs]

@@ -440,6 +440,43 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void bce_logits(const float* logits, const std::int32_t* labels, float* dlogits, float* loss,
+                  float* correct, int n) override {
+    const float inv_n = 1.0f / static_cast<float>(n);
+    for (int i = 0; i < n; ++i) {
+      if (labels[i] != 0 && labels[i] != 1)
+        throw std::invalid_argument("bce_logits: label " + std::to_string(labels[i]) +
+                                    " of sample " + std::to_string(i) + " is not 0 or 1");
+      dlogits[i] = ew::bce_grad(logits[i], labels[i], inv_n);
+      loss[i] = ew::bce_loss(logits[i], labels[i]);
+      correct[i] = ew::bce_correct(logits[i], labels[i]);
+    }
+  }
+
+  void dot_interaction_forward(const float* x, float* y, const InteractionShape& s) override {
+    for (int i = 0; i < s.n; ++i) {
+      const float* row = x + static_cast<std::size_t>(i) * s.in_width();
+      float* out = y + static_cast<std::size_t>(i) * s.out_width();
+      std::copy_n(row, s.keep, out);
+      for (int a = 0; a < s.vectors; ++a)
+        for (int b = a + 1; b < s.vectors; ++b)
+          out[s.keep + ew::interaction_pair(a, b, s.vectors)] =
+              ew::interaction_dot(row, s.dim, a, b);
+    }
+  }
+
+  void dot_interaction_backward(const float* x, const float* dy, float* dx,
+                                const InteractionShape& s) override {
+    for (int i = 0; i < s.n; ++i) {
+      const float* row = x + static_cast<std::size_t>(i) * s.in_width();
+      const float* grad = dy + static_cast<std::size_t>(i) * s.out_width();
+      float* out = dx + static_cast<std::size_t>(i) * s.in_width();
+      for (int v = 0; v < s.vectors; ++v)
+        for (int j = 0; j < s.dim; ++j)
+          out[v * s.dim + j] = ew::interaction_grad(row, grad, s.vectors, s.dim, s.keep, v, j);
+    }
+  }
+
   void scale(float* x, float a, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
   }

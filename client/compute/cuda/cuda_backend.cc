@@ -484,6 +484,30 @@ void CudaBackend::softmax_xent(const float* logits, const std::int32_t* labels, 
   });
 }
 
+void CudaBackend::bce_logits(const float* logits, const std::int32_t* labels, float* dlogits,
+                             float* loss, float* correct, int n) {
+  check_dims(n > 0, "bce_logits", "n must be positive (got " + std::to_string(n) + ")");
+  compute({logits, labels, dlogits, loss, correct}, [&](cudaStream_t st) {
+    kernels::bce_logits(on(st), logits, labels, dlogits, loss, correct, n);
+  });
+}
+
+void CudaBackend::dot_interaction_forward(const float* x, float* y, const InteractionShape& s) {
+  check_dims(s.n > 0 && s.vectors > 1 && s.dim > 0 && s.keep >= 0 && s.keep <= s.in_width(),
+             "dot_interaction_forward",
+             "n and dim must be positive, vectors at least 2, keep within the input");
+  compute({x, y}, [&](cudaStream_t st) { kernels::dot_interaction_forward(on(st), x, y, s); });
+}
+
+void CudaBackend::dot_interaction_backward(const float* x, const float* dy, float* dx,
+                                           const InteractionShape& s) {
+  check_dims(s.n > 0 && s.vectors > 1 && s.dim > 0 && s.keep >= 0 && s.keep <= s.in_width(),
+             "dot_interaction_backward",
+             "n and dim must be positive, vectors at least 2, keep within the input");
+  compute({x, dy, dx},
+          [&](cudaStream_t st) { kernels::dot_interaction_backward(on(st), x, dy, dx, s); });
+}
+
 void CudaBackend::embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
                                     const EmbeddingShape& s) {
   check_dims(s.n > 0 && s.k > 0 && s.dim > 0 && s.stride >= s.width(), "embedding_forward",

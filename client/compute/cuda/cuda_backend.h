@@ -85,6 +85,11 @@ class CudaBackend final : public Backend {
                         std::uint64_t step, float lr_scale) override;
   // y = a x + b y by a kernel on the compute stream (no host round trip).
   void axpby(float a, const float* x, float b, float* y, std::size_t n) override;
+  void bce_logits(const float* logits, const std::int32_t* labels, float* dlogits, float* loss,
+                  float* correct, int n) override;
+  void dot_interaction_forward(const float* x, float* y, const InteractionShape& s) override;
+  void dot_interaction_backward(const float* x, const float* dy, float* dx,
+                                const InteractionShape& s) override;
   void embedding_forward(const float* rows, const std::int32_t* inverse, float* out,
                          const EmbeddingShape& s) override;
   void embedding_backward(const float* dout, const std::int32_t* by_row,

@@ -264,6 +264,52 @@ __global__ void copy_columns_kernel(const float* src, std::size_t src_stride, fl
   }
 }
 
+// One thread per sample.
+__global__ void bce_logits_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
+                                  float* loss, float* correct, int n) {
+  const float inv_n = 1.0f / float(n);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const std::int32_t y = labels[i];
+    const bool valid = y == 0 || y == 1;
+    dlogits[i] = valid ? ew::bce_grad(logits[i], y, inv_n) : NAN;
+    loss[i] = valid ? ew::bce_loss(logits[i], y) : NAN;
+    correct[i] = ew::bce_correct(logits[i], y);
+  }
+}
+
+// One thread per output element: a passed-through float or one pair's dot.
+__global__ void dot_interaction_forward_kernel(const float* x, float* y, InteractionShape s) {
+  const int width = s.out_width();
+  const std::size_t total = std::size_t(s.n) * width;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t i = e / width;
+    const int c = static_cast<int>(e - i * width);
+    const float* row = x + i * s.in_width();
+    if (c < s.keep) {
+      y[e] = row[c];
+      continue;
+    }
+    // The pair (a, b) of place p: a's pairs come before (a+1)'s.
+    int p = c - s.keep, a = 0;
+    while (p >= s.vectors - 1 - a) p -= s.vectors - 1 - a++;
+    y[e] = ew::interaction_dot(row, s.dim, a, a + 1 + p);
+  }
+}
+
+__global__ void dot_interaction_backward_kernel(const float* x, const float* dy, float* dx,
+                                                InteractionShape s) {
+  const int width = s.in_width();
+  const std::size_t total = std::size_t(s.n) * width;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total;
+       e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t i = e / width;
+    const int c = static_cast<int>(e - i * width);
+    dx[e] = ew::interaction_grad(x + i * width, dy + i * s.out_width(), s.vectors, s.dim, s.keep,
+                                 c / s.dim, c % s.dim);
+  }
+}
+
 // One warp per sample. A label outside [0, classes) cannot be reported from
 // here; its row's loss and gradients become NaN, which training notices.
 __global__ void softmax_xent_kernel(const float* logits, const std::int32_t* labels, float* dlogits,
@@ -483,6 +529,26 @@ void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labe
   softmax_xent_kernel<<<(n + rows_per_block - 1) / rows_per_block, kThreads, 0, l.stream>>>(
       logits, labels, dlogits, loss, correct, n, classes);
   check_launch("softmax_xent_kernel");
+}
+
+void bce_logits(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
+                float* loss, float* correct, int n) {
+  bce_logits_kernel<<<grid_for(std::size_t(n), l.sm_count), kThreads, 0, l.stream>>>(
+      logits, labels, dlogits, loss, correct, n);
+  check_launch("bce_logits_kernel");
+}
+
+void dot_interaction_forward(const Launch& l, const float* x, float* y, const InteractionShape& s) {
+  dot_interaction_forward_kernel<<<grid_for(std::size_t(s.n) * s.out_width(), l.sm_count), kThreads,
+                                   0, l.stream>>>(x, y, s);
+  check_launch("dot_interaction_forward_kernel");
+}
+
+void dot_interaction_backward(const Launch& l, const float* x, const float* dy, float* dx,
+                              const InteractionShape& s) {
+  dot_interaction_backward_kernel<<<grid_for(std::size_t(s.n) * s.in_width(), l.sm_count), kThreads,
+                                    0, l.stream>>>(x, dy, dx, s);
+  check_launch("dot_interaction_backward_kernel");
 }
 
 void embedding_forward(const Launch& l, const float* rows, const std::int32_t* inverse, float* out,

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "client/compute/embedding_shape.h"
+#include "client/compute/interaction_shape.h"
 #include "shared/low_precision.h"
 #include "shared/optimizer_math.h"
 
@@ -64,6 +65,16 @@ void maxpool_backward(const Launch& l, const float* dy, const std::int32_t* argm
 // label. A label outside [0, classes) makes its row NaN.
 void softmax_xent(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
                   float* loss, float* correct, int n, int classes);
+
+// Binary cross-entropy per sample, as Backend::bce_logits says; a label
+// other than 0 or 1 makes its row NaN.
+void bce_logits(const Launch& l, const float* logits, const std::int32_t* labels, float* dlogits,
+                float* loss, float* correct, int n);
+// The dot interaction and its backward (Backend::dot_interaction_forward):
+// one thread per output element.
+void dot_interaction_forward(const Launch& l, const float* x, float* y, const InteractionShape& s);
+void dot_interaction_backward(const Launch& l, const float* x, const float* dy, float* dx,
+                              const InteractionShape& s);
 
 // Embedding lookups and their segment-sum backward, as Backend's
 // embedding_forward and embedding_backward say (client/compute/backend.h):
