@@ -45,6 +45,50 @@ def table_rows(markdown):
     return rows
 
 
+class CtrCompareTest(unittest.TestCase):
+    """tools/compare over a click model (DLRM on synthetic-ctr): the report
+    speaks AUC, from the runs' own evaluations."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.space = support.Workspace(support.cluster(
+            model={"preset": "dlrm", "embedding_dim": 8, "bottom_mlp": [16], "top_mlp": [16]},
+            optimizer={"name": "adam", "lr": 0.003, "sparse": {"name": "adagrad", "lr": 0.05}},
+            data={"name": "synthetic-ctr", "synthetic_train": 20000, "synthetic_test": 4000,
+                  "synthetic_ctr": {"vocab_scale": 0.001}},
+            train={"batch_size": 128, "eval_every": 5000}))
+        cls.out = os.path.join(cls.space.path, "cmp")
+        if os.access(support.PSTRAIN, os.X_OK):
+            cls.result = support.run_tool("compare", [
+                cls.space.cluster, "--modes", "async,sync", "--target", "0.6",
+                "--out", cls.out], timeout=240)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.space.cleanup()
+
+    def setUp(self):
+        support.require_binary(self)
+
+    def test_the_report_is_in_auc(self):
+        r = self.result
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        summary = support.read_json(os.path.join(self.out, "summary.json"))
+        self.assertEqual(summary["metric"], "auc")
+        runs = {run["mode"]: run for run in summary["runs"]}
+        self.assertEqual(sorted(runs), ["async", "sync"])
+        for mode, run in runs.items():
+            # Each run's final AUC is the one its worker 0 wrote, and learnt.
+            _, _, final = metrics(os.path.join(self.out, mode))
+            self.assertEqual(run["final_auc"], final["test_auc"], mode)
+            self.assertGreater(run["final_auc"], 0.6, mode)
+            self.assertIsNotNone(run["time_to_target_s"], mode)
+        text = support.read_text(os.path.join(self.out, "report.md"))
+        self.assertIn("time to AUC 0.6", text)
+        self.assertIn("final AUC", text)
+        self.assertIn("](auc_vs_time.png)", text)
+
+
 class CompareTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
