@@ -4,14 +4,15 @@
 #   lib/pstrain/pstrain              the binary; its CUDA library beside it, as
 #   lib/pstrain/libpstrain_cuda.so   in the build tree (client/compute/cuda_loader.h)
 #   lib/pstrain/bench/bench_*        what pstrain-bench runs: the C++ benchmarks
-#                                    and their PyTorch peers, bench_torch.py and
-#                                    bench_torch_embedding.py
+#                                    and their PyTorch peers, bench_torch.py,
+#                                    bench_torch_embedding.py and bench_torch_ctr.py
 #   lib/pstrain/tools/               launch, compare, bench, report.py and the
 #                                    package they run, pstrain_tools/
 #   bin/pstrain, bin/pstrain-launch, bin/pstrain-compare, bin/pstrain-bench
 #                                    links to the above
 #   share/doc/pstrain/               README, CHANGELOG, LICENSE, docs/, and
-#                                    examples/cluster.yaml (the default job)
+#                                    examples/cluster.yaml (the default job) and
+#                                    examples/ctr.yaml (the click-through job)
 #
 # Component `runtime` is everything but the CUDA library, component `cuda`.
 
@@ -70,4 +71,4 @@ endforeach()
 
 install(FILES README.md CHANGELOG.md LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
-install(FILES cluster.yaml DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
+install(FILES cluster.yaml examples/ctr.yaml DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)

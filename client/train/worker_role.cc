@@ -212,7 +212,11 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     print_final(final_point, summary.seconds, evaluator->test_set());
     const auto model_path = config.run_dir / "model.bin";
     save_model(model_path, evaluator->model(), config, final_point.global_samples);
-    metrics.write(eval_record("final", final_point).add("train_s", summary.seconds));
+    JsonObject final_record = eval_record("final", final_point).add("train_s", summary.seconds);
+    if (const Dataset& test = evaluator->test_set(); test.ceiling_auc >= 0)
+      final_record.add("teacher_auc", test.ceiling_auc)
+          .add("teacher_logloss", test.ceiling_logloss);
+    metrics.write(final_record);
     log("saved the model to ", model_path.string());
     // The servers' full state (values, optimizer state, versions), so a
     // later run can continue with `pstrain --role ps --restore

@@ -8,7 +8,9 @@ Peers: PyTorch (bench/bench_torch.py: single-process compute, DDP with Gloo
 2x1, its RPC parameter server 2 ps + 2 trainers; bench/bench_torch_embedding.py:
 nn.EmbeddingBag(sparse=True) with Adagrad in one process) and raw ZeroMQ
 (DEALER->ROUTER moving the same chunks, inside bench_ps, and the same rows,
-inside bench_embeddings). No peer figure is
+inside bench_embeddings); bench/bench_torch_ctr.py: DLRM in one process and in
+rpc_ddp_tutorial's layout on the samples of the click-through job
+(examples/ctr.yaml). No peer figure is
 ever a constant: each comes from a run in this invocation. For compute and
 sync, every rep runs pstrain's benchmark and its peer as separate
 processes, which one goes first drawn at random, after one untimed run of
@@ -47,6 +49,7 @@ from . import paths, report
 
 TORCH_PEER = os.path.join(paths.BENCH, "bench_torch.py")
 TORCH_EMBEDDING_PEER = os.path.join(paths.BENCH, "bench_torch_embedding.py")
+TORCH_CTR_PEER = os.path.join(paths.BENCH, "bench_torch_ctr.py")
 NOT_INSTALLED = 3  # bench_torch.py's exit status without PyTorch
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # cluster.yaml's data.dir
 
@@ -58,7 +61,8 @@ class PeerUnavailable(Exception):
 def json_lines(cmd, what, env=None):
     """Runs cmd and returns the JSON objects it printed, one per line."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if proc.returncode == NOT_INSTALLED and cmd[1:2] in ([TORCH_PEER], [TORCH_EMBEDDING_PEER]):
+    if proc.returncode == NOT_INSTALLED and cmd[1:2] in ([TORCH_PEER], [TORCH_EMBEDDING_PEER],
+                                                         [TORCH_CTR_PEER]):
         raise PeerUnavailable("not installed")
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -104,6 +108,7 @@ class Pair:
 def row(name, ours, peer, peer_name, peer_status):
     unit, better = ("GB/s", "higher") if name.startswith("ps ") else \
         ("rows/s", "higher") if name.startswith("embeddings ") else \
+        ("AUC", "higher") if " AUC " in name else \
         ("s", "lower") if name.startswith("time to") else ("samples/s", "higher")
     out = {"name": name, "unit": unit, "better": better, "ours": ours,
            "ours_stats": stats(ours), "peer_name": peer_name, "peer_status": peer_status,
@@ -285,6 +290,121 @@ def embedding_rows(args, build, log):
     return out
 
 
+def ctr_rows(args, build, log):
+    """examples/ctr.yaml (DLRM, 2 ps + 2 async workers, one epoch) against
+    PyTorch on the very same samples (written by pstrain --export-data): in one
+    process (EmbeddingBag(sparse=True) with Adagrad, the dense layers with
+    Adam, every core) and in rpc_ddp_tutorial's layout (the tables on an RPC
+    ps, 2 DDP trainers), with the same sizes, optimizers, learning rates,
+    batch and initial range. The three run in a random order each rep.
+    Rows: samples/s against each layout, the test AUC after the epoch against
+    the single process's, and against the data's teacher (the ceiling)."""
+    sizes = ["data.synthetic_train=200000", "data.synthetic_test=40000"] if args.quick else []
+    binary_path = os.path.join(build, "pstrain")
+    py = sys.executable
+    with tempfile.TemporaryDirectory(prefix="pstrain-bench-ctr-") as folder:
+        export = [binary_path, "--export-data", folder, "--cluster", paths.CTR_EXAMPLE]
+        for kv in sizes:
+            export += ["--set", kv]
+        log("ctr: " + " ".join(os.path.basename(c) for c in export[:2]) + " ...")
+        subprocess.run(export, stdout=subprocess.DEVNULL, check=True)
+        # The job's own settings, for the peer.
+        model, optimizer = ctr_settings(binary_path, sizes)
+        peer_args = [py, TORCH_CTR_PEER, "--json", "--train", os.path.join(folder, "train.tsv"),
+                     "--test", os.path.join(folder, "test.tsv"), "--cache",
+                     os.path.join(folder, "parsed.npz"), "--batch", str(model["batch"]),
+                     "--embedding-dim", str(model["embedding_dim"]),
+                     "--bottom", ",".join(map(str, model["bottom_mlp"])),
+                     "--top", ",".join(map(str, model["top_mlp"])),
+                     "--dense-optimizer", optimizer["name"], "--lr", str(optimizer["lr"]),
+                     "--sparse-optimizer", "adagrad", "--sparse-lr",
+                     str(optimizer["sparse_lr"]), "--emb-init", str(model["init"])]
+
+        def ours():
+            cmd = [py, paths.LAUNCH, paths.CTR_EXAMPLE, "--set", "train.eval_every=0"]
+            for kv in sizes + (args.set or []):
+                cmd += ["--set", kv]
+            with tempfile.TemporaryDirectory() as run_dir:
+                subprocess.run(cmd + ["--run-dir", run_dir], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, check=True,
+                               env=dict(os.environ, PSTRAIN=binary_path))
+                run = report.Run(run_dir)
+                return {"rate": report.summarize(run, 1.0)["samples_per_s"],
+                        "auc": run.final["test_auc"], "teacher": run.final["teacher_auc"]}
+
+        # The single process at its best: one thread or every core, whichever
+        # is faster in the warm-up (on 2 cores with two more processes of
+        # ours around, one thread can win).
+        threads = {}
+
+        def peer(layout):
+            def once(extra):
+                r = json_lines(peer_args + ["--layout", layout] + extra,
+                               "bench_torch_ctr.py " + layout)[0]
+                return {"rate": r["samples_per_s"], "auc": r["auc"]}
+            if layout != "single":
+                return once([])
+            if "single" not in threads:
+                tried = {n: once(["--threads", str(n)]) for n in sorted({1, os.cpu_count()})}
+                threads["single"] = max(tried, key=lambda n: tried[n]["rate"])
+                log(f"ctr: PyTorch 1 process: {threads['single']} thread(s) the faster of "
+                    + ", ".join(f"{n}: {v['rate']:.0f}/s" for n, v in tried.items()))
+                return tried[threads["single"]]
+            return once(["--threads", str(threads["single"])])
+
+        sides = [("ours", ours), ("single", lambda: peer("single")),
+                 ("rpc_ddp", lambda: peer("rpc_ddp"))]
+        got = {side: [] for side, _ in sides}
+        status = "ok"
+        for rep in range(args.reps + 1):  # rep 0 is the warm-up, not recorded
+            random.shuffle(sides)
+            for side, fn in sides:
+                if side != "ours" and status != "ok":
+                    continue
+                try:
+                    values = fn()
+                except PeerUnavailable as e:
+                    status = str(e)
+                    continue
+                if rep > 0:
+                    got[side].append(values)
+            log(f"ctr: rep {rep}/{args.reps} done" + (" (warm-up)" if rep == 0 else ""))
+
+    def of(side, key):
+        return [v[key] for v in got[side]] if status == "ok" or side == "ours" else None
+    what = "DLRM on synthetic-ctr, 1 epoch"
+    return [
+        row(f"ctr {what}, 2 ps + 2 workers vs 1 process", of("ours", "rate"),
+            of("single", "rate"), "PyTorch 1 process, EmbeddingBag(sparse) + Adagrad, "
+            f"{threads.get('single', '?')} thread(s)", status),
+        row(f"ctr {what}, 2 ps + 2 workers vs rpc_ddp", of("ours", "rate"),
+            of("rpc_ddp", "rate"), "PyTorch rpc_ddp_tutorial layout, 1 ps + 2 trainers", status),
+        row(f"ctr {what}: test AUC vs 1 process", of("ours", "auc"), of("single", "auc"),
+            "PyTorch 1 process, same data and optimizers", status),
+        row(f"ctr {what}: test AUC vs the teacher", of("ours", "auc"), of("ours", "teacher"),
+            "the data's teacher (the ceiling)", "ok"),
+    ]
+
+
+def ctr_settings(binary_path, sizes):
+    """The click-through job's model sizes and optimizers, as pstrain --check
+    resolves them, and its tables' initial range."""
+    import yaml
+    cmd = [binary_path, "--check", "--cluster", paths.CTR_EXAMPLE]
+    for kv in sizes:
+        cmd += ["--set", kv]
+    config = yaml.safe_load(subprocess.run(cmd, stdout=subprocess.PIPE, text=True,
+                                           check=True).stdout)
+    # Tables start uniform in +-0.05 (shared/embedding.h; not a key).
+    model = dict(config["model"], batch=config["train"]["batch_size"], init=0.05)
+    sparse = config["optimizer"]["sparse"]
+    if sparse["name"] != "adagrad":
+        raise RuntimeError(f"{paths.CTR_EXAMPLE}: the peer steps its tables with Adagrad, the "
+                           f"job with {sparse['name']}")
+    return model, {"name": config["optimizer"]["name"], "lr": config["optimizer"]["lr"],
+                   "sparse_lr": sparse["lr"]}
+
+
 def cpu_model():
     try:
         out = subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True,
@@ -302,7 +422,7 @@ def fmt(value):
         return "-"
     if math.isinf(value):
         return "not reached"
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.4g}"
 
 
 def spread(s):
@@ -359,7 +479,7 @@ def main(argv=None):
     parser.add_argument("--only", metavar="REGEX",
                         help="only the benchmarks whose name (compute mlp, compute cnn, sync, "
                              "step, async mlp, async mlp rpcps, async cnn, async cnn rpcps, "
-                             "tta mlp, tta cnn, ps, embeddings) matches")
+                             "tta mlp, tta cnn, ps, embeddings, ctr) matches")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="a cluster.yaml override for pstrain's launched runs (async, "
                              "tta), e.g. net.wire_dtype=bf16; repeatable")
@@ -383,7 +503,8 @@ def main(argv=None):
                   else not (args.quick and p.name.startswith("tta")))]
     with_ps = not args.only or re.search(args.only, "ps")
     with_embeddings = not args.only or re.search(args.only, "embeddings")
-    if not chosen and not with_ps and not with_embeddings:
+    with_ctr = not args.only or re.search(args.only, "ctr")
+    if not chosen and not with_ps and not with_embeddings and not with_ctr:
         parser.error(f"--only {args.only!r} matches no benchmark")
 
     def log(msg):
@@ -398,6 +519,8 @@ def main(argv=None):
         result["rows"] += ps_rows(args, build, log)
     if with_embeddings:
         result["rows"] += embedding_rows(args, build, log)
+    if with_ctr:
+        result["rows"] += ctr_rows(args, build, log)
     print(table(result))
     if args.out:
         with open(args.out, "w") as f:

@@ -1,5 +1,5 @@
 """Where the tools find what they run when not told: the pstrain binary, the
-default job, the Python benchmarks and tools/launch.
+default job (and the click-through one), the Python benchmarks and tools/launch.
 
 In a source checkout this package sits in tools/: build/pstrain, cluster.yaml
 and bench/ of the checkout. An installed copy (cmake --install, the Debian
@@ -26,3 +26,8 @@ else:
     BINARY = os.path.normpath(os.path.join(PACKAGE, install_layout.BINARY))
     CLUSTER_EXAMPLE = os.path.normpath(os.path.join(PACKAGE, install_layout.CLUSTER_EXAMPLE))
     BENCH = os.path.normpath(os.path.join(PACKAGE, install_layout.BENCH))
+# The click-through job: examples/ beside cluster.yaml when installed, of the
+# checkout in a source tree.
+CTR_EXAMPLE = os.path.join(os.path.dirname(CLUSTER_EXAMPLE),
+                           "ctr.yaml" if os.path.basename(os.path.dirname(CLUSTER_EXAMPLE)) ==
+                           "examples" else os.path.join("examples", "ctr.yaml"))
