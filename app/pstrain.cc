@@ -190,7 +190,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
       throw UsageError(
           "--index needs --role (without both, the scheduler's environment gives "
           "them)");
-    if (!indexed) throw UsageError("--index does not apply to --" + args.role);
+    if (!indexed)
+      throw UsageError("--index does not apply to --" +
+                       (args.export_data ? std::string("export-data") : args.role));
     args.index = parse_index(vm["index"].as<std::string>());
   } else if (indexed && !from_scheduler) {
     throw UsageError("--index is required for --role " + args.role);

@@ -418,6 +418,8 @@ Field<S> unless(Field<S> field, LeftOut left_out) {
 void add_wiring(LayerKind& kind, bool inputs_required) {
   kind.fields.push_back(
       unless(text("name", &ModelLayer::name), [](const ModelLayer& l) { return l.name.empty(); }));
+  // An embedding layer reads the sample's ids, no layer.
+  if (kind.type == "embedding" || kind.type == "embedding_bag") return;
   Field<ModelLayer> inputs = list_of("inputs", &ModelLayer::inputs, "a list of layer names",
                                      [](const Reader& r, const YAML::Node& node,
                                         const std::string& path) { return r.text(node, path); });
@@ -446,7 +448,7 @@ LayerKind embedding_kind(const std::string& type, bool bag) {
   kind.fields.push_back(
       required(text("table", &ModelLayer::table), "required for an " + type + " layer"));
   if (bag) kind.fields.push_back(choice("pool", &ModelLayer::pool, {"sum", "mean"}));
-  kind.fields.push_back(unless(bounded("first_id", &ModelLayer::first_id, at_least(0)),
+  kind.fields.push_back(unless(bounded("first_id", &ModelLayer::first_id, between(0, 65535)),
                                [](const ModelLayer& l) { return l.first_id < 0; }));
   return kind;
 }

@@ -131,15 +131,21 @@ class GzReader {
   GzReader(const GzReader&) = delete;
   GzReader& operator=(const GzReader&) = delete;
 
-  // Up to `size` bytes; 0 at the end.
+  // Up to `size` bytes; 0 at the end. A gzip stream cut short ends with
+  // zlib's Z_BUF_ERROR rather than an error return: its last line would be
+  // read as a whole one, so it throws too.
   std::size_t read(char* buffer, std::size_t size) {
     const int n = gzread(file_, buffer, static_cast<unsigned>(size));
-    if (n < 0) {
-      int code = 0;
-      const char* what = gzerror(file_, &code);
-      throw DataError("data: " + path_.string() + ": read error (" +
-                      (code == Z_ERRNO ? std::generic_category().message(errno) : what) + ")");
-    }
+    int code = Z_OK;
+    const char* what = gzerror(file_, &code);
+    if (n < 0 || (n == 0 && code == Z_BUF_ERROR))
+      throw DataError("data: " + path_.string() + ": " +
+                      (code == Z_BUF_ERROR
+                           ? std::string("the gzip stream ends early (a truncated file?)")
+                           : "read error (" +
+                                 (code == Z_ERRNO ? std::generic_category().message(errno)
+                                                  : std::string(what)) +
+                                 ")"));
     return static_cast<std::size_t>(n);
   }
 

@@ -51,9 +51,10 @@ constexpr std::uint64_t field_key(std::size_t field) {
 }  // namespace ctr_detail
 
 // The id of value `value` (a categorical string read as a hexadecimal
-// number) of categorical field `field` (0-based: C1 is 0). For each field a
-// bijection of 64-bit values, so two values of a field never share an id;
-// equal values of different fields get unrelated ids.
+// number, so "0a" and "a" are one value: Criteo's are all 8 digits) of
+// categorical field `field` (0-based: C1 is 0). For each field a bijection
+// of 64-bit values, so two values of a field never share an id; equal values
+// of different fields get unrelated ids.
 constexpr std::uint64_t ctr_id(std::size_t field, std::uint64_t value) {
   const std::uint64_t key = ctr_detail::field_key(field);
   return ctr_detail::fmix(ctr_detail::fmix(value ^ key) + key);

@@ -123,7 +123,8 @@ std::vector<ModelLayer> model_layers(const ModelConfig& config) {
 
 std::size_t embedding_ids_per_sample(const std::vector<EmbeddingInput>& layers) {
   std::size_t ids = 0;
-  for (const auto& e : layers) ids = std::max(ids, static_cast<std::size_t>(e.first_id + e.ids));
+  for (const auto& e : layers)
+    ids = std::max(ids, static_cast<std::size_t>(e.first_id) + static_cast<std::size_t>(e.ids));
   return ids;
 }
 
@@ -136,6 +137,10 @@ void check_ids_for_embeddings(const std::vector<EmbeddingInput>& layers, const D
         (data.ids_per_sample == 0 ? " (data sets with ids: synthetic-ids, synthetic-ctr, criteo)"
                                   : ""));
 }
+
+// A sample's ids, at most: far beyond any data set's, and small enough that
+// the ids of a batch fit an int.
+constexpr int kMaxIdsPerSample = 1 << 16;
 
 // A value of the data flow: the input's features, an embedding layer's
 // columns or a layer's output, n x out.size() floats sample-major.
@@ -152,6 +157,9 @@ struct Model::Node {
   // The width of the vectors it holds side by side, for a dot interaction:
   // an embedding layer's rows, else the whole output.
   int vector_width = 0;
+  // Whether a layer may overwrite its values in place: a layer's own output
+  // (or one aliasing it), not the data's features or an embedding's columns.
+  bool writable = false;
   DeviceMemory output, grad;  // empty when the node shares its input's
 };
 
@@ -255,6 +263,11 @@ void Model::build_graph(std::vector<ModelLayer> specs, std::size_t opening,
     if (spec.ids < 1) throw ConfigError(where + "ids must be >= 1");
     Embedding e;
     const int first = spec.first_id < 0 ? next_id : spec.first_id;
+    if (static_cast<std::int64_t>(first) + spec.ids > kMaxIdsPerSample)
+      throw ConfigError(where + "its ids end at id " +
+                        std::to_string(static_cast<std::int64_t>(first) + spec.ids) +
+                        " of a sample, past the most a sample may have, " +
+                        std::to_string(kMaxIdsPerSample));
     next_id = first + spec.ids;
     e.input = {spec.table,
                first,
@@ -309,7 +322,7 @@ void Model::build_graph(std::vector<ModelLayer> specs, std::size_t opening,
         throw ConfigError(where +
                           "needs an image input (channels x height x "
                           "width), got the flat " +
-                          dims.text() + " output of the layer before");
+                          dims.text() + " output of '" + nodes_[inputs[0]].name + "'");
       }
     };
     switch (kind) {
@@ -361,6 +374,11 @@ void Model::build_graph(std::vector<ModelLayer> specs, std::size_t opening,
         const int dim = first.vector_width > 0 ? first.vector_width : static_cast<int>(dims.size());
         std::size_t width = 0;
         for (const std::size_t in : inputs) {
+          if (nodes_[in].vector_width > 0 && nodes_[in].vector_width != dim)
+            throw ConfigError(where + "input '" + nodes_[in].name + "' holds rows of " +
+                              std::to_string(nodes_[in].vector_width) +
+                              " floats, not vectors of the first input's width " +
+                              std::to_string(dim));
           if (nodes_[in].out.size() % static_cast<std::size_t>(dim) != 0)
             throw ConfigError(where + "input '" + nodes_[in].name + "' has " +
                               std::to_string(nodes_[in].out.size()) +
@@ -410,7 +428,7 @@ void Model::build_graph(std::vector<ModelLayer> specs, std::size_t opening,
       if (features_ > 0) inputs.push_back(0);
       for (const Embedding& e : embeddings_) inputs.push_back(e.node);
       if (inputs.size() > 1) {
-        add(joining("concat", "joined", {}), i, inputs);
+        add(joining("concat", "(features and embeddings)", {}), i, inputs);
         inputs = {layers_.back().node};
       }
     }
@@ -438,7 +456,6 @@ void Model::build_graph(std::vector<ModelLayer> specs, std::size_t opening,
 
 void Model::allocate() {
   const auto batch = static_cast<std::size_t>(max_batch_);
-  const std::size_t first_layer_node = 1 + embeddings_.size();
   std::size_t workspace = 0;
   const auto floats = [&](std::size_t per_sample) {
     return backend_->alloc(batch * per_sample * sizeof(float));
@@ -509,15 +526,16 @@ void Model::allocate() {
       }
     }
     // A relu of a layer's output overwrites it; the data's features and the
-    // embedding rows' columns are kept.
+    // embedding rows' columns are kept (a flatten of them aliases them).
     const bool in_place =
-        layer.kind == LayerKind::flatten ||
-        (layer.kind == LayerKind::relu && layer.inputs.front() >= first_layer_node);
+        layer.kind == LayerKind::flatten || (layer.kind == LayerKind::relu && input.writable);
     if (in_place) {
       node.y = input.y;
       node.dy = input.dy;
+      node.writable = input.writable;
     } else {
       own(node);
+      node.writable = true;
     }
     if (layer.kind == LayerKind::maxpool2d) {
       layer.argmax = backend_->alloc(batch * node.out.size() * sizeof(std::int32_t));

@@ -155,6 +155,8 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
        "a whole number of vectors of the first input's width 9"},
       {{"--check", "--cluster", cluster, "--set", "model=dlrm"},
        "pstrain: model.loss: bce needs a data set of 2 classes (click or not), got 10"},
+      {{"--export-data", (dir.path() / "out").string(), "--index", "0", "--cluster", cluster},
+       "pstrain: --index does not apply to --export-data"},
       {{"--export-data", (dir.path() / "out").string(), "--cluster", cluster},
        "pstrain: --export-data writes synthetic-ctr's samples; data.name is synthetic"},
   };

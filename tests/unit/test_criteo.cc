@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -188,6 +189,19 @@ TEST_CASE("criteo: plain and gzip files read the same, across buffer boundaries"
   CHECK(gz.ids == plain.ids);
   for (std::size_t i = 0; i < lines.size(); i += 997) check_sample(plain, i, lines[i], true);
   check_sample(plain, lines.size() - 1, lines.back(), true);
+}
+
+TEST_CASE("criteo: a gzip file cut short is an error, not a shorter last line") {
+  TempDir dir;
+  const std::string text = joined(random_lines(3000));
+  write_file(dir.path() / "whole.gz", text);
+  std::ifstream in(dir.path() / "whole.gz", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(read_criteo(dir.path() / "whole.gz", {}).size() == 3000);
+  std::ofstream(dir.path() / "cut.gz", std::ios::binary) << bytes.substr(0, bytes.size() * 2 / 3);
+  CHECK(error_of(dir.path() / "cut.gz", {}) ==
+        "data: " + (dir.path() / "cut.gz").string() +
+            ": the gzip stream ends early (a truncated file?)");
 }
 
 TEST_CASE("criteo: blocks of block_lines are dealt to the workers in turn") {

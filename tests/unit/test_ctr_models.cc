@@ -11,193 +11,13 @@
 
 #include "client/compute/cpu/cpu_backend.h"
 #include "client/model/model.h"
+#include "tests/support/ctr_reference.h"
 #include "tests/support/reference_layers.h"
 
 using namespace pstrain;
+using namespace pstrain::ctr_reference;
 
 namespace {
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// A batch of Criteo-shaped samples: 13 features, 26 ids per sample naming
-// `unique` rows (repeats within and across samples), labels alternating.
-struct CtrBatch {
-  int n = 5, unique = 40;
-  std::vector<float> features;
-  std::vector<std::int32_t> labels;
-  std::vector<std::uint32_t> inverse;
-  explicit CtrBatch(std::uint32_t seed) {
-    features = uniform(static_cast<std::size_t>(n) * kCtrDenseFeatures, 0.0f, 3.0f, seed);
-    std::mt19937 rng(seed + 1);
-    for (int i = 0; i < n * kCtrFields; ++i)
-      inverse.push_back(static_cast<std::uint32_t>(rng() % static_cast<std::uint32_t>(unique)));
-    for (int i = 0; i < n; ++i) labels.push_back(i % 2);
-  }
-};
-
-using Tensors = std::vector<std::vector<double>>;
-
-// y = x w + b over `in` -> `out` (w: in x out, as the backends hold it).
-std::vector<double> dense(const std::vector<double>& x, const std::vector<double>& w,
-                          const std::vector<double>& b) {
-  const std::size_t out = b.size(), in = x.size();
-  REQUIRE(w.size() == in * out);
-  std::vector<double> y(b);
-  for (std::size_t i = 0; i < in; ++i)
-    for (std::size_t o = 0; o < out; ++o) y[o] += x[i] * w[i * out + o];
-  return y;
-}
-
-std::vector<double> relu(std::vector<double> x) {
-  for (double& v : x) v = std::max(v, 0.0);
-  return x;
-}
-
-double bce(double z, int y) { return std::log1p(std::exp(z)) - y * z; }
-
-// The row of id t of sample s, `dim` wide.
-std::vector<double> row(const Tensors& rows, std::size_t table, const CtrBatch& b, int s, int t,
-                        int dim) {
-  const std::size_t r = b.inverse[static_cast<std::size_t>(s) * kCtrFields + t];
-  return {rows[table].begin() + static_cast<std::ptrdiff_t>(r * dim),
-          rows[table].begin() + static_cast<std::ptrdiff_t>((r + 1) * dim)};
-}
-
-// DLRM as Naumov et al. define it, in double: params in the model's
-// variables() order (bottom dense0, dense1; top dense2, dense3).
-double dlrm_reference(const Tensors& p, const Tensors& rows, const CtrBatch& b, int dim,
-                      std::vector<double>* logits) {
-  double loss = 0;
-  for (int s = 0; s < b.n; ++s) {
-    const std::vector<double> x(b.features.begin() + s * kCtrDenseFeatures,
-                                b.features.begin() + (s + 1) * kCtrDenseFeatures);
-    const auto z = relu(dense(relu(dense(x, p[0], p[1])), p[2], p[3]));
-    std::vector<std::vector<double>> vectors = {z};
-    for (int t = 0; t < kCtrFields; ++t) vectors.push_back(row(rows, 0, b, s, t, dim));
-    std::vector<double> joined = z;
-    for (std::size_t a = 0; a < vectors.size(); ++a)
-      for (std::size_t c = a + 1; c < vectors.size(); ++c) {
-        double dot = 0;
-        for (int j = 0; j < dim; ++j) dot += vectors[a][j] * vectors[c][j];
-        joined.push_back(dot);
-      }
-    const double logit = dense(relu(dense(joined, p[4], p[5])), p[6], p[7])[0];
-    if (logits) logits->push_back(logit);
-    loss += bce(logit, b.labels[s]);
-  }
-  return loss / b.n;
-}
-
-// Wide & Deep as Cheng et al. define it, in double: the deep MLP (dense0,
-// dense1) over the features and 26 embeddings, one logistic unit (dense2)
-// over the wide sum of the ids' weights and the deep part's last layer.
-double wide_deep_reference(const Tensors& p, const Tensors& rows, const CtrBatch& b, int dim,
-                           std::vector<double>* logits) {
-  double loss = 0;
-  for (int s = 0; s < b.n; ++s) {
-    std::vector<double> deep(b.features.begin() + s * kCtrDenseFeatures,
-                             b.features.begin() + (s + 1) * kCtrDenseFeatures);
-    double wide = 0;
-    for (int t = 0; t < kCtrFields; ++t) {
-      const auto r = row(rows, 0, b, s, t, dim);
-      deep.insert(deep.end(), r.begin(), r.end());
-      wide += row(rows, 1, b, s, t, 1)[0];
-    }
-    std::vector<double> joint = {wide};
-    const auto h = relu(dense(relu(dense(deep, p[0], p[1])), p[2], p[3]));
-    joint.insert(joint.end(), h.begin(), h.end());
-    const double logit = dense(joint, p[4], p[5])[0];
-    if (logits) logits->push_back(logit);
-    loss += bce(logit, b.labels[s]);
-  }
-  return loss / b.n;
-}
-
-using Reference = double (*)(const Tensors&, const Tensors&, const CtrBatch&, int,
-                             std::vector<double>*);
-
-// Builds the preset, runs forward_backward on a batch, and checks the
-// logits, the loss, every parameter's and every row's gradient against
-// central differences of the double reference.
-void check_preset(const ModelConfig& config, Reference reference) {
-  const int dim = config.embedding_dim;
-  const std::vector<TableSpec> tables = {
-      {std::string(kCtrTable), static_cast<std::uint32_t>(dim), std::nullopt},
-      {std::string(kCtrWideTable), 1, std::nullopt}};
-  auto backend = make_cpu_backend(1);
-  const CtrBatch b(7);
-  Model model(config, *backend, {kCtrDenseFeatures, 1, 1}, 2, b.n, tables);
-  REQUIRE(model.binary());
-  model.initialize(11);
-  // Biases away from zero so no relu sits at its kink.
-  for (std::size_t v = 1; v < model.variables().size(); v += 2)
-    for (std::size_t e = 0; e < model.variables()[v].size; ++e)
-      model.param(v).data()[e] = 0.05f + 0.02f * static_cast<float>(e % 3);
-  Tensors params, rows;
-  for (std::size_t v = 0; v < model.variables().size(); ++v)
-    params.emplace_back(model.param(v).data(), model.param(v).data() + model.variables()[v].size);
-  std::vector<std::vector<float>> row_values;
-  for (std::size_t e = 0; e < model.embeddings().size(); ++e) {
-    const int width = model.embeddings()[e].dim;
-    row_values.push_back(uniform(static_cast<std::size_t>(b.unique) * width, -0.5f, 0.5f,
-                                 20 + static_cast<std::uint32_t>(e)));
-    rows.emplace_back(row_values.back().begin(), row_values.back().end());
-    model.set_embedding_batch(e, b.n, row_values.back(), b.inverse);
-  }
-  std::copy(b.features.begin(), b.features.end(), model.input_buffer());
-  std::copy(b.labels.begin(), b.labels.end(), model.label_buffer());
-  model.forward_backward(b.n, [](std::size_t) {});
-
-  std::vector<double> logits;
-  const double loss = reference(params, rows, b, dim, &logits);
-  double model_loss = 0;
-  for (int s = 0; s < b.n; ++s) {
-    CHECK(model.logits()[s] == doctest::Approx(logits[s]).epsilon(1e-5));
-    model_loss += model.loss_buffer()[s];
-  }
-  CHECK(model_loss / b.n == doctest::Approx(loss).epsilon(1e-5));
-
-  const auto numeric = [&](std::vector<double>& values, std::size_t e) {
-    const double saved = values[e], eps = 1e-6;
-    values[e] = saved + eps;
-    const double up = reference(params, rows, b, dim, nullptr);
-    values[e] = saved - eps;
-    const double down = reference(params, rows, b, dim, nullptr);
-    values[e] = saved;
-    return (up - down) / (2 * eps);
-  };
-  for (std::size_t v = 0; v < params.size(); ++v)
-    for (std::size_t e = 0; e < params[v].size(); e += 1 + params[v].size() / 40) {
-      INFO(model.variables()[v].name << "[" << e << "]");
-      const double want = numeric(params[v], e);
-      CHECK(std::abs(model.grad(v).data()[e] - want) <= 1e-4 * (1 + std::abs(want)));
-    }
-  for (std::size_t t = 0; t < rows.size(); ++t) {
-    std::vector<float> grads(rows[t].size());
-    model.embedding_grads(t, grads);
-    for (std::size_t e = 0; e < rows[t].size(); e += 3) {
-      INFO(model.embeddings()[t].table << " row float " << e);
-      const double want = numeric(rows[t], e);
-      CHECK(std::abs(grads[e] - want) <= 1e-4 * (1 + std::abs(want)));
-    }
-  }
-}
-
-ModelConfig ctr_preset(const std::string& name) {
-  ModelConfig config;
-  config.preset = name;
-  config.embedding_dim = 4;
-  config.bottom_mlp = {8};
-  config.top_mlp = {8};
-  config.deep_mlp = {8, 4};
-  return config;
-}
 
 std::string build_error(const ModelConfig& config, InputShape input, int classes,
                         const std::vector<TableSpec>& tables = {}) {
@@ -287,11 +107,11 @@ TEST_CASE("dot interaction: the CPU's forward and backward are the reference's")
 }
 
 TEST_CASE("dlrm: forward and backward match a double-precision reference") {
-  check_preset(ctr_preset("dlrm"), dlrm_reference);
+  check_preset(*make_cpu_backend(1), ctr_preset("dlrm"), dlrm_reference, 1e-4);
 }
 
 TEST_CASE("wide_deep: forward and backward match a double-precision reference") {
-  check_preset(ctr_preset("wide_deep"), wide_deep_reference);
+  check_preset(*make_cpu_backend(1), ctr_preset("wide_deep"), wide_deep_reference, 1e-4);
 }
 
 TEST_CASE("model: a layer list that branches and joins, and its errors") {
@@ -332,9 +152,9 @@ TEST_CASE("model: a layer list that branches and joins, and its errors") {
         "feeds one layer)");
   CHECK(with(2, layer("dense", 3, "dots", {"z"})) ==
         "model: layer 0 (embedding): no layer reads its output");
-  CHECK(with(1, layer("dense", 5, "z", {"input"})) ==
-        "model: layer 2 (dot_interaction): input 'e' has 12 floats per sample, not a whole number "
-        "of vectors of the first input's width 5");
+  CHECK(with(2, layer("dot_interaction", 0, "dots", {"z", "input"})) ==
+        "model: layer 2 (dot_interaction): input 'input' has 5 floats per sample, not a whole "
+        "number of vectors of the first input's width 4");
   CHECK(with(1, layer("dense", 4, "e", {"input"})) ==
         "model: layer 1 (dense): the name 'e' is taken by an earlier layer");
   CHECK(with(4, layer("dense", 2)) ==
@@ -342,6 +162,11 @@ TEST_CASE("model: a layer list that branches and joins, and its errors") {
         "cross-entropy), got output [2]");
   CHECK(build_error(config, {0, 1, 1}, 2, tables) ==
         "model: layer 1 (dense): reads the input, but the data has no features besides ids");
+  // A dot interaction's vectors are an embedding input's rows, not slices
+  // of the first input's width across them.
+  CHECK(with(1, layer("dense", 2, "z", {"input"})) ==
+        "model: layer 2 (dot_interaction): input 'e' holds rows of 4 floats, not vectors of the "
+        "first input's width 2");
   ModelConfig lone = config;
   lone.layers = {embedding, layer("dot_interaction", 0, "", {"e"}), layer("dense", 1)};
   CHECK(build_error(lone, {5, 1, 1}, 2, tables) == "");
@@ -356,6 +181,31 @@ TEST_CASE("model: a layer list that branches and joins, and its errors") {
   config.loss = "bce";
   CHECK(build_error(config, {5, 1, 1}, 3, tables) ==
         "model.loss: bce needs a data set of 2 classes (click or not), got 3");
+}
+
+TEST_CASE("model: a relu of the flattened features leaves the features alone") {
+  // A flatten aliases its input; a relu after it must not work in place
+  // when that input is the data's features, which the concat reads too.
+  const std::vector<TableSpec> tables = {{"t", 2, std::nullopt}};
+  ModelConfig config;
+  config.preset = "custom";
+  config.loss = "bce";
+  ModelLayer embedding{"embedding"};
+  embedding.table = "t";
+  embedding.ids = 1;
+  embedding.name = "e";
+  config.layers = {embedding, layer("flatten", 0, "f", {"input"}), layer("relu", 0, "r"),
+                   layer("concat", 0, "", {"r", "input", "e"}), layer("dense", 1)};
+  auto backend = make_cpu_backend(1);
+  Model model(config, *backend, {3, 1, 1}, 2, 2, tables);
+  model.initialize(1);
+  const std::vector<float> features = {-1.0f, 2.0f, -3.0f, 4.0f, -5.0f, 6.0f};
+  std::copy(features.begin(), features.end(), model.input_buffer());
+  const std::vector<float> rows = {0.5f, -0.5f};
+  const std::vector<std::uint32_t> inverse = {0, 0};
+  model.set_embedding_batch(0, 2, rows, inverse);
+  model.forward(2);
+  CHECK(std::vector<float>(model.input_buffer(), model.input_buffer() + 6) == features);
 }
 
 TEST_CASE("model: bce evaluation reports the exact AUC of its logits") {

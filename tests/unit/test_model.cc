@@ -106,7 +106,7 @@ TEST_CASE("model: bad layer lists are rejected with the layer named") {
   CHECK(build_error(custom({})) == "model.layers: a custom model needs at least one layer");
   CHECK(build_error(custom({{"dense", 32, 0, 0}, {"conv2d", 0, 8, 3}, {"dense", 10, 0, 0}})) ==
         "model: layer 1 (conv2d): needs an image input (channels x height x width), got the "
-        "flat [32] output of the layer before");
+        "flat [32] output of 'dense0'");
   CHECK(build_error(custom({{"conv2d", 0, 8, 29}, {"dense", 10, 0, 0}})) ==
         "model: layer 0 (conv2d): kernel 29 does not fit its input [1, 28, 28]");
   CHECK(build_error(custom({{"maxpool2d", 0, 0, 0}, {"dense", 10, 0, 0}})) ==
