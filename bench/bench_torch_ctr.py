@@ -321,7 +321,7 @@ def result(args, layout, samples, seconds, test, auc, logloss, threads, processe
             "torch": torch.__version__, "dense_optimizer": args.dense_optimizer, "lr": args.lr,
             "sparse_optimizer": args.sparse_optimizer, "sparse_lr": args.sparse_lr,
             "sparse_step": SPARSE_STEP[layout, args.sparse_optimizer], "table_rows": rows,
-            "embedding_dim": args.embedding_dim}
+            "embedding_dim": args.embedding_dim, "zero_grad": args.zero_grad}
 
 
 # ---------------------------------------------------------------- single
@@ -344,7 +344,10 @@ def run_single(args, train, test, rows):
         for i in range(0, n, args.batch):
             index = order[i:i + args.batch]
             loss = loss_fn(dense(x[index], tables(ids[index])), y[index])
-            dense_opt.zero_grad(set_to_none=True)
+            # --zero-grad: the dense gradients freed (none) or zeroed in place
+            # (zeros, torch 1.13's default), whichever the caller found
+            # faster; the tables' sparse gradients are made afresh each step.
+            dense_opt.zero_grad(set_to_none=args.zero_grad == "none")
             table_opt.zero_grad(set_to_none=True)
             loss.backward()
             dense_opt.step()
@@ -658,6 +661,9 @@ def main():
     parser.add_argument("--threads", type=int, help="per process; default: every core "
                         "(single), max(1, cores // processes) (rpc_ddp)")
     parser.add_argument("--trainers", type=int, default=2)
+    parser.add_argument("--zero-grad", choices=("none", "zeros"), default="none",
+                        help="single: free the dense gradients each step (none) or zero them "
+                             "in place (zeros); tools/bench measures both")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cache", metavar="FILE",
                         help="keep the parsed files in FILE (.npz) for the next run on them")

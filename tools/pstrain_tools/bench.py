@@ -332,10 +332,10 @@ def ctr_rows(args, build, log):
                 return {"rate": report.summarize(run, 1.0)["samples_per_s"],
                         "auc": run.final["test_auc"], "teacher": run.final["teacher_auc"]}
 
-        # The single process at its best: one thread or every core, whichever
-        # is faster in the warm-up (on 2 cores with two more processes of
-        # ours around, one thread can win).
-        threads = {}
+        # The single process at its best: one thread or every core, and its
+        # dense gradients freed or zeroed in place each step (zero_grad's
+        # set_to_none), whichever pair is fastest in the warm-up.
+        best = {}
 
         def peer(layout):
             def once(extra):
@@ -344,13 +344,15 @@ def ctr_rows(args, build, log):
                 return {"rate": r["samples_per_s"], "auc": r["auc"]}
             if layout != "single":
                 return once([])
-            if "single" not in threads:
-                tried = {n: once(["--threads", str(n)]) for n in sorted({1, os.cpu_count()})}
-                threads["single"] = max(tried, key=lambda n: tried[n]["rate"])
-                log(f"ctr: PyTorch 1 process: {threads['single']} thread(s) the faster of "
-                    + ", ".join(f"{n}: {v['rate']:.0f}/s" for n, v in tried.items()))
-                return tried[threads["single"]]
-            return once(["--threads", str(threads["single"])])
+            if not best:
+                tried = {(n, z): once(["--threads", str(n), "--zero-grad", z])
+                         for n in sorted({1, os.cpu_count()}) for z in ("none", "zeros")}
+                best["threads"], best["zero_grad"] = max(tried, key=lambda k: tried[k]["rate"])
+                log("ctr: PyTorch 1 process: " + ", ".join(
+                    f"{n} thread(s), zero_grad {z}: {v['rate']:.0f}/s"
+                    for (n, z), v in tried.items()))
+                return tried[best["threads"], best["zero_grad"]]
+            return once(["--threads", str(best["threads"]), "--zero-grad", best["zero_grad"]])
 
         sides = [("ours", ours), ("single", lambda: peer("single")),
                  ("rpc_ddp", lambda: peer("rpc_ddp"))]
@@ -376,7 +378,8 @@ def ctr_rows(args, build, log):
     return [
         row(f"ctr {what}, 2 ps + 2 workers vs 1 process", of("ours", "rate"),
             of("single", "rate"), "PyTorch 1 process, EmbeddingBag(sparse) + Adagrad, "
-            f"{threads.get('single', '?')} thread(s)", status),
+            f"{best.get('threads', '?')} thread(s), zero_grad {best.get('zero_grad', '?')} "
+            "(the fastest in the warm-up)", status),
         row(f"ctr {what}, 2 ps + 2 workers vs rpc_ddp", of("ours", "rate"),
             of("rpc_ddp", "rate"), "PyTorch rpc_ddp_tutorial layout, 1 ps + 2 trainers", status),
         row(f"ctr {what}: test AUC vs 1 process", of("ours", "auc"), of("single", "auc"),
