@@ -8,6 +8,7 @@ a process of its own so that an absent or broken PyTorch only costs its rows.
                        [--eval-every 30000]
     bench_torch.py rpcps --data DIR [--model mlp|cnn] [--target 0.85] [--epochs 3]
                          [--eval-every 30000]
+    every command: [--zero-grad best|none|zeros]
 
 Each prints one JSON object per line. The models have the shapes of pstrain's
 presets (client/model/model.cc): mlp 784-256-128-10, cnn conv 32 3x3, pool 2,
@@ -27,12 +28,25 @@ fetch the weights, compute a gradient on their half of the data and push it,
 without waiting for each other; the ps evaluates the pulled weights on the
 same cadence and prints the same fields as `tta`. Exit status 3: PyTorch is
 not installed.
+
+Every peer runs at its best. How a step clears the gradients is the one
+setting whose two reasonable values differ in speed here: zero_grad with
+set_to_none=True frees them, so backward allocates them afresh every step;
+False (PyTorch 1.13's default) zeroes them in place. Which is faster depends
+on the model, the version and the machine (the MLP at batch 64 ran 25-80%
+faster zeroing in place with Debian's 1.13; the CNN about even), so
+--zero-grad best (the default) times forward and backward both ways in this
+run, alternately, and every step of the peer then clears gradients the
+faster way; each result says which way it used ("zero_grad": "none" or
+"zeros") and the rates measured both ways. `compute` measures both ways
+window by window and reports the faster's windows.
 """
 
 import argparse
 import gzip
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -69,35 +83,84 @@ def one_thread():
     torch.set_num_interop_threads(1)
 
 
-def compute(args):
-    """forward + backward + loss, timed as bench_compute times it: windows of
-    about 0.5 s after a warm-up that sizes them; every window's samples/s."""
-    one_thread()
-    net, loss_fn = model(args.model), nn.CrossEntropyLoss()
-    x, y = batch(args.batch)
+ZERO_GRAD = ("none", "zeros")  # zero_grad(set_to_none=True), and False
 
-    def step():
-        net.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
 
+def clear(owner, way):
+    """Clears the gradients of owner (a module or an optimizer) the given way."""
+    owner.zero_grad(set_to_none=way == "none")
+
+
+def windows(step, batch_size, count, ways):
+    """Each way's samples/s over `count` windows of about 0.5 s each (sized by
+    a warm-up of every way), the ways alternated window by window so that a
+    change of the machine's speed touches all alike."""
     steps = 1
     while True:
         start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        took = time.perf_counter() - start
+        for way in ways:
+            for _ in range(steps):
+                step(way)
+        took = (time.perf_counter() - start) / len(ways)
         if took > 0.25:
             steps = max(1, int(steps * 0.5 / took))
             break
         steps *= 2
-    rates = []
-    for _ in range(args.windows):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        rates.append(steps * args.batch / (time.perf_counter() - start))
+    rates = {way: [] for way in ways}
+    for _ in range(count):
+        for way in ways:
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(way)
+            rates[way].append(steps * batch_size / (time.perf_counter() - start))
+    return rates
+
+
+def step_fn(preset, batch_size):
+    net, loss_fn = model(preset), nn.CrossEntropyLoss()
+    x, y = batch(batch_size)
+
+    def step(way):
+        clear(net, way)
+        loss_fn(net(x), y).backward()
+    return step
+
+
+def faster(rates):
+    """The way whose median samples/s is highest."""
+    return max(rates, key=lambda way: statistics.median(rates[way]))
+
+
+def resolve_zero_grad(arg, presets, batch_size):
+    """--zero-grad for the ranks a command starts, as {preset: {"zero_grad":
+    way, "zero_grad_rates": {way: samples/s}}}: `best` measures each preset
+    both ways (1 thread, 3 short windows each) in this process, before the
+    ranks start, and takes the faster; a way named is used for every preset,
+    unmeasured."""
+    out = {}
+    for p in presets:
+        if arg != "best":
+            out[p] = {"zero_grad": arg, "zero_grad_rates": {}}
+            continue
+        rates = windows(step_fn(p, batch_size), batch_size, 3, ZERO_GRAD)
+        out[p] = {"zero_grad": faster(rates),
+                  "zero_grad_rates": {w: statistics.median(r) for w, r in rates.items()}}
+    return out
+
+
+def compute(args):
+    """forward + backward + loss, timed as bench_compute times it: windows of
+    about 0.5 s after a warm-up that sizes them; every window's samples/s of
+    the way of clearing gradients used (--zero-grad; best: both measured,
+    alternately, and the faster's windows reported)."""
+    one_thread()
+    ways = ZERO_GRAD if args.zero_grad == "best" else (args.zero_grad,)
+    rates = windows(step_fn(args.model, args.batch), args.batch, args.windows, ways)
+    way = faster(rates)
     print(json.dumps({"bench": "compute", "model": args.model, "batch": args.batch,
-                      "torch": torch.__version__, "samples_per_s": sorted(rates)}))
+                      "torch": torch.__version__, "samples_per_s": sorted(rates[way]),
+                      "zero_grad": way,
+                      "zero_grad_rates": {w: statistics.median(r) for w, r in rates.items()}}))
 
 
 def ddp_rank(rank, store_file, args):
@@ -106,6 +169,7 @@ def ddp_rank(rank, store_file, args):
     steps, then per model samples/s of both workers from rank 0."""
     one_thread()
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    chosen = json.loads(args.zero_grad)
     for preset in ("mlp", "cnn"):
         net = nn.parallel.DistributedDataParallel(
             model(preset), bucket_cap_mb=args.bucket_bytes / (1024 * 1024))
@@ -117,14 +181,14 @@ def ddp_rank(rank, store_file, args):
             if s == 0:
                 dist.barrier()
                 start = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
+            clear(opt, chosen[preset]["zero_grad"])
             loss_fn(net(x), y).backward()
             opt.step()
         seconds = time.perf_counter() - start
         if rank == 0:
             print(json.dumps({"bench": "sync_step", "model": preset, "batch": args.batch,
-                              "steps": n, "samples_per_s": 2 * args.batch * n / seconds}),
-                  flush=True)
+                              "steps": n, "samples_per_s": 2 * args.batch * n / seconds,
+                              **chosen[preset]}), flush=True)
     dist.destroy_process_group()
 
 
@@ -154,6 +218,7 @@ def tta_rank(rank, store_file, args):
     test_x, test_y = fashion(args.data, "t10k")
     net = nn.parallel.DistributedDataParallel(model(args.model))
     opt = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9, nesterov=True)
+    chosen = json.loads(args.zero_grad)[args.model]
     loss_fn = nn.CrossEntropyLoss()
     samples, next_eval, reached, stop = 0, args.eval_every, None, False
     steps_per_epoch = len(y) // args.batch
@@ -165,7 +230,7 @@ def tta_rank(rank, store_file, args):
         for at in range(0, min(steps_left, steps_per_epoch) * args.batch, args.batch):
             steps_left -= 1
             pick = order[at:at + args.batch]
-            opt.zero_grad(set_to_none=True)
+            clear(opt, chosen["zero_grad"])
             loss_fn(net(x[pick]), y[pick]).backward()
             opt.step()
             samples += 2 * args.batch
@@ -189,7 +254,7 @@ def tta_rank(rank, store_file, args):
         print(json.dumps({"bench": "tta", "model": args.model, "target": args.target,
                           "samples": samples, "samples_per_s": samples / took,
                           "seconds": reached[0] if reached else None,
-                          "accuracy": reached[1] if reached else None}), flush=True)
+                          "accuracy": reached[1] if reached else None, **chosen}), flush=True)
     dist.destroy_process_group()
 
 
@@ -244,7 +309,7 @@ def load_weights(net, parts):
         nn.utils.vector_to_parameters(torch.cat(parts), net.parameters())
 
 
-def rpc_train(preset, batch, epochs):
+def rpc_train(preset, batch, epochs, way):
     """A trainer's whole run, called by ps0: pull from both ps, one step on
     the pulled weights, push each ps its part of the gradient; until the
     epochs are done or a push answers that the target is reached."""
@@ -259,7 +324,7 @@ def rpc_train(preset, batch, epochs):
             pulls = [rpc.rpc_async(f"ps{s}", shard_pull) for s in range(2)]
             load_weights(net, [f.wait() for f in pulls])
             pick = order[at:at + batch]
-            net.zero_grad(set_to_none=True)
+            clear(net, way)
             loss_fn(net(x[pick]), y[pick]).backward()
             grad = nn.utils.parameters_to_vector(p.grad for p in net.parameters())
             pushes = [rpc.rpc_async(f"ps{s}", shard_push, args=(part, batch))
@@ -289,8 +354,10 @@ def rpcps_rank(rank, store_file, args):
                      init_method=f"file://{store_file}"))
     if rank == 0:
         start = time.perf_counter()
+        chosen = json.loads(args.zero_grad)[args.model]
         # timeout 0: a trainer's call lasts its whole run, past RPC's default.
-        runs = [rpc.rpc_async(f"trainer{t}", rpc_train, args=(args.model, args.batch, args.epochs),
+        runs = [rpc.rpc_async(f"trainer{t}", rpc_train,
+                              args=(args.model, args.batch, args.epochs, chosen["zero_grad"]),
                               timeout=0) for t in range(2)]
         next_eval, reached = args.eval_every, None
         while not all(f.done() for f in runs):
@@ -313,7 +380,7 @@ def rpcps_rank(rank, store_file, args):
         print(json.dumps({"bench": "rpcps", "model": args.model, "target": args.target,
                           "samples": SHARD.samples, "samples_per_s": SHARD.samples / took,
                           "seconds": reached[0] if reached else None,
-                          "accuracy": reached[1] if reached else None}), flush=True)
+                          "accuracy": reached[1] if reached else None, **chosen}), flush=True)
     rpc.shutdown()
 
 
@@ -341,6 +408,8 @@ def main():
     c.add_argument("--model", required=True)
     c.add_argument("--batch", type=int, default=64)
     c.add_argument("--windows", type=int, default=7)
+    ways = ("best",) + ZERO_GRAD
+    c.add_argument("--zero-grad", choices=ways, default="best")
     for name in ("ddp", "ddp-rank"):
         d = sub.add_parser(name)
         d.add_argument("--batch", type=int, default=64)
@@ -349,6 +418,9 @@ def main():
         if name == "ddp-rank":
             d.add_argument("--rank", type=int, required=True)
             d.add_argument("--store", required=True)
+            d.add_argument("--zero-grad", required=True, help="JSON from resolve_zero_grad")
+        else:
+            d.add_argument("--zero-grad", choices=ways, default="best")
     for name in ("tta", "tta-rank", "rpcps", "rpcps-rank"):
         t = sub.add_parser(name)
         t.add_argument("--data", required=True)
@@ -360,17 +432,26 @@ def main():
         if name.endswith("-rank"):
             t.add_argument("--rank", type=int, required=True)
             t.add_argument("--store", required=True)
+            t.add_argument("--zero-grad", required=True, help="JSON from resolve_zero_grad")
+        else:
+            t.add_argument("--zero-grad", choices=ways, default="best")
     args = parser.parse_args()
     if args.command == "compute":
         compute(args)
     elif args.command == "ddp":
+        one_thread()
+        chosen = resolve_zero_grad(args.zero_grad, ("mlp", "cnn"), args.batch)
         ranks("ddp-rank", ["--batch", str(args.batch), "--steps", str(args.steps),
-                           "--bucket-bytes", str(args.bucket_bytes)])
+                           "--bucket-bytes", str(args.bucket_bytes),
+                           "--zero-grad", json.dumps(chosen)])
     elif args.command in ("tta", "rpcps"):
+        one_thread()
+        chosen = resolve_zero_grad(args.zero_grad, (args.model,), args.batch)
         ranks(args.command + "-rank", ["--data", args.data, "--model", args.model,
                                        "--target", str(args.target),
                                        "--epochs", str(args.epochs), "--batch", str(args.batch),
-                                       "--eval-every", str(args.eval_every)],
+                                       "--eval-every", str(args.eval_every),
+                                       "--zero-grad", json.dumps(chosen)],
               n=2 if args.command == "tta" else 4)
     elif args.command == "ddp-rank":
         ddp_rank(args.rank, args.store, args)

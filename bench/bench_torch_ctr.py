@@ -348,7 +348,7 @@ def run_single(args, train, test, rows):
             # (zeros, torch 1.13's default), whichever the caller found
             # faster; the tables' sparse gradients are made afresh each step.
             dense_opt.zero_grad(set_to_none=args.zero_grad == "none")
-            table_opt.zero_grad(set_to_none=True)
+            table_opt.zero_grad(set_to_none=True)  # sparse gradients: freed
             loss.backward()
             dense_opt.step()
             table_opt.step()

@@ -74,10 +74,16 @@ def stats(values):
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+# A peer's result may carry its configuration under this key (how it was
+# set to run at its best, e.g. how bench_torch.py cleared gradients); the
+# rows name every configuration the peer ran in.
+PEER_CONFIG = "peer config"
+
+
 class Pair:
     """Rows measured by running `ours` and `peer` once per rep, alternated.
-    Each returns {row name: value} for one run; peer is None where there is
-    no peer of this shape."""
+    Each returns {row name: value} for one run (the peer's also PEER_CONFIG);
+    peer is None where there is no peer of this shape."""
 
     def __init__(self, name, rows, ours, peer, peer_name):
         self.name, self.rows, self.ours, self.peer, self.peer_name = name, rows, ours, peer, peer_name
@@ -86,6 +92,7 @@ class Pair:
         ours = {r: [] for r in self.rows}
         theirs = {r: [] for r in self.rows}
         peer_status = "ok" if self.peer else "no peer of this shape"
+        configs = set()
         sides = [("ours", self.ours, ours)] + ([("peer", self.peer, theirs)] if self.peer else [])
         for rep in range(reps + 1):  # rep 0 is the warm-up, not recorded
             random.shuffle(sides)
@@ -97,12 +104,15 @@ class Pair:
                 except PeerUnavailable as e:
                     peer_status = str(e)
                     continue
+                if PEER_CONFIG in values:
+                    configs.add(values.pop(PEER_CONFIG))
                 if rep > 0:
                     for r in self.rows:
                         into[r].append(values[r])
             log(f"{self.name}: rep {rep}/{reps} done" + (" (warm-up)" if rep == 0 else ""))
+        name = self.peer_name and "; ".join([self.peer_name] + sorted(configs))
         return [row(r, ours[r], theirs[r] if peer_status == "ok" else None,
-                    self.peer_name if self.peer else None, peer_status) for r in self.rows]
+                    name if self.peer else None, peer_status) for r in self.rows]
 
 
 def row(name, ours, peer, peer_name, peer_status):
@@ -154,7 +164,8 @@ def pairs(args, build):
         def peer(model=model, libraries=libraries):
             r = json_lines([py, TORCH_PEER, "compute", "--model", model, "--batch", "64",
                             "--windows", windows], "bench_torch.py compute")[0]
-            return {row_name: statistics.median(r["samples_per_s"]) for row_name in libraries}
+            return {**{row_name: statistics.median(r["samples_per_s"]) for row_name in libraries},
+                    PEER_CONFIG: zero_grad_config(r)}
         out.append(Pair("compute " + model, list(libraries), ours, peer, "PyTorch, 1 thread"))
 
     sync_rows = {m: f"sync {m}, 2 workers x 1 thread, batch 64" for m in ("mlp", "cnn")}
@@ -168,7 +179,8 @@ def pairs(args, build):
     def sync_peer():
         lines = json_lines([py, TORCH_PEER, "ddp", "--steps", steps, "--batch", "64"],
                            "bench_torch.py ddp")
-        return {sync_rows[r["model"]]: r["samples_per_s"] for r in lines}
+        return {**{sync_rows[r["model"]]: r["samples_per_s"] for r in lines},
+                PEER_CONFIG: "; ".join(f"{r['model']} {zero_grad_config(r)}" for r in lines)}
     out.append(Pair("sync", list(sync_rows.values()), sync_ours, sync_peer,
                     "PyTorch DDP, Gloo, 2x1"))
 
@@ -217,8 +229,8 @@ def pairs(args, build):
                 return {name: report.summarize(run, 1.0)["samples_per_s"]}
 
             def peer(model=model, name=name, command=command):
-                return {name: torch_train(command, model, epochs[model], 0, 1.0)
-                        ["samples_per_s"]}
+                r = torch_train(command, model, epochs[model], 0, 1.0)
+                return {name: r["samples_per_s"], PEER_CONFIG: zero_grad_config(r)}
             out.append(Pair(f"async {model}{suffix}", [name], ours, peer, peer_name))
 
     # Time to accuracy: the whole default job, an evaluation every 30,000
@@ -236,10 +248,18 @@ def pairs(args, build):
 
         def peer(model=model, target=target, name=name):
             r = torch_train("tta", model, tta_epochs, 30000, target)
-            return {name: r["seconds"] if r["seconds"] is not None else float("inf")}
+            return {name: r["seconds"] if r["seconds"] is not None else float("inf"),
+                    PEER_CONFIG: zero_grad_config(r)}
         out.append(Pair("tta " + model, [name], ours, peer,
                         "PyTorch DDP, Gloo, 2x1, same optimizer and evaluations"))
     return out
+
+
+def zero_grad_config(result):
+    """How a bench_torch.py peer cleared its gradients: the way it measured
+    faster in its run (it times both)."""
+    return ("zero_grad set_to_none=" + ("True" if result["zero_grad"] == "none" else "False")
+            + " (the faster of both, measured)")
 
 
 def size_name(size):
