@@ -28,6 +28,7 @@
 #include "shared/metrics_server.h"
 #include "shared/protocol.h"
 #include "shared/scheduler_env.h"
+#include "shared/trace.h"
 
 namespace po = boost::program_options;
 
@@ -76,6 +77,7 @@ struct Args {
   std::optional<std::filesystem::path> restore;
   std::optional<std::filesystem::path> model;
   std::uint64_t run_nonce = 0;  // --run-id; 0: none
+  std::optional<std::filesystem::path> trace;
 };
 
 po::options_description options() {
@@ -101,8 +103,13 @@ po::options_description options() {
       "ps and worker: this launch's nonce (1 to 16 hex digits, not 0), the same for every "
       "process of the launch; tools/launch draws a new one per launch. Without it the run id "
       "is the config hash alone, and a stale process of an earlier run of the same config is "
-      "accepted")("model", po::value<std::string>()->value_name("FILE"),
-                  "eval: the saved model to test")(
+      "accepted")(
+      "trace", po::value<std::string>()->value_name("FILE"),
+      "ps and worker: write a timeline of this process's work to FILE as Chrome trace-event "
+      "JSON (chrome://tracing, ui.perfetto.dev): a worker's steps (train.trace_steps of them, "
+      "after the first train.trace_skip) with forward and backward per layer, each send, the "
+      "wait and the copies; a ps's requests, time queued and optimizer apply")(
+      "model", po::value<std::string>()->value_name("FILE"), "eval: the saved model to test")(
       "check",
       "validate the cluster file and overrides, print the resolved config, and exit "
       "(no --role needed; tools/launch runs this before starting anything)")(
@@ -214,6 +221,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (vm.count("run-id")) {
     if (!indexed) throw UsageError("--run-id applies only to --role ps and worker");
     args.run_nonce = parse_run_id(vm["run-id"].as<std::string>());
+  }
+  if (vm.count("trace")) {
+    if (!indexed) throw UsageError("--trace applies only to --role ps and worker");
+    args.trace = vm["trace"].as<std::string>();
   }
   if (vm.count("model")) {
     if (args.role != "eval") throw UsageError("--model applies only to --role eval");
@@ -339,6 +350,10 @@ int run(const Args& args, const pstrain::ClusterConfig& config,
     pstrain::log(
         "no --run-id: the run id is the config hash alone, so a stale process of an "
         "earlier run of this config is accepted (tools/launch gives every launch its own)");
+  // Written when the role returns or throws (a failed run's timeline is
+  // the one most worth reading).
+  std::optional<pstrain::TraceSession> trace;
+  if (args.trace) trace.emplace(*args.trace, args.role + " " + std::to_string(args.index));
   if (args.role == "ps") return pstrain::run_ps_role(config, args.index, args.restore);
   return pstrain::run_worker_role(config, args.index);
 }

@@ -10,6 +10,9 @@
 // touch of the buffers), then 7 reps, each side first at random; median, min
 // and max.
 //
+// Then a memcpy of each size in this process: the memory's bandwidth, the
+// limit no transport passes.
+//
 // Then the same operations with security.curve (ZeroMQ CURVE: encryption and
 // the ps's key check) against the plain client, alternated the same way, with
 // the throughput of each and their ratio.
@@ -23,9 +26,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
+#include <span>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -249,6 +255,45 @@ void row(Target& t, Op op, std::uint32_t v, int reps, bool json) {
 }
 
 // The same operation through a plain and a CURVE cluster, alternated rep by rep.
+// The physical limit beside the rows: a memcpy of the same bytes between
+// two buffers of this process, one untimed rep then `reps`, as GB/s.
+void memcpy_row(std::uint32_t v, int reps, bool json) {
+  const auto bytes = kSizes[v];
+  const int n = ops_per_rep(bytes);
+  // Page-aligned, as large buffers are: glibc's memcpy on some CPUs (AMD
+  // Zen's `rep movsb`) is many times slower between buffers whose distance
+  // is a little over a multiple of 4 KiB, as adjacent heap blocks are.
+  const auto page_aligned = [bytes] {
+    return std::unique_ptr<char, decltype(&std::free)>(
+        static_cast<char*>(std::aligned_alloc(4096, bytes)), &std::free);
+  };
+  const auto from_buffer = page_aligned(), to_buffer = page_aligned();
+  const std::span<char> from(from_buffer.get(), bytes), to(to_buffer.get(), bytes);
+  std::ranges::fill(from, 1);
+  std::ranges::fill(to, 0);
+  std::vector<double> seconds;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      from[static_cast<std::size_t>(i) % bytes] = static_cast<char>(i);  // not hoisted out
+      std::memcpy(to.data(), from.data(), bytes);
+    }
+    if (r > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / n);
+  }
+  const double moved = static_cast<double>(bytes);
+  if (json) {
+    std::printf("{\"bench\": \"memcpy\", \"bytes\": %llu, \"gbs\": [",
+                static_cast<unsigned long long>(bytes));
+    for (std::size_t i = 0; i < seconds.size(); ++i)
+      std::printf("%s%.4f", i ? ", " : "", moved / seconds[i] / 1e9);
+    std::printf("]}\n");
+  } else {
+    std::printf("%-10s %-7s %3s  %-22s\n", "memcpy", size_name(bytes).c_str(), "-",
+                gbs_spread(moved, seconds).c_str());
+  }
+  std::fflush(stdout);
+}
+
 void curve_row(Target& plain, Target& curve, Op op, std::uint32_t v, int reps) {
   const int n = ops_per_rep(kSizes[v]);
   std::vector<float> grad(kSizes[v] / sizeof(float), 1e-3f), out(grad.size());
@@ -373,6 +418,7 @@ int main(int argc, char** argv) try {
   for (auto op : kOps)
     for (std::uint32_t v = 0; v < vars.size(); ++v)
       for (std::size_t t = 0; t < kPlainSetups; ++t) row(*targets[t], op, v, reps, json);
+  for (std::uint32_t v = 0; v < vars.size(); ++v) memcpy_row(v, reps, json);
   if (json) return 0;
   std::printf("\n");
   for (std::size_t t = 0; t < kPlainSetups; ++t) copy_on_write_rows(*targets[t], reps, max_bytes);

@@ -43,8 +43,8 @@ Parameter servers hold the model's variables, sharded; workers pull weights,
 compute gradients on the CPU (OpenBLAS) or a GPU (package pstrain-cuda) and
 push them back over ZeroMQ, asynchronously or in sync, SSP, backup-worker
 and local-SGD modes. Includes pstrain-launch (a whole cluster from one file,
-restarts, Slurm and Kubernetes manifests), pstrain-compare and
-pstrain-bench.")
+restarts, Slurm and Kubernetes manifests), pstrain-compare,
+pstrain-bench and pstrain-trace.")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
 # What the tools import: yaml (every tool), numpy and matplotlib (the
 # reports of pstrain-compare).

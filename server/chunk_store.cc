@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "shared/trace.h"
+
 namespace pstrain {
 namespace {
 
@@ -81,8 +83,9 @@ const Chunk& ChunkStore::push(std::string_view name, std::uint32_t chunk,
   const auto start = std::chrono::steady_clock::now();
   optimizer_.apply(writable(c.values), grad, writable(c.state), c.version + 1, lr_scale,
                    pool_.get());
-  stats_.last_optimizer_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto end = std::chrono::steady_clock::now();
+  if (trace::on()) trace::complete("apply", "ps", start, end, name);
+  stats_.last_optimizer_seconds = std::chrono::duration<double>(end - start).count();
   stats_.optimizer_seconds += stats_.last_optimizer_seconds;
   ++c.version;
   ++stats_.updates;

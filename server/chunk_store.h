@@ -73,7 +73,8 @@ class ChunkStore {
   // Both throw std::invalid_argument naming the chunk when it is absent or
   // the sizes differ; both advance the version and return the chunk.
   // `lr_scale` multiplies the optimizer's learning rate (mode backup's
-  // linear scaling, server/consistency/backup_aggregator.h).
+  // linear scaling, server/consistency/backup_aggregator.h; optimizer.
+  // staleness_lr, server/consistency/policy.h).
   const Chunk& push(std::string_view name, std::uint32_t chunk, std::span<const float> grad,
                     float lr_scale = 1.0f);
   const Chunk& assign(std::string_view name, std::uint32_t chunk, std::span<const float> values);

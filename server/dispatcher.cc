@@ -7,6 +7,7 @@
 #include "shared/init.h"
 #include "shared/log.h"
 #include "shared/messages.h"
+#include "shared/trace.h"
 
 namespace pstrain::ps {
 namespace {
@@ -76,7 +77,10 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
   }
   stats_.received(request.header.op, bytes);
   stats_.request(request.header.op);
+  // From the socket to here: the requests served before it in its batch.
+  if (trace::on()) trace::complete("queued", "ps", received, Clock::now());
   try {
+    const TraceSpan span(wire::to_string(request.header.op), "ps");
     dispatch(coordinator, request, frames.subspan(2), connection);
   } catch (const std::exception& e) {
     recording_ = nullptr;

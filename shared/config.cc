@@ -129,6 +129,7 @@ const std::vector<Field<OptimizerConfig>> kOptimizerFields = {
     bounded("eps", &OptimizerConfig::eps, kPositive),
     bounded("initial_accumulator", &OptimizerConfig::initial_accumulator, kNonNegative),
     bounded("weight_decay", &OptimizerConfig::weight_decay, kNonNegative),
+    flag("staleness_lr", &OptimizerConfig::staleness_lr),
     apply_threads_field(),
     section("sparse", &OptimizerConfig::sparse, kSparseOptimizerFields),
 };
@@ -265,9 +266,13 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
            {WorkerLoss::continue_, WorkerLoss::fail}),
     bounded("accumulate_steps", &TrainConfig::accumulate_steps, at_least(1)),
     bounded("prefetch", &TrainConfig::prefetch, between(0, 1)),
+    // Only through the ps: checked across sections (check_across).
+    bounded("pipeline", &TrainConfig::pipeline, between(0, 1)),
     choice("precision", &TrainConfig::precision,
            {Precision::fp32, Precision::bf16, Precision::fp16}),
     flag("cuda_graphs", &TrainConfig::cuda_graphs),
+    bounded("trace_steps", &TrainConfig::trace_steps, at_least(1)),
+    bounded("trace_skip", &TrainConfig::trace_skip, at_least(0)),
 };
 
 const std::vector<Field<FaultConfig>> kFaultFields = {
@@ -797,6 +802,11 @@ void check_across(const Reader& r, const ClusterConfig& c) {
       r.fail(join(join("workers", std::to_string(i)), "host"),
              "leave it out: ps: {count} takes every host from the scheduler");
     }
+  }
+  if (c.train.pipeline > 0 && traits(c.mode).allreduce()) {
+    r.fail("train.pipeline",
+           "applies to the modes through the ps (async, ssp, backup), not to mode " +
+               std::string(to_string(c.mode)));
   }
   const auto workers = static_cast<std::int64_t>(c.workers.size());
   if (c.mode == Mode::backup && c.train.backup_workers >= workers) {

@@ -179,10 +179,19 @@ struct TrainConfig {
   // Embedding layers: pull the next batch's rows while the current one
   // computes (1), one update stale for the rows both touch; 0: never.
   std::uint32_t prefetch = 0;
+  // Through the ps (async, ssp, backup): 1 computes step t+1 on the weights
+  // step t-1's replies brought while step t's requests are still on their
+  // way (client/train/ps_step.h), one step staler; 0: each step waits for
+  // its own replies.
+  std::uint32_t pipeline = 0;
   Precision precision = Precision::fp32;
   // GPU workers record each step's kernels once as a CUDA graph and replay
   // it (client/train/step_graphs.h); false: every step launches them.
   bool cuda_graphs = true;
+  // With --trace (shared/trace.h): the steps a worker records, after the
+  // first trace_skip (allocations, first pulls: not the steady state).
+  std::uint32_t trace_steps = 50;
+  std::uint32_t trace_skip = 5;
   // Follows the mode unless given (the mode's field sets it): an async run
   // can finish without a worker, a sync one cannot.
   WorkerLoss on_worker_loss = WorkerLoss::continue_;

@@ -27,6 +27,11 @@ struct OptimizerConfig {
   float eps = 1e-8f;                 // adam, adagrad
   float initial_accumulator = 0.1f;  // adagrad
   float weight_decay = 0.0f;
+  // Asynchronous modes: each pushed gradient's learning rate divided by its
+  // staleness (the updates its chunk took between the worker's pull and its
+  // push; 0 and 1 leave it), as in Zhang et al., "Staleness-aware
+  // async-SGD" (IJCAI 2016). The tables' rows are not scaled.
+  bool staleness_lr = false;
   // Threads each ps applies one large chunk's update with (TaskPool); 0:
   // auto, the cores its host has to spare (ps_apply_threads in
   // shared/config.h).

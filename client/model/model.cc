@@ -6,6 +6,7 @@
 
 #include "client/data/click_metrics.h"
 #include "shared/init.h"
+#include "shared/trace.h"
 
 namespace pstrain {
 
@@ -631,6 +632,7 @@ void Model::forward(int n) {
       throw std::invalid_argument("model: embedding layer " + std::to_string(index) +
                                   " was given " + std::to_string(e.n) +
                                   " samples' ids for a batch of " + std::to_string(n));
+    const TraceSpan span("forward", "compute", nodes_[e.node].name);
     backend_->embedding_forward(e.rows.data(), e.inverse.data<std::int32_t>(), nodes_[e.node].y,
                                 e.shape());
   }
@@ -639,6 +641,7 @@ void Model::forward(int n) {
     Layer& layer = layers_[i];
     const Node& node = nodes_[layer.node];
     const float* x = nodes_[layer.inputs.front()].y;
+    const TraceSpan span("forward", "compute", node.name);
     switch (layer.kind) {
       case LayerKind::dense:
         backend_->dense_forward(x, params_[layer.weight].data(), params_[layer.weight + 1].data(),
@@ -700,14 +703,19 @@ void Model::loss(int n) {
 void Model::forward_backward(int n,
                              const std::function<void(std::size_t variable)>& on_grad_issued) {
   forward(n);
-  loss(n);
+  {
+    const TraceSpan span("loss", "compute");
+    loss(n);
+  }
   const Node& last = nodes_[layers_.back().node];
   if (loss_scale_ != 1)
     backend_->scale(last.dy, loss_scale_, static_cast<std::size_t>(n) * last.out.size());
   for (std::size_t i = layers_.size(); i-- > 0;) backward_layer(i, n, on_grad_issued);
-  for (Embedding& e : embeddings_)
+  for (Embedding& e : embeddings_) {
+    const TraceSpan span("backward", "compute", nodes_[e.node].name);
     backend_->embedding_backward(nodes_[e.node].dy, e.by_row.data<std::int32_t>(),
                                  e.offsets.data<std::int32_t>(), e.row_grads.data(), e.shape());
+  }
 }
 
 void Model::backward_layer(std::size_t index, int n,
@@ -716,6 +724,7 @@ void Model::backward_layer(std::size_t index, int n,
   const Node& node = nodes_[layer.node];
   // Nothing below it has parameters or rows.
   if (!node.needs_grad) return;
+  const TraceSpan span("backward", "compute", node.name);
   const Node& input = nodes_[layer.inputs.front()];
   float* dx = input.dy;  // null where the input needs no gradient
   const auto rows = static_cast<std::size_t>(n);

@@ -8,6 +8,7 @@
 #include "shared/init.h"
 #include "shared/low_precision.h"
 #include "shared/messages.h"
+#include "shared/trace.h"
 
 namespace pstrain {
 
@@ -69,9 +70,28 @@ void PsDataClient::init(std::uint64_t seed) {
   channel_.wait(id);
 }
 
+std::size_t PsDataClient::first_chunk(std::uint32_t v) const {
+  return static_cast<std::size_t>(map_.chunks(v).data() - map_.all_chunks().data());
+}
+
+std::size_t PsDataClient::chunk_count(std::string_view variable) const {
+  return map_.chunks(variable_index(variable)).size();
+}
+
+void PsDataClient::adopt_versions(std::string_view variable,
+                                  std::span<const std::uint64_t> versions) {
+  const auto v = variable_index(variable);
+  if (versions.size() != map_.chunks(v).size())
+    throw std::invalid_argument("ps client: versions of '" + std::string(variable) + "': " +
+                                std::to_string(versions.size()) + " given, the variable has " +
+                                std::to_string(map_.chunks(v).size()) + " chunks");
+  std::ranges::copy(versions,
+                    pulled_version_.begin() + static_cast<std::ptrdiff_t>(first_chunk(v)));
+}
+
 PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
                                             std::span<const float> grad, std::span<float> out,
-                                            std::size_t given) {
+                                            std::size_t given, std::span<std::uint64_t> versions) {
   const auto v = variable_index(name);
   const auto size = map_.variables()[v].size;
   if (given != size)
@@ -82,6 +102,12 @@ PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
   Call& call = calls_[id];
   call.variable = v;
   call.out = out.empty() ? nullptr : out.data();
+  call.versions = versions.empty() ? nullptr : versions.data();
+  const auto first = first_chunk(v);
+  if (!grad.empty())
+    call.basis.assign(
+        pulled_version_.begin() + static_cast<std::ptrdiff_t>(first),
+        pulled_version_.begin() + static_cast<std::ptrdiff_t>(first + map_.chunks(v).size()));
   const auto half = wire::half_format(wire_dtype_);
   if (half && !grad.empty()) {
     call.halves.resize(grad.size());
@@ -208,12 +234,14 @@ void PsDataClient::on_reply(Ticket ticket, std::uint64_t cookie, const Header& h
   if (wire::is_sparse(h.op)) return take_rows(call, call.parts.at(cookie), h, payload);
   const auto& c = map_.all_chunks()[cookie];
   const auto version = wire::ChunkReply::read(h).version;
+  const auto place = cookie - first_chunk(call.variable);
   if (h.op == Op::push || h.op == Op::push_pull) {
     const auto before = version == 0 ? 0 : version - 1;
-    call.staleness_sum += static_cast<double>(before - std::min(before, pulled_version_[cookie]));
+    call.staleness_sum += static_cast<double>(before - std::min(before, call.basis[place]));
     ++call.staleness_chunks;
   }
   if (h.op == Op::pull || h.op == Op::push_pull) {
+    const TraceSpan span("copy reply", "comm");
     if (h.payload_frames != 1 || h.dtype != wire_dtype_ || h.elements != c.count)
       throw PsError("chunk " + std::to_string(c.index) + " reply carries " +
                     std::to_string(h.elements) + " values of " +
@@ -224,7 +252,7 @@ void PsDataClient::on_reply(Ticket ticket, std::uint64_t cookie, const Header& h
     } else {
       std::memcpy(call.out + c.offset, payload.data(), payload.size());
     }
-    pulled_version_[cookie] = version;
+    (call.versions ? call.versions[place] : pulled_version_[cookie]) = version;
   }
 }
 
@@ -238,11 +266,22 @@ PsDataClient::Ticket PsDataClient::push(std::string_view variable, std::span<con
 
 PsDataClient::Ticket PsDataClient::push_pull(std::string_view variable, std::span<const float> grad,
                                              std::span<float> out) {
+  return push_pull(variable, grad, out, {});
+}
+
+PsDataClient::Ticket PsDataClient::push_pull(std::string_view variable, std::span<const float> grad,
+                                             std::span<float> out,
+                                             std::span<std::uint64_t> versions) {
+  if (!versions.empty() && versions.size() != chunk_count(variable))
+    throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
+                                "': " + std::to_string(versions.size()) +
+                                " version slots, the variable has " +
+                                std::to_string(chunk_count(variable)) + " chunks");
   if (grad.size() != out.size())
     throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
                                 "': " + std::to_string(grad.size()) + " gradients but " +
                                 std::to_string(out.size()) + " output floats");
-  return chunk_op(Op::push_pull, variable, grad, out, grad.size());
+  return chunk_op(Op::push_pull, variable, grad, out, grad.size(), versions);
 }
 
 PsDataClient::Ticket PsDataClient::assign(std::string_view variable,

@@ -42,6 +42,16 @@ class PsDataClient : private PsChannel::ReplyHandler {
   Ticket pull(std::string_view variable, std::span<float> out);
   Ticket push(std::string_view variable, std::span<const float> grad);
   Ticket push_pull(std::string_view variable, std::span<const float> grad, std::span<float> out);
+  // A push_pull for a caller that computes on `out` only later
+  // (train.pipeline): the versions of the values it receives go into
+  // `versions` (chunk_count(variable) of them) instead of becoming at once
+  // the versions this client's pushes say they were computed on;
+  // adopt_versions makes them so when the caller starts using `out`.
+  // Empty `versions`: the push_pull above.
+  Ticket push_pull(std::string_view variable, std::span<const float> grad, std::span<float> out,
+                   std::span<std::uint64_t> versions);
+  void adopt_versions(std::string_view variable, std::span<const std::uint64_t> versions);
+  std::size_t chunk_count(std::string_view variable) const;
   Ticket assign(std::string_view variable, std::span<const float> values);
   // The worker's clock: the steps it completed before the one its next
   // pulls and pushes are for. Every data request carries it (with a push,
@@ -84,6 +94,13 @@ class PsDataClient : private PsChannel::ReplyHandler {
   struct Call {
     std::uint32_t variable = 0;
     float* out = nullptr;  // where pulled values of the variable go
+    // Where their versions go (push_pull with versions), by the chunk's
+    // place in the variable; null: into pulled_version_.
+    std::uint64_t* versions = nullptr;
+    // The versions each chunk's push said it was computed on, by the
+    // chunk's place in the variable: its staleness is counted from these
+    // (a pipelined caller may adopt newer ones before the reply comes).
+    std::vector<std::uint64_t> basis;
     // A push's gradient rounded to the wire dtype, sent from here.
     std::vector<std::uint16_t> halves;
     double staleness_sum = 0;
@@ -93,7 +110,9 @@ class PsDataClient : private PsChannel::ReplyHandler {
   };
   std::uint32_t variable_index(std::string_view name) const;
   Ticket chunk_op(wire::Op op, std::string_view name, std::span<const float> grad,
-                  std::span<float> out, std::size_t given);
+                  std::span<float> out, std::size_t given, std::span<std::uint64_t> versions = {});
+  // The index in map_.all_chunks() of variable v's first chunk.
+  std::size_t first_chunk(std::uint32_t v) const;
   Ticket sparse_op(wire::Op op, std::string_view table, std::span<const std::uint64_t> keys,
                    std::span<const float> grads, std::span<float> out);
   // A sparse part's reply: its rows into the caller's.

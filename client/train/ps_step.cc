@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <span>
 
 #include "client/model/model.h"
 #include "client/ps/ps_client.h"
 #include "client/ps/ps_restarts.h"
 #include "client/train/backend_setup.h"
+#include "shared/trace.h"
 
 namespace pstrain {
 namespace {
@@ -21,6 +23,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 PsStep::PsStep(const TrainContext& context, StepMetrics& metrics)
     : context_(context),
       host_(context.backend, context.model, true),
+      pipelined_(context.config.train.pipeline > 0),
       requests_(context.ps),
       // Forward and backward replayed from a CUDA graph where steps are
       // recorded (train.cuda_graphs): the gradients' downloads then follow
@@ -47,6 +50,15 @@ PsStep::PsStep(const TrainContext& context, StepMetrics& metrics)
   // fp16: a step's gradients go out only once all of them are known to be
   // finite (an overflow skips the step), so none is sent during backward.
   if (scales_loss(context.config, context.backend)) scaler_.emplace(context.registry);
+  if (pipelined_) {
+    for (auto& f : flights_) {
+      for (const auto& v : context.model.variables()) {
+        f.grads.emplace_back(v.size);
+        f.weights.emplace_back(v.size);
+        f.versions.emplace_back(context.ps.chunk_count(v.name));
+      }
+    }
+  }
 }
 
 void PsStep::pull_all() {
@@ -73,8 +85,16 @@ void PsStep::begin(std::uint64_t step) {
   // This step's pushes; their replies are the next step's weights, which a
   // ps in mode ssp holds until the slowest worker is near enough.
   context_.ps.set_clock(step);
+  step_ = step;
   if (rejoin_restarted_servers(context_.ps)) {
     ps_restarts_.add();
+    // The requests still in flight are answered (resent where needed);
+    // the re-pull is newer than what they bring.
+    await([this] { context_.ps.wait_all(); });
+    for (auto& f : flights_) {
+      f.sent.clear();
+      f.tickets.clear();
+    }
     pull_all();
   }
   if (scaler_) context_.model.set_loss_scale(scaler_->scale());
@@ -85,8 +105,41 @@ void PsStep::accumulate(int n) { accumulator_.add(n); }
 
 void PsStep::send(std::size_t variable) {
   if (first_send_ == Clock::time_point{}) first_send_ = Clock::now();
-  context_.ps.push_pull(context_.model.variables()[variable].name, host_.grads(variable),
-                        host_.weights(variable));
+  const auto& name = context_.model.variables()[variable].name;
+  const TraceSpan span("send", "comm", name);
+  if (!pipelined_) {
+    context_.ps.push_pull(name, host_.grads(variable), host_.weights(variable));
+    return;
+  }
+  // The next step's backward writes the model's gradients while this one's
+  // are still being sent.
+  InFlight& f = flights_[step_ & 1];
+  std::ranges::copy(host_.grads(variable), f.grads[variable].begin());
+  f.sent.push_back(variable);
+  f.tickets.push_back(
+      context_.ps.push_pull(name, f.grads[variable], f.weights[variable], f.versions[variable]));
+}
+
+void PsStep::land(InFlight& f) {
+  for (const auto ticket : f.tickets) context_.ps.wait(ticket);
+  const TraceSpan span("copy weights", "comm");
+  for (const std::size_t v : f.sent) {
+    std::ranges::copy(f.weights[v], host_.weights(v).begin());
+    context_.ps.adopt_versions(context_.model.variables()[v].name, f.versions[v]);
+  }
+  f.sent.clear();
+  f.tickets.clear();
+}
+
+void PsStep::await(const std::function<void()>& wait) {
+  try {
+    wait();
+  } catch (const PsError&) {
+    // A ps that restarted without its checkpoint answers with errors (it
+    // has no chunks): say that rather than what the errors say.
+    rejoin_restarted_servers(context_.ps);
+    throw;
+  }
 }
 
 void PsStep::grad_issued(std::size_t variable) {
@@ -107,7 +160,7 @@ void PsStep::issue(std::uint64_t, int n) {
   accumulator_.finish(n, [this](std::size_t i) { grad_issued(i); });
 }
 
-void PsStep::finish(std::uint64_t, bool) {
+void PsStep::finish(std::uint64_t, bool last) {
   auto& [config, index, backend, model, ps, shard, metrics, registry, hook] = context_;
   const std::size_t nv = model.variables().size();
   if (!host_.direct()) {
@@ -127,15 +180,20 @@ void PsStep::finish(std::uint64_t, bool) {
       for (std::size_t i = nv; i-- > 0;) send(i);
   }
   const auto t_wait = Clock::now();
-  try {
-    ps.wait_all();
-  } catch (const PsError&) {
-    // A ps that restarted without its checkpoint answers with errors (it
-    // has no chunks): say that rather than what the errors say.
-    rejoin_restarted_servers(ps);
-    throw;
+  {
+    const TraceSpan span("wait for replies", "comm");
+    await([&] {
+      if (!pipelined_) return ps.wait_all();
+      // The step before's replies: the weights the next step computes on.
+      // The last step also waits for its own.
+      land(flights_[(step_ + 1) & 1]);
+      if (last) land(flights_[step_ & 1]);
+    });
   }
-  upload_weights();
+  {
+    const TraceSpan upload("upload weights", "comm");
+    upload_weights();
+  }
 
   double stale = 0;
   for (const auto& v : model.variables()) stale += ps.last_staleness(v.name);

@@ -20,15 +20,28 @@
 // pushes nothing (the ps sees a late step: ssp's clock moves on, backup waits
 // for others).
 //
+// train.pipeline: 1 takes the wait off the step. Each gradient is copied
+// out of the model's memory and sent from there, its reply lands in a buffer
+// of the step's own, and the step ends without waiting for it: step t+1
+// computes on the weights step t-1's replies brought (waited for at the end
+// of step t), while step t's requests travel and the ps applies them. Each
+// update is one step staler, which the pushes' versions carry to the ps
+// (the staleness metrics and optimizer.staleness_lr count it). The last
+// step waits for everything.
+//
 // A ps that restarts (client/ps/ps_restarts.h) is met before the next step:
 // the worker says hello again and re-pulls every variable, or stops with an
 // error naming a ps that restarted without its checkpoint.
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
+#include <vector>
 
+#include "client/ps/data_client.h"
 #include "client/train/grad_accumulator.h"
 #include "client/train/host_views.h"
 #include "client/train/loss_scaler.h"
@@ -56,13 +69,30 @@ class PsStep final : public StepStrategy {
   void upload_weights();
   // Pushes variable i's gradient and pulls its new weights.
   void send(std::size_t variable);
+  // train.pipeline: one step's requests, sent from and received into
+  // buffers of their own (per variable), so the next step computes meanwhile.
+  struct InFlight {
+    std::vector<std::vector<float>> grads, weights;
+    std::vector<std::vector<std::uint64_t>> versions;  // of the weights received
+    std::vector<std::size_t> sent;                     // the variables
+    std::vector<PsDataClient::Ticket> tickets;
+  };
+  // Waits for `f`'s replies and puts the weights they brought into the
+  // model's host memory (versions adopted: the next pushes are computed on them).
+  void land(InFlight& f);
+  // Runs `wait` (for replies), saying what a ps that restarted without its
+  // checkpoint is rather than the errors it answers with.
+  void await(const std::function<void()>& wait);
   // Variable i's gradient is in the model's memory: on its way to the ps
   // (not yet where fp16 checks the whole step first).
   void grad_issued(std::size_t variable);
 
   const TrainContext& context_;
   const HostViews host_;
-  // After host_: abandons requests that would outlive its buffers.
+  const bool pipelined_;
+  std::array<InFlight, 2> flights_;  // by the parity of the step
+  std::uint64_t step_ = 0;
+  // After host_ and flights_: abandons requests that would outlive their buffers.
   const PsRequestsGuard requests_;
   GradAccumulator accumulator_;
   std::optional<LossScaler> scaler_;

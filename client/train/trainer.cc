@@ -10,8 +10,19 @@
 #include "client/train/step_budget.h"
 #include "client/train/step_metrics.h"
 #include "client/train/step_strategy.h"
+#include "shared/trace.h"
 
 namespace pstrain {
+namespace {
+
+// Runs `part` of a step inside a span of that name.
+template <typename F>
+auto traced(const char* name, F&& part) {
+  const TraceSpan span(name, "step");
+  return part();
+}
+
+}  // namespace
 
 TrainSummary train(const TrainContext& context, std::uint64_t first_step) {
   using Clock = std::chrono::steady_clock;
@@ -31,7 +42,13 @@ TrainSummary train(const TrainContext& context, std::uint64_t first_step) {
                    "batch before, which also had them, was applied: one update stale.")
           .with();
   std::vector<std::uint64_t> next_ids;  // the next batch's, for a prefetch
+  // With --trace: train.trace_steps steps recorded after train.trace_skip;
+  // the start (hellos, first pulls) is not the steady state.
+  const std::uint64_t trace_from = first_step + config.train.trace_skip;
+  const std::uint64_t trace_to = trace_from + config.train.trace_steps;
+  std::string step_name;  // outlives the step's span
   while (true) {
+    trace::pause(true);
     try {
       const std::uint64_t done = strategy->start(first_step);
       shard.seek(done * config.train.accumulate_steps, config.train.batch_size);
@@ -62,7 +79,13 @@ TrainSummary train(const TrainContext& context, std::uint64_t first_step) {
         if (rows) rows->push(1.0f / static_cast<float>(m));
       };
       for (std::uint64_t step = done; step < steps; ++step) {
-        strategy->begin(step);
+        trace::pause(step < trace_from || step >= trace_to);
+        if (trace::on()) step_name = std::to_string(step);
+        const TraceSpan step_span("step", "step", step_name);
+        {
+          const TraceSpan span("begin", "step");
+          strategy->begin(step);
+        }
         const auto t_compute = Clock::now();
         // The micro-batches before the last only add to the step's gradient
         // (a batch's losses are readable once its work is done).
@@ -80,20 +103,25 @@ TrainSummary train(const TrainContext& context, std::uint64_t first_step) {
           samples += b.size;
           loss_sum += feeder.mean_loss() * static_cast<double>(b.size);
         }
-        const Batch b = feeder.load();
-        pull_rows(b, step + 1 < steps);
-        strategy->issue(step, static_cast<int>(b.size));
+        const Batch b = traced("load batch", [&] { return feeder.load(); });
+        traced("pull rows", [&] { pull_rows(b, step + 1 < steps); });
+        traced("forward and backward", [&] { strategy->issue(step, static_cast<int>(b.size)); });
         const double compute_s = std::chrono::duration<double>(Clock::now() - t_compute).count();
-        feeder.fetch_losses();
-        feeder.stage_next();
+        traced("losses and next batch", [&] {
+          feeder.fetch_losses();
+          feeder.stage_next();
+        });
         const bool last = step + 1 == steps;
-        strategy->finish(step, last);
-        push_rows(micro);
+        traced("finish", [&] { strategy->finish(step, last); });
+        traced("push rows", [&] { push_rows(micro); });
         samples += b.size;
         loss_sum += feeder.mean_loss() * static_cast<double>(b.size);
-        step_metrics.step(samples, loss_sum / static_cast<double>(samples), compute_s);
-        step_metrics.end_step(last);
+        traced("metrics", [&] {
+          step_metrics.step(samples, loss_sum / static_cast<double>(samples), compute_s);
+          step_metrics.end_step(last);
+        });
       }
+      trace::pause(true);
       if (rows) rows->wait();
       strategy->end();
       return step_metrics.finish();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "server/consistency/async_policy.h"
 #include "server/consistency/backup_policy.h"
@@ -31,11 +32,32 @@ const Chunk& existing_chunk(const ChunkStore& store, const wire::ChunkRequest& i
 
 const Chunk& apply_gradient(const PolicyContext& context, const Request& request,
                             const wire::ChunkRequest& id, std::span<const float> grad) {
-  const Chunk& c = context.store.push(id.variable, id.chunk, grad);
-  // The request's version is the one its sender last pulled (ChunkRequest).
+  // The request's version is the one its sender computed the gradient on
+  // (ChunkRequest): the updates since are its staleness.
+  const auto staleness = [&](std::uint64_t now) {
+    return now - std::min(now, request.header.version);
+  };
+  float lr_scale = 1;
+  std::vector<float> scaled;
+  const auto& optimizer = context.store.optimizer();
+  if (optimizer.staleness_lr) {
+    const float scale = 1.0f / static_cast<float>(std::max<std::uint64_t>(
+                                   1, staleness(existing_chunk(context.store, id).version)));
+    // Momentum: the gradient's own step is scaled, not the velocity's
+    // memory of the fresher ones before it (which a scaled learning rate
+    // would shrink too). Elsewhere the learning rate: the same for SGD, and
+    // what counts for Adam's and Adagrad's normalized steps.
+    if (optimizer.kind == OptimizerKind::momentum && scale != 1.0f) {
+      scaled.assign(grad.begin(), grad.end());
+      for (float& g : scaled) g *= scale;
+      grad = scaled;
+    } else {
+      lr_scale = scale;
+    }
+  }
+  const Chunk& c = context.store.push(id.variable, id.chunk, grad, lr_scale);
   const auto before = c.version - 1;
-  context.stats.pushed(before - std::min(before, request.header.version),
-                       context.store.stats().last_optimizer_seconds);
+  context.stats.pushed(staleness(before), context.store.stats().last_optimizer_seconds);
   context.coordinator.applied_update(request.header);
   return c;
 }

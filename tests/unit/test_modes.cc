@@ -32,8 +32,8 @@ bool all(std::uint32_t) { return true; }
 // A ps with one chunk "w" of kChunk values 100, 100, ... in `mode`, SGD with
 // lr 1 (an update subtracts the gradient exactly), `workers` workers.
 struct Ps {
-  Ps(std::uint32_t workers, Consistency consistency)
-      : store(sgd()),
+  Ps(std::uint32_t workers, Consistency consistency, OptimizerConfig optimizer = sgd(false))
+      : store(optimizer),
         coordinator({"ps 0", workers, std::chrono::seconds(60), WorkerLoss::continue_}, sink),
         stats(registry, 0),
         data(
@@ -42,10 +42,11 @@ struct Ps {
     coordinator.start(Clock::time_point{});
     store.init("w", 0, std::vector<float>(kChunk, 100.0f));
   }
-  static OptimizerConfig sgd() {
+  static OptimizerConfig sgd(bool staleness_lr) {
     OptimizerConfig o;
     o.kind = OptimizerKind::sgd;
     o.lr = 1.0f;
+    o.staleness_lr = staleness_lr;
     return o;
   }
 
@@ -187,6 +188,40 @@ TEST_CASE("ssp with s = 1: a worker runs one step ahead, not two; a lost worker 
   CHECK(stale.find("pstrain_ps_parked_requests{wait=\"read\"} 1") != std::string::npos);
   ps.push(1, 1, 1);  // slowest at 2: the read at 3 goes
   CHECK(ps.replies_to("w0").size() == 3);
+}
+
+TEST_CASE("staleness_lr: a gradient's learning rate is divided by its staleness") {
+  for (const Consistency consistency :
+       {Consistency{.mode = Mode::async, .workers = 2}, ssp(2, 8)}) {
+    Ps ps(2, consistency, Ps::sgd(true));
+    ps.push(0, 0, 8, 0);  // computed on version 0, the chunk's: staleness 0
+    CHECK(ps.value() == 92);
+    ps.push(1, 0, 8, 1);  // staleness 0 again
+    CHECK(ps.value() == 84);
+    ps.push(0, 1, 8, 1);  // one update (worker 1's) since version 1: lr x 1
+    CHECK(ps.value() == 76);
+    ps.push(1, 1, 8, 1);  // version 3 now, computed on 1: lr / 2
+    CHECK(ps.value() == 72);
+    ps.push(0, 2, 8, 0);  // version 4, computed on 0: lr / 4
+    CHECK(ps.value() == 70);
+  }
+  // Momentum: the stale gradient enters the velocity scaled, the velocity
+  // of the fresh ones before it is not (v = 0.5 v + g / staleness; w -= v).
+  OptimizerConfig momentum = Ps::sgd(true);
+  momentum.kind = OptimizerKind::momentum;
+  momentum.momentum = 0.5f;
+  Ps heavy(2, {.mode = Mode::async, .workers = 2}, momentum);
+  heavy.push(0, 0, 8, 0);  // v = 8
+  CHECK(heavy.value() == 92);
+  heavy.push(1, 0, 8, 0);  // staleness 1: v = 4 + 8
+  CHECK(heavy.value() == 80);
+  heavy.push(0, 1, 8, 0);  // staleness 2: v = 6 + 4
+  CHECK(heavy.value() == 70);
+  Ps plain(2, {.mode = Mode::async, .workers = 2});
+  plain.push(0, 0, 8, 0);
+  plain.push(1, 0, 8, 0);  // stale by one, at the full rate without the flag
+  plain.push(0, 1, 8, 0);
+  CHECK(plain.value() == 76);
 }
 
 TEST_CASE("backup: the mean of the first N - b gradients is applied once; late ones dropped") {

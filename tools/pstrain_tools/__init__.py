@@ -1,6 +1,7 @@
 """pstrain's Python tools. The commands are thin scripts beside this package
-(tools/launch, tools/compare, tools/bench, tools/report.py; installed as
-pstrain-launch, pstrain-compare and pstrain-bench) that call a module's
+(tools/launch, tools/compare, tools/bench, tools/trace, tools/report.py;
+installed as pstrain-launch, pstrain-compare, pstrain-bench and
+pstrain-trace) that call a module's
 main(); the modules:
 
   launch             the launcher: its command line, the cluster's processes
@@ -20,6 +21,8 @@ main(); the modules:
   report             the report of runs' metrics (compare's, or by hand)
   bench              runs the benchmarks in bench/ and their peers, side by
                      side
+  trace              reads the timelines of `pstrain --trace`: merges a
+                     run's, breaks a step down into its parts
 
 The benchmarks themselves live in bench/: the C++ ones and the Python ones
 (bench_torch.py, the PyTorch peers; bench_recovery.py).

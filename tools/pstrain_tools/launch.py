@@ -3,7 +3,7 @@
     tools/launch cluster.yaml [--set key=value ...] [--mode async|sync]
                  [--run-dir DIR] [--cpu-workers N] [--restore DIR]
                  [--max-restarts N] [--restart-backoff S] [--dry-run]
-                 [--prometheus [--scrape-interval S]]
+                 [--prometheus [--scrape-interval S]] [--trace]
                  [--emit slurm|k8s|tfjob [-o FILE] [k8s options]]
 
 Processes on this host run as child processes; those on other hosts are
@@ -48,6 +48,11 @@ metrics.linger_s, each process then serves on after its work until a scrape
 has read its final values, for at most three scrape intervals (5 s at
 least).
 
+`--trace` has every process write its timeline (`pstrain --trace`: a
+worker's steps, a ps's requests) into <run_dir>/trace/<name>.json and merges
+this host's files into <run_dir>/trace.json at the end, which Perfetto and
+chrome://tracing open and `tools/trace` breaks down (docs/performance.md).
+
 `--emit slurm` starts nothing: it writes the resolved cluster file into the
 run directory (which must be on a file system every node shares) and prints
 a batch script for `sbatch` (to FILE with -o) that runs the job as one srun
@@ -80,7 +85,7 @@ import sys
 import tempfile
 import time
 
-from . import cluster_config, emit_k8s, emit_slurm, prometheus_server, supervisor
+from . import cluster_config, emit_k8s, emit_slurm, prometheus_server, supervisor, trace
 
 GRACE_SECONDS = 5.0
 TAIL_LINES = 15
@@ -270,7 +275,7 @@ def new_run_id():
             return run_id
 
 
-def build_processes(cfg, binary, cluster_file, run_dir, ssh, run_id, restore=None):
+def build_processes(cfg, binary, cluster_file, run_dir, ssh, run_id, restore=None, trace=False):
     here = local_hosts()
     procs = []
     roles = [("ps", p["host"]) for p in cfg["ps"]] + [("worker", w["host"]) for w in cfg["workers"]]
@@ -283,6 +288,8 @@ def build_processes(cfg, binary, cluster_file, run_dir, ssh, run_id, restore=Non
                "--run-id", run_id]
         if role == "ps" and restore:
             cmd += ["--restore", restore]
+        if trace:
+            cmd += ["--trace", os.path.join(os.path.abspath(run_dir), "trace", f"{name}.json")]
         procs.append(Process(name, role, cmd, host, os.path.join(run_dir, f"{name}.log"),
                              None if host in here else ssh))
     return procs
@@ -535,6 +542,10 @@ def slurm_script(args, binary, overrides, run_dir):
               for n in range(1, args.max_restarts + 1)]
     body = emit_slurm.script(cfg, binary, cluster_file, run_dir, os.getcwd(), delays)
     os.makedirs(run_dir, exist_ok=True)
+    if args.trace:
+        # Remote hosts need the same folder on their side: the run directory
+        # is a shared path there too (as for the logs).
+        os.makedirs(os.path.join(run_dir, "trace"), exist_ok=True)
     cluster_config.write(text, cluster_file)
     return body, f"submit it with: sbatch {args.output}"
 
@@ -607,6 +618,9 @@ def main(argv=None):
                     help="wait before a process's first restart, doubled at each of its "
                          "next ones, at most 30 s (default 1)")
     ap.add_argument("--dry-run", action="store_true", help="print every command and exit")
+    ap.add_argument("--trace", action="store_true",
+                    help="every process writes a timeline (pstrain --trace) into "
+                    "<run_dir>/trace/, merged into <run_dir>/trace.json at the end")
     ap.add_argument("--prometheus", action="store_true",
                     help="turn metrics on and start a Prometheus server for the run, stopped "
                          "with it (docs/metrics.md)")
@@ -671,7 +685,7 @@ def main(argv=None):
     ssh = shlex.split(os.environ.get("PSTRAIN_SSH", "ssh"))
     run_id = new_run_id()
     procs = build_processes(cfg, binary, cluster_file, run_dir, ssh, run_id,
-                            os.path.abspath(args.restore) if args.restore else None)
+                            os.path.abspath(args.restore) if args.restore else None, args.trace)
     metrics_urls = cluster_config.metrics_urls(cfg)
     for p, (_, url) in zip(procs, metrics_urls):
         p.entry["metrics_url"] = url
@@ -683,6 +697,10 @@ def main(argv=None):
         return 0
 
     os.makedirs(run_dir, exist_ok=True)
+    if args.trace:
+        # Remote hosts need the same folder on their side: the run directory
+        # is a shared path there too (as for the logs).
+        os.makedirs(os.path.join(run_dir, "trace"), exist_ok=True)
     cluster_config.write(text, cluster_file)
     if cfg.get("security", {}).get("curve") == "true":
         try:
@@ -714,7 +732,26 @@ def main(argv=None):
     finally:
         if prometheus:
             prometheus.stop()
+    if args.trace:
+        merge_traces(run_dir)
     if code == 0:
         print(f"launch: done; logs, metrics and the saved model are in {run_dir}")
     return code
+
+
+def merge_traces(run_dir):
+    """<run_dir>/trace/*.json, the files this host's processes wrote, into
+    <run_dir>/trace.json: one timeline of the run."""
+    folder = os.path.join(run_dir, "trace")
+    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
+    if not files:
+        print("launch: --trace: no process wrote a trace", file=sys.stderr)
+        return
+    out = os.path.join(run_dir, "trace.json")
+    try:
+        trace.merge(files, out)
+    except trace.TraceError as e:
+        print(f"launch: --trace: {e}", file=sys.stderr)
+        return
+    print(f"launch: trace of {len(files)} processes in {out} (tools/trace {out} breaks it down)")
 
