@@ -77,8 +77,6 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
   }
   stats_.received(request.header.op, bytes);
   stats_.request(request.header.op);
-  // From the socket to here: the requests served before it in its batch.
-  if (trace::on()) trace::complete("queued", "ps", received, Clock::now());
   try {
     const TraceSpan span(wire::to_string(request.header.op), "ps");
     dispatch(coordinator, request, frames.subspan(2), connection);

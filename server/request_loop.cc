@@ -13,6 +13,7 @@
 #include "server/zap_handler.h"
 #include "shared/log.h"
 #include "shared/messages.h"
+#include "shared/trace.h"
 #include "shared/tsan.h"
 
 namespace pstrain::ps {
@@ -178,6 +179,7 @@ struct RequestLoop::Impl final : ReplySink {
   // variable, in arrival order).
   void drain(Coordinator& coordinator) {
     std::vector<std::vector<zmq::message_t>> batch;
+    std::vector<Clock::time_point> arrived;                    // off the socket, by index in batch
     std::vector<std::pair<std::uint32_t, std::size_t>> order;  // (priority, index in batch)
     std::size_t bytes = 0;
     while (batch.size() < kBatch && bytes < kBatchBytes) {
@@ -187,6 +189,7 @@ struct RequestLoop::Impl final : ReplySink {
       for (const auto& m : messages) bytes += m.size();
       order.emplace_back(priority_of(messages), batch.size());
       batch.push_back(std::move(messages));
+      arrived.push_back(Clock::now());
     }
     std::ranges::stable_sort(order, {}, &std::pair<std::uint32_t, std::size_t>::first);
     std::vector<Frame> frames;
@@ -200,6 +203,13 @@ struct RequestLoop::Impl final : ReplySink {
       current_address = address ? address : "";
       // Under CURVE the ZAP handler named the connection's key.
       const char* user_id = zmq_msg_gets(messages.back().handle(), "User-Id");
+      // Its time queued: behind the requests served before it in its batch.
+      const TraceSpan span(
+          "request", "ps", {},
+          trace::on() ? "\"queued_ms\":" + std::to_string(std::chrono::duration<double, std::milli>(
+                                                              Clock::now() - arrived[index])
+                                                              .count())
+                      : std::string());
       dispatcher.handle(coordinator, frames, Clock::now(),
                         {user_id ? Identity::parse(user_id) : std::nullopt, current_address});
       current_peer.reset();

@@ -803,10 +803,11 @@ void check_across(const Reader& r, const ClusterConfig& c) {
              "leave it out: ps: {count} takes every host from the scheduler");
     }
   }
-  if (c.train.pipeline > 0 && traits(c.mode).allreduce()) {
+  // Backup puts a gradient in the step of the version it was computed on:
+  // one a step older each time would be late every other step.
+  if (c.train.pipeline > 0 && (traits(c.mode).allreduce() || c.mode == Mode::backup)) {
     r.fail("train.pipeline",
-           "applies to the modes through the ps (async, ssp, backup), not to mode " +
-               std::string(to_string(c.mode)));
+           "applies to modes async and ssp, not to mode " + std::string(to_string(c.mode)));
   }
   const auto workers = static_cast<std::int64_t>(c.workers.size());
   if (c.mode == Mode::backup && c.train.backup_workers >= workers) {

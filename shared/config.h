@@ -179,7 +179,7 @@ struct TrainConfig {
   // Embedding layers: pull the next batch's rows while the current one
   // computes (1), one update stale for the rows both touch; 0: never.
   std::uint32_t prefetch = 0;
-  // Through the ps (async, ssp, backup): 1 computes step t+1 on the weights
+  // Modes async and ssp: 1 computes step t+1 on the weights
   // step t-1's replies brought while step t's requests are still on their
   // way (client/train/ps_step.h), one step staler; 0: each step waits for
   // its own replies.

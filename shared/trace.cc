@@ -23,11 +23,15 @@ struct Event {
   double ts_us;
   double dur_us;
   long tid;
+  std::string args;  // JSON members, or empty
 };
 
 struct Recorder {
   std::atomic<bool> open{false};
   std::atomic<bool> recording{false};
+  // The list is at max_events: later events are only counted (no string
+  // is built for them).
+  std::atomic<bool> full{false};
   std::mutex mutex;
   std::vector<Event> events GUARDED_BY(mutex);
   std::size_t max_events GUARDED_BY(mutex) = 0;
@@ -61,14 +65,20 @@ void pause(bool paused) {
 }
 
 void complete(std::string_view name, const char* category, Clock::time_point begin,
-              Clock::time_point end, std::string_view detail) {
+              Clock::time_point end, std::string_view detail, std::string args) {
   auto& r = recorder();
-  Event e{std::string(name), category, micros(begin), micros(end) - micros(begin),
-          this_thread_id()};
+  if (r.full.load(std::memory_order_relaxed)) {
+    const std::scoped_lock lock(r.mutex);
+    ++r.dropped;
+    return;
+  }
+  Event e{std::string(name),           category,         micros(begin),
+          micros(end) - micros(begin), this_thread_id(), std::move(args)};
   if (!detail.empty()) e.name.append(" ").append(detail);
   const std::scoped_lock lock(r.mutex);
   if (!r.open.load()) return;
   if (r.events.size() >= r.max_events) {
+    r.full.store(true, std::memory_order_relaxed);
     ++r.dropped;
     return;
   }
@@ -90,6 +100,7 @@ TraceSession::TraceSession(std::filesystem::path path, std::string process_name,
   r.events.reserve(std::min<std::size_t>(max_events, 1 << 16));
   r.max_events = max_events;
   r.dropped = 0;
+  r.full.store(false);
   r.process = std::move(process_name);
   r.recording.store(true);
 }
@@ -107,8 +118,10 @@ std::string TraceSession::json() {
   for (const auto& e : r.events) {
     out += ",\n{\"name\":\"" + json_escape(e.name) + "\",\"cat\":\"" + e.category +
            "\",\"ph\":\"X\",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(e.tid);
-    std::snprintf(number, sizeof number, ",\"ts\":%.3f,\"dur\":%.3f}", e.ts_us, e.dur_us);
+    std::snprintf(number, sizeof number, ",\"ts\":%.3f,\"dur\":%.3f", e.ts_us, e.dur_us);
     out += number;
+    if (!e.args.empty()) out += ",\"args\":{" + e.args + "}";
+    out += "}";
   }
   out += "\n]}\n";
   return out;

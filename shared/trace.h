@@ -3,7 +3,7 @@
 // trace-event JSON (chrome://tracing and ui.perfetto.dev open it): where a
 // worker's step goes (forward and backward per layer, sending each
 // gradient, waiting for the replies, copying them in) and how a ps serves a
-// request (time queued, the handler, within it the optimizer's apply).
+// request (its time queued, the handler, within it the optimizer's apply).
 //
 //   TraceSession session(path, "worker 0");   // records until destroyed,
 //                                              // then writes `path`
@@ -37,10 +37,11 @@ using Clock = std::chrono::steady_clock;
 bool on();
 // Stops or resumes recording within the session (no effect without one).
 void pause(bool paused);
-// Records one complete event from `begin` to `end` on this thread; `detail`
-// becomes the event's args.detail where not empty.
+// Records one complete event from `begin` to `end` on this thread, named
+// `name`, then `detail` after a space where not empty; `args`: the members
+// of the event's args object, JSON already ("\"queued_ms\":0.25").
 void complete(std::string_view name, const char* category, Clock::time_point begin,
-              Clock::time_point end, std::string_view detail = {});
+              Clock::time_point end, std::string_view detail = {}, std::string args = {});
 
 }  // namespace trace
 
@@ -65,16 +66,19 @@ class TraceSession {
 };
 
 // One complete event from construction to destruction, where recording is
-// on at construction. `name` and `detail` are copied only then.
+// on at construction. It keeps views of `name` and `detail` until it is
+// destroyed: pass strings that outlive it (literals, the model's and the
+// config's names), never temporaries.
 class TraceSpan {
  public:
-  TraceSpan(std::string_view name, const char* category, std::string_view detail = {})
-      : name_(name), category_(category), detail_(detail) {
+  TraceSpan(std::string_view name, const char* category, std::string_view detail = {},
+            std::string args = {})
+      : name_(name), category_(category), detail_(detail), args_(std::move(args)) {
     if (trace::on()) begin_ = trace::Clock::now();
   }
   ~TraceSpan() {
     if (begin_ != trace::Clock::time_point{})
-      trace::complete(name_, category_, begin_, trace::Clock::now(), detail_);
+      trace::complete(name_, category_, begin_, trace::Clock::now(), detail_, std::move(args_));
   }
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
@@ -85,6 +89,7 @@ class TraceSpan {
   std::string_view name_;
   const char* category_;
   std::string_view detail_;
+  std::string args_;
   trace::Clock::time_point begin_{};
 };
 

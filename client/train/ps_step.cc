@@ -94,6 +94,7 @@ void PsStep::begin(std::uint64_t step) {
     for (auto& f : flights_) {
       f.sent.clear();
       f.tickets.clear();
+      f.first_send = {};
     }
     pull_all();
   }
@@ -114,6 +115,7 @@ void PsStep::send(std::size_t variable) {
   // The next step's backward writes the model's gradients while this one's
   // are still being sent.
   InFlight& f = flights_[step_ & 1];
+  if (f.first_send == Clock::time_point{}) f.first_send = Clock::now();
   std::ranges::copy(host_.grads(variable), f.grads[variable].begin());
   f.sent.push_back(variable);
   f.tickets.push_back(
@@ -122,6 +124,8 @@ void PsStep::send(std::size_t variable) {
 
 void PsStep::land(InFlight& f) {
   for (const auto ticket : f.tickets) context_.ps.wait(ticket);
+  if (f.first_send != Clock::time_point{}) push_pull_.observe(seconds_since(f.first_send));
+  f.first_send = {};
   const TraceSpan span("copy weights", "comm");
   for (const std::size_t v : f.sent) {
     std::ranges::copy(f.weights[v], host_.weights(v).begin());
@@ -198,7 +202,9 @@ void PsStep::finish(std::uint64_t, bool last) {
   double stale = 0;
   for (const auto& v : model.variables()) stale += ps.last_staleness(v.name);
   stale /= static_cast<double>(nv);
-  if (first_send_ != Clock::time_point{}) push_pull_.observe(seconds_since(first_send_));
+  // Pipelined, land() times each step's requests from its first send.
+  if (!pipelined_ && first_send_ != Clock::time_point{})
+    push_pull_.observe(seconds_since(first_send_));
   wait_.observe(seconds_since(t_wait));
   staleness_.observe(stale);
   max_staleness_.raise(stale);

@@ -20,7 +20,7 @@
 // pushes nothing (the ps sees a late step: ssp's clock moves on, backup waits
 // for others).
 //
-// train.pipeline: 1 takes the wait off the step. Each gradient is copied
+// train.pipeline: 1 (modes async and ssp) takes the wait off the step. Each gradient is copied
 // out of the model's memory and sent from there, its reply lands in a buffer
 // of the step's own, and the step ends without waiting for it: step t+1
 // computes on the weights step t-1's replies brought (waited for at the end
@@ -76,6 +76,7 @@ class PsStep final : public StepStrategy {
     std::vector<std::vector<std::uint64_t>> versions;  // of the weights received
     std::vector<std::size_t> sent;                     // the variables
     std::vector<PsDataClient::Ticket> tickets;
+    Clock::time_point first_send{};  // {}: nothing sent
   };
   // Waits for `f`'s replies and puts the weights they brought into the
   // model's host memory (versions adopted: the next pushes are computed on them).

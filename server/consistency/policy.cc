@@ -38,7 +38,8 @@ const Chunk& apply_gradient(const PolicyContext& context, const Request& request
     return now - std::min(now, request.header.version);
   };
   float lr_scale = 1;
-  std::vector<float> scaled;
+  // Reused: a chunk's worth per push otherwise (one ps thread serves pushes).
+  thread_local std::vector<float> scaled;
   const auto& optimizer = context.store.optimizer();
   if (optimizer.staleness_lr) {
     const float scale = 1.0f / static_cast<float>(std::max<std::uint64_t>(
@@ -47,6 +48,8 @@ const Chunk& apply_gradient(const PolicyContext& context, const Request& request
     // memory of the fresher ones before it (which a scaled learning rate
     // would shrink too). Elsewhere the learning rate: the same for SGD, and
     // what counts for Adam's and Adagrad's normalized steps.
+    // (Weight decay, part of the objective rather than of the stale
+    // gradient, stays whole.)
     if (optimizer.kind == OptimizerKind::momentum && scale != 1.0f) {
       scaled.assign(grad.begin(), grad.end());
       for (float& g : scaled) g *= scale;

@@ -122,10 +122,19 @@ class QuickRuns(unittest.TestCase):
 
     def test_ps_beside_raw_zeromq(self):
         r, text = self.run_json("--only", "^ps$", "--reps", "2")
-        names = [row["name"] for row in r["rows"]]
+        rows = [row for row in r["rows"] if "memcpy" not in row["name"]]
+        names = [row["name"] for row in rows]
         self.assertEqual(len(names), 12)  # 3 operations x 4 KiB, 64 KiB x 1 and 2 ps
         self.assertIn("ps push_pull 64 KiB, 2 ps", names)
-        for row in r["rows"]:
+        # The limit beside them, a memcpy of each size, with no peer.
+        limits = [row for row in r["rows"] if "memcpy" in row["name"]]
+        self.assertEqual([row["name"] for row in limits],
+                         ["ps memcpy 4 KiB (a copy's limit)", "ps memcpy 64 KiB (a copy's limit)"])
+        self.assertTrue(all(v > 0 for row in limits for v in row["ours"]) and
+                        all(row["peer"] is None for row in limits))
+        # A push's row names what the optimizer's apply cost.
+        self.assertIn("of which the SGD apply", text)
+        for row in rows:
             self.assertEqual(row["peer_name"], "raw ZeroMQ")
             self.assertEqual(len(row["ours"]), 2)
             self.assertEqual(len(row["peer"]), 2)
@@ -159,9 +168,15 @@ class QuickRuns(unittest.TestCase):
         self.assertIn("| compute cnn, 1 thread, batch 64, OpenBLAS kernels |", text)
 
     def test_async_rows_launch_the_default_job_with_the_overrides(self):
-        with without_torch() as env:
+        with without_torch() as env, tempfile.TemporaryDirectory() as traces:
             r, text = self.run_json("--only", "^async mlp$", "--reps", "1",
-                                    "--set", "net.wire_dtype=bf16", env=env)
+                                    "--set", "net.wire_dtype=bf16", "--trace", traces, env=env)
+            # --trace kept each launched run's timeline: the warm-up's and the rep's.
+            kept = sorted(os.listdir(traces))
+            self.assertEqual(len(kept), 2, kept)
+            for name in kept:
+                with open(os.path.join(traces, name)) as f:
+                    self.assertIn("traceEvents", json.load(f))
             # The override reaches the launched run: one it refuses fails the bench.
             bad = run("--quick", "--only", "^async mlp$", "--reps", "1",
                       "--set", "net.wire_dtype=int8", env=env)
@@ -278,7 +293,8 @@ class PeersAtTheirBest(unittest.TestCase):
         def peer():
             return {"row": 2.0, bench.PEER_CONFIG: "zero_grad set_to_none=False"}
         [r] = bench.Pair("p", ["row"], lambda: {"row": 1.0}, peer, "PyTorch").run(1, lambda _: 0)
-        self.assertEqual(r["peer_name"], "PyTorch; zero_grad set_to_none=False")
+        # Warm-up and rep: the same configuration both runs.
+        self.assertEqual(r["peer_name"], "PyTorch; zero_grad set_to_none=False (2 of 2 runs)")
         self.assertEqual(r["peer"], [2.0])
 
 

@@ -83,16 +83,18 @@ class TracedRun(unittest.TestCase):
                 self.assertEqual(below.count("wait for replies"), 1)
 
     def test_the_ps_traced_its_requests_with_the_apply_inside(self):
-        served = []
+        served, queued = [], []
         for spans in trace.threads(self.events()).values():
             for span, children in trace.walk(trace.tree(spans)):
+                if span["name"] == "request":
+                    queued.append(span["args"]["queued_ms"])
+                    self.assertEqual(len(children), 1, span)  # the op's handler
                 if span["name"] == "push_pull":
                     served.append([trace.kind(c["name"]) for c, _ in children])
         self.assertTrue(served, "no push_pull on the ps's timeline")
         # Every push_pull applies its chunk once (none is resent here).
         self.assertTrue(all(kinds.count("apply") == 1 for kinds in served), served[:3])
-        names = {e["name"] for e in self.events() if e["ph"] == "X"}
-        self.assertIn("queued", names)
+        self.assertTrue(queued and all(q >= 0 for q in queued), queued[:5])
 
     def test_tools_trace_breaks_it_down(self):
         r = support.run_tool("trace", [self.file, "--json"])
@@ -104,8 +106,28 @@ class TracedRun(unittest.TestCase):
             self.assertIn(part, b["parts"])
         self.assertIn("wait for replies", b["parts"]["finish"]["inner"])
         self.assertIn("apply", b["requests"])
+        self.assertIn("queued", b["requests"])
+        self.assertEqual(b["dropped_events"], 0)
         text = support.run_tool("trace", [self.file])
         self.assertIn("forward and backward", text.stdout)
+
+
+class Compare(unittest.TestCase):
+    def test_compare_keeps_each_runs_trace_and_notes_its_step(self):
+        support.require_binary(self)
+        space = support.Workspace(support.cluster(
+            ps_hosts=("127.0.0.1",), worker_hosts=("127.0.0.1",),
+            train={"batch_size": 32, "epochs": 1, "eval_every": 0, "trace_steps": 10}))
+        self.addCleanup(space.cleanup)
+        out = os.path.join(space.path, "cmp")
+        r = support.run_tool("compare", [space.cluster, "--modes", "async,ssp:2", "--out", out,
+                                         "--trace"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "report.md")) as f:
+            report = f.read()
+        for mode, folder in (("async", "async"), ("ssp:2", "ssp-2")):
+            self.assertTrue(os.path.exists(os.path.join(out, folder, "trace.json")), mode)
+            self.assertRegex(report, mode + r": trace `[^`]*trace.json`, 10 steps of [0-9.]+ ms: ")
 
 
 class BadInput(unittest.TestCase):
@@ -120,6 +142,13 @@ class BadInput(unittest.TestCase):
             r = support.run_tool("trace", [os.path.join(tmp, "missing.json")])
             self.assertEqual(r.returncode, 1)
             self.assertIn("missing.json", r.stderr)
+
+    def test_launch_refuses_trace_with_emit(self):
+        space = support.Workspace(support.cluster())
+        self.addCleanup(space.cleanup)
+        r = support.run_tool("launch", [space.cluster, "--trace", "--emit", "slurm"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--trace applies to a run this launcher starts", r.stderr)
 
     def test_overlapping_spans_are_refused(self):
         spans = [{"name": "a", "ts": 0, "dur": 10, "pid": 1, "tid": 1},

@@ -81,6 +81,31 @@ TEST_CASE("config: train.accumulate_steps and train.precision parse, print and r
                        doctest::Contains("train.precision"), ConfigError);
 }
 
+TEST_CASE("config: train.pipeline, train.trace_* and optimizer.staleness_lr") {
+  const auto base = parse(kMinimal);
+  CHECK(base.train.pipeline == 0);
+  CHECK(base.train.trace_steps == 50);
+  CHECK(base.train.trace_skip == 5);
+  CHECK_FALSE(base.optimizer.staleness_lr);
+  for (const char* mode : {"async", "ssp"}) {
+    const auto c = parse(kMinimal, {std::string("mode=") + mode, "train.pipeline=1",
+                                    "optimizer.staleness_lr=true", "train.trace_steps=7"});
+    CHECK(c.train.pipeline == 1);
+    CHECK(c.optimizer.staleness_lr);
+    CHECK(parse(c.to_yaml()).train.trace_steps == 7);
+  }
+  for (const char* mode : {"sync", "local", "backup"}) {
+    const std::string why =
+        "train.pipeline: applies to modes async and ssp, not to mode " + std::string(mode);
+    CHECK_THROWS_WITH_AS(parse(kMinimal, {std::string("mode=") + mode, "train.pipeline=1"}),
+                         doctest::Contains(why.c_str()), ConfigError);
+  }
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"train.pipeline=2"}), doctest::Contains("train.pipeline"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"train.trace_steps=0"}),
+                       doctest::Contains("train.trace_steps"), ConfigError);
+}
+
 TEST_CASE("config: embedding tables and optimizer.sparse parse, print and reject bad values") {
   const auto none = parse(kMinimal);
   CHECK(none.tables.empty());

@@ -6,8 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "shared/trace.h"
 #include "tests/support/child_process.h"
@@ -81,6 +84,25 @@ TEST_CASE("trace: spans nest, carry their detail, and the file is written at the
   };
   CHECK(ts("step 12") <= ts("forward dense0"));
   CHECK(ts("forward dense0") + dur("forward dense0") <= ts("step 12") + dur("step 12") + 0.001);
+}
+
+TEST_CASE("trace: threads record at once, each on its own track") {
+  const TempDir dir;
+  const auto path = dir.path() / "t.json";
+  {
+    const TraceSession session(path, "unit");
+    std::vector<std::jthread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([] {
+        for (int i = 0; i < 500; ++i) const TraceSpan span("work", "test");
+      });
+  }
+  const std::string text = read(path);
+  CHECK(count(text, "\"ph\":\"X\"") == 2000);
+  std::set<std::string> tids;
+  for (auto at = text.find("\"tid\":"); at != std::string::npos; at = text.find("\"tid\":", at + 1))
+    tids.insert(text.substr(at + 6, text.find_first_of(",}", at) - at - 6));
+  CHECK(tids.size() == 5);  // the four threads and the process-name record's 0
 }
 
 TEST_CASE("trace: past max_events, events are counted as dropped, not stored") {

@@ -2,6 +2,7 @@
 min/median/max of each and the ratio of the medians.
 
     tools/bench [--quick] [--only REGEX] [--reps N] [--set KEY=VALUE] [--out FILE] [--build DIR]
+                [--trace DIR]
     tools/bench --diff A.json B.json
 
 Peers: PyTorch (bench/bench_torch.py: single-process compute, DDP with Gloo
@@ -15,7 +16,9 @@ ever a constant: each comes from a run in this invocation. For compute and
 sync, every rep runs pstrain's benchmark and its peer as separate
 processes, which one goes first drawn at random, after one untimed run of
 each (the warm-up); bench_ps alternates the same way inside
-one process. bench_step has no peer of its shape and is reported alone.
+one process. bench_step's async step through one ps is set beside the same
+worker's compute alone, both from each run of it: the ratio is the share of
+its compute speed the ps path leaves.
 The async and time-to-accuracy rows launch the default job (cluster.yaml)
 with tools/launch against DDP 2x1 training the same model on Fashion-MNIST
 with the same optimizer, learning rate, batch and evaluation cadence; the
@@ -28,17 +31,21 @@ The ratio is ours / peer for every row; each row says whether higher or
 lower is better. --quick runs a few reps at small sizes, without the
 time-to-accuracy rows unless --only names them; --set KEY=VALUE changes
 pstrain's launched runs (async and time-to-accuracy rows); --out writes the run
-as JSON; --diff compares two such files row by row. The binaries come from
+as JSON; --diff compares two such files row by row; --trace DIR keeps a
+timeline of every launched run in DIR (their figures then include what
+recording costs: one span per layer and message). The binaries come from
 --build, else the directory of $PSTRAIN, else build/ (installed as
 pstrain-bench: the installed ones).
 """
 
 import argparse
+import collections
 import json
 import math
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,7 +99,7 @@ class Pair:
         ours = {r: [] for r in self.rows}
         theirs = {r: [] for r in self.rows}
         peer_status = "ok" if self.peer else "no peer of this shape"
-        configs = set()
+        configs = collections.Counter()  # the peer's configurations, by runs
         sides = [("ours", self.ours, ours)] + ([("peer", self.peer, theirs)] if self.peer else [])
         for rep in range(reps + 1):  # rep 0 is the warm-up, not recorded
             random.shuffle(sides)
@@ -105,12 +112,14 @@ class Pair:
                     peer_status = str(e)
                     continue
                 if PEER_CONFIG in values:
-                    configs.add(values.pop(PEER_CONFIG))
+                    configs[values.pop(PEER_CONFIG)] += 1
                 if rep > 0:
                     for r in self.rows:
                         into[r].append(values[r])
             log(f"{self.name}: rep {rep}/{reps} done" + (" (warm-up)" if rep == 0 else ""))
-        name = self.peer_name and "; ".join([self.peer_name] + sorted(configs))
+        runs = sum(configs.values())
+        name = self.peer_name and self.peer_name + "".join(
+            f"; {config} ({n} of {runs} runs)" for config, n in sorted(configs.items()))
         return [row(r, ours[r], theirs[r] if peer_status == "ok" else None,
                     name if self.peer else None, peer_status) for r in self.rows]
 
@@ -184,25 +193,28 @@ def pairs(args, build):
     out.append(Pair("sync", list(sync_rows.values()), sync_ours, sync_peer,
                     "PyTorch DDP, Gloo, 2x1"))
 
-    step_rows = {m: f"async step {m}, 1 worker + 1 ps" for m in ("mlp", "cnn")}
-
-    def step_ours():
-        lines = json_lines([binary(build, "bench_step"), "--json", "100" if args.quick else "400"],
-                           "bench_step")
-        return {step_rows[r["model"]]: r["overlapped"] for r in lines}
-    out.append(Pair("step", list(step_rows.values()), step_ours, None, None))
-
     # The default job (cluster.yaml: 2 ps + 2 async workers, Nesterov
     # momentum 0.9, lr 0.02, batch 64) through tools/launch, against DDP 2x1
     # training the same model on the same data with the same optimizer.
+    launched = []  # with --trace: the runs' names, for their traces' files
+
     def launch(sets):
         cmd = [py, paths.LAUNCH, paths.CLUSTER_EXAMPLE]
         for kv in sets + (args.set or []):
             cmd += ["--set", kv]
+        if args.trace:
+            cmd.append("--trace")
         with tempfile.TemporaryDirectory() as run_dir:
             subprocess.run(cmd + ["--run-dir", run_dir], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, check=True,
                            env=dict(os.environ, PSTRAIN=os.path.join(build, "pstrain")))
+            if args.trace:
+                launched.append("_".join(sets).replace("=", "-"))
+                keep = os.path.join(args.trace, f"{len(launched):03d}-{launched[-1]}.json")
+                try:
+                    shutil.copyfile(os.path.join(run_dir, "trace.json"), keep)
+                except OSError as e:
+                    print(f"tools/bench: --trace: no trace kept for {sets}: {e}", file=sys.stderr)
             return report.Run(run_dir)
 
     def torch_train(command, model, epochs, eval_every, target):
@@ -258,12 +270,28 @@ def pairs(args, build):
 def zero_grad_config(result):
     """How a bench_torch.py peer cleared its gradients: the way it measured
     faster in its run (it times both)."""
-    return ("zero_grad set_to_none=" + ("True" if result["zero_grad"] == "none" else "False")
-            + " (the faster of both, measured)")
+    return "zero_grad set_to_none=" + ("True" if result["zero_grad"] == "none" else "False")
 
 
 def size_name(size):
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def step_rows(args, build, log):
+    """bench_step: the async trainer's step through one ps against the same
+    worker's compute alone, both measured in each run of it; the ratio is
+    the share of the compute speed the ps path leaves."""
+    cmd = [binary(build, "bench_step"), "--json", "100" if args.quick else "400"]
+    runs = []
+    for rep in range(args.reps + 1):  # rep 0 is the warm-up, not recorded
+        lines = json_lines(cmd, "bench_step")
+        if rep > 0:
+            runs.append({r["model"]: r for r in lines})
+        log(f"step: rep {rep}/{args.reps} done" + (" (warm-up)" if rep == 0 else ""))
+    return [row(f"async step {m}, 1 worker + 1 ps", [r[m]["overlapped"] for r in runs],
+                [r[m]["compute_only"] for r in runs],
+                "the same worker's compute alone (no ps), same run", "ok")
+            for m in ("mlp", "cnn")]
 
 
 def ps_rows(args, build, log):
@@ -278,7 +306,7 @@ def ps_rows(args, build, log):
     out = []
     for r in json_lines(cmd, "bench_ps"):
         if r["bench"] == "memcpy":
-            out.append(row(f"ps memcpy {size_name(r['bytes'])} (the memory's limit)", r["gbs"],
+            out.append(row(f"ps memcpy {size_name(r['bytes'])} (a copy's limit)", r["gbs"],
                            None, None, "the limit, not a peer"))
             continue
         out.append(row(f"ps {r['op']} {size_name(r['bytes'])}, {r['servers']} ps",
@@ -520,6 +548,9 @@ def main(argv=None):
                              "tta), e.g. net.wire_dtype=bf16; repeatable")
     parser.add_argument("--reps", type=int, help="timed reps per side (default 5, --quick 3)")
     parser.add_argument("--out", metavar="FILE", help="write the run as JSON")
+    parser.add_argument("--trace", metavar="DIR",
+                        help="the launched runs (async and time-to-accuracy rows) record "
+                        "timelines (tools/launch --trace), kept in DIR, one file per run")
     parser.add_argument("--build", metavar="DIR", help="the build directory")
     parser.add_argument("--diff", nargs=2, metavar=("A", "B"), help="compare two --out files")
     args = parser.parse_args(argv)
@@ -531,15 +562,18 @@ def main(argv=None):
         args.reps = 3 if args.quick else 5
     if args.reps < 1:
         parser.error("--reps must be >= 1")
+    if args.trace:
+        os.makedirs(args.trace, exist_ok=True)
     build = args.build or os.path.dirname(os.path.abspath(os.environ.get("PSTRAIN")
                                                           or paths.BINARY))
     chosen = [p for p in pairs(args, build)
               if (re.search(args.only, p.name) if args.only
                   else not (args.quick and p.name.startswith("tta")))]
+    with_step = not args.only or re.search(args.only, "step")
     with_ps = not args.only or re.search(args.only, "ps")
     with_embeddings = not args.only or re.search(args.only, "embeddings")
     with_ctr = not args.only or re.search(args.only, "ctr")
-    if not chosen and not with_ps and not with_embeddings and not with_ctr:
+    if not (chosen or with_step or with_ps or with_embeddings or with_ctr):
         parser.error(f"--only {args.only!r} matches no benchmark")
 
     def log(msg):
@@ -550,6 +584,8 @@ def main(argv=None):
               "quick": args.quick, "reps": args.reps, "sets": args.set or [], "rows": []}
     for pair in chosen:
         result["rows"] += pair.run(args.reps, log)
+    if with_step:
+        result["rows"] += step_rows(args, build, log)
     if with_ps:
         result["rows"] += ps_rows(args, build, log)
     if with_embeddings:

@@ -2,6 +2,7 @@
 
     tools/compare cluster.yaml [--set key=value ...] [--modes async,sync,ssp:4,...]
                   [--straggler worker1=30ms ...] [--repeats N] [--target T] [--out DIR]
+                  [--trace]
 
 Every run uses the same cluster file and overrides (model, data, seed,
 epochs); only the mode (and its parameter) differs, and under each
@@ -14,8 +15,10 @@ DIR/report.md gets the tables, the winners and the plots (report.py
 says what each number means), and the tables are printed. The report
 measures test accuracy, or test AUC for a click model (its evaluations carry
 test_auc); --target is in those units, 0.85 accuracy or 0.75 AUC when not
-given. Exit code: 0 when every run trained, else 1 (the report then covers
-the runs that did).
+given. With --trace every run keeps its timeline (tools/launch --trace:
+<run_dir>/trace.json) and the report's notes give each run's step as
+tools/trace breaks it down: the mean step and its largest parts. Exit code:
+0 when every run trained, else 1 (the report then covers the runs that did).
 """
 
 import argparse
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from . import cluster_config, paths, report
+from . import cluster_config, paths, report, trace
 
 
 class Mode:
@@ -184,6 +187,9 @@ def main(argv=None):
                          "click models, whose evaluations carry test_auc, the test AUC "
                          "(default 0.75)")
     ap.add_argument("--out", help="comparison directory (default runs/compare-<job>-<time>)")
+    ap.add_argument("--trace", action="store_true",
+                    help="keep each run's timeline (tools/launch --trace) and break its steps "
+                    "down in the report's notes")
     args = ap.parse_args(argv)
 
     stragglers = args.straggler or [Straggler("", "", [])]
@@ -209,7 +215,7 @@ def main(argv=None):
         int(resolved["train"]["seed"]) + i for i in range(args.repeats)]
 
     launch = Launch()
-    runs, groups, failures = [], [], []
+    runs, groups, failures, traced = [], [], [], []
     for straggler in stragglers:
         for mode in args.modes:
             group = report.Group(mode.spec, straggler.label, [])
@@ -227,12 +233,15 @@ def main(argv=None):
                              + ([f"train.seed={seed}"] if seed is not None else []))
                 print(f"compare: {what} run in {run_dir}", flush=True)
                 code = launch.run([args.cluster, "--run-dir", run_dir]
-                                  + [a for o in overrides for a in ("--set", o)])
+                                  + [a for o in overrides for a in ("--set", o)]
+                                  + (["--trace"] if args.trace else []))
                 if launch.signal is not None:
                     print(f"compare: {signal.Signals(launch.signal).name} received; stopped",
                           file=sys.stderr)
                     return 128 + launch.signal
                 run = trained(run_dir, code, mode, what, failures)
+                if args.trace:
+                    traced.append(step_note(run_dir, what))
                 if run:
                     run.label = what
                     runs.append(run)
@@ -247,6 +256,7 @@ def main(argv=None):
     if args.repeats > 1:
         notes.append(f"{args.repeats} runs of each mode, seeds "
                      + ", ".join(str(s) for s in seeds))
+    notes += traced
     notes += [f"FAILED: {f}" for f in failures]
     if runs:
         table = report.write(runs, out, args.target, notes, groups)
@@ -254,6 +264,21 @@ def main(argv=None):
     for f in failures:
         print(f"compare: {f}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def step_note(run_dir, what):
+    """The report's note on a traced run: its mean step and the three
+    largest parts of it, as tools/trace breaks them down."""
+    path = os.path.join(run_dir, "trace.json")
+    try:
+        b = trace.breakdown(trace.load(path))
+    except trace.TraceError as e:
+        return f"{what}: no trace ({e})"
+    if not b["steps"]:
+        return f"{what}: the trace `{path}` holds no step"
+    parts = sorted(b["parts"].items(), key=lambda kv: -kv[1]["ms"])[:3]
+    return (f"{what}: trace `{path}`, {b['steps']} steps of {b['step_ms']:.3f} ms: "
+            + ", ".join(f"{name} {p['ms']:.3f} ms ({p['share']:.0%})" for name, p in parts))
 
 
 def trained(run_dir, code, mode, what, failures):

@@ -658,6 +658,9 @@ def main(argv=None):
         ap.error("--scrape-interval must be more than 0")
     if args.prometheus and args.emit:
         ap.error("--prometheus starts a server for a run this launcher starts, not --emit's")
+    if args.trace and args.emit:
+        ap.error("--trace applies to a run this launcher starts; add pstrain --trace FILE to "
+                 "--emit's commands by hand")
 
     overrides = list(args.set) + ([f"mode={args.mode}"] if args.mode else [])
     binary = cluster_config.pstrain_binary("launch")
@@ -733,17 +736,18 @@ def main(argv=None):
         if prometheus:
             prometheus.stop()
     if args.trace:
-        merge_traces(run_dir)
+        merge_traces(run_dir, [p.name for p in procs if p.host in local_hosts()])
     if code == 0:
         print(f"launch: done; logs, metrics and the saved model are in {run_dir}")
     return code
 
 
-def merge_traces(run_dir):
-    """<run_dir>/trace/*.json, the files this host's processes wrote, into
-    <run_dir>/trace.json: one timeline of the run."""
+def merge_traces(run_dir, names):
+    """The traces of this host's processes (`names`), <run_dir>/trace/<name>.json,
+    into <run_dir>/trace.json: one timeline. Other hosts' files stay apart:
+    their clocks are not this host's."""
     folder = os.path.join(run_dir, "trace")
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
+    files = [f for f in (os.path.join(folder, f"{n}.json") for n in names) if os.path.exists(f)]
     if not files:
         print("launch: --trace: no process wrote a trace", file=sys.stderr)
         return

@@ -9,9 +9,12 @@ A worker's step ("step N") is cut into its parts (load batch, forward and
 backward, finish, ...); each part into what it spent its time on, layer
 names left out (forward, backward, send, wait for replies, copy reply,
 upload weights); each figure is the mean per step, in ms and as a share of
-the step. A ps's requests: the mean time queued before being served, served,
-and in the optimizer's apply. `tools/launch --trace` keeps a run's files in
-<run_dir>/trace/ and merges them into <run_dir>/trace.json.
+the step. A ps's requests: the mean time queued behind the others of their
+batch (`queued`), served (`request`, and by op), and in the optimizer's
+apply. `tools/launch --trace` keeps a run's files in <run_dir>/trace/ and
+merges this host's into <run_dir>/trace.json (the clocks of two hosts are
+not comparable). Events a process could not keep (past its cap) are counted
+as `dropped_events`.
 """
 
 import argparse
@@ -41,12 +44,24 @@ def load(path):
     return events
 
 
+def dropped(path):
+    """The events the file's process counted but could not keep."""
+    try:
+        with open(path) as f:
+            return int(json.load(f).get("otherData", {}).get("dropped_events", 0))
+    except (OSError, ValueError, AttributeError) as e:
+        raise TraceError(f"{path}: {e}") from None
+
+
 def merge(paths, out):
-    """Writes the events of every file into `out` (each process keeps its pid,
-    and the clock is the host's, so they line up)."""
+    """Writes the events of every file into `out`: files of one host's
+    processes (each keeps its pid, and the clock is the host's, so they line
+    up)."""
     events = [e for p in paths for e in load(p)]
     with open(out, "w") as f:
-        json.dump({"displayTimeUnit": "ms", "traceEvents": events}, f)
+        json.dump({"displayTimeUnit": "ms",
+                   "otherData": {"dropped_events": sum(dropped(p) for p in paths)},
+                   "traceEvents": events}, f)
     return len(events)
 
 
@@ -115,6 +130,10 @@ def breakdown(events):
                 r = requests.setdefault(kind(span["name"]), {"count": 0, "ms": 0.0})
                 r["count"] += 1
                 r["ms"] += span["dur"] / 1000
+                if "queued_ms" in span.get("args", {}):
+                    q = requests.setdefault("queued", {"count": 0, "ms": 0.0})
+                    q["count"] += 1
+                    q["ms"] += span["args"]["queued_ms"]
     n = len(steps)
     step_ms = statistics.mean(steps) if steps else 0.0
     return {
@@ -167,8 +186,12 @@ def main(argv=None):
             print(f"trace: {merge(args.files, args.merge)} events in {args.merge}")
             return 0
         b = breakdown([e for f in args.files for e in load(f)])
+        b["dropped_events"] = sum(dropped(f) for f in args.files)
     except TraceError as e:
         print(f"trace: {e}", file=sys.stderr)
         return 1
     print(json.dumps(b) if args.json else text(b))
+    if b["dropped_events"]:
+        print(f"trace: {b['dropped_events']} events were past a process's cap and not kept",
+              file=sys.stderr)
     return 0
