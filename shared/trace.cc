@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -32,7 +31,7 @@ struct Recorder {
   // The list is at max_events: later events are only counted (no string
   // is built for them).
   std::atomic<bool> full{false};
-  std::mutex mutex;
+  Mutex mutex;
   std::vector<Event> events GUARDED_BY(mutex);
   std::size_t max_events GUARDED_BY(mutex) = 0;
   std::size_t dropped GUARDED_BY(mutex) = 0;
@@ -68,14 +67,14 @@ void complete(std::string_view name, const char* category, Clock::time_point beg
               Clock::time_point end, std::string_view detail, std::string args) {
   auto& r = recorder();
   if (r.full.load(std::memory_order_relaxed)) {
-    const std::scoped_lock lock(r.mutex);
+    const MutexLock lock(r.mutex);
     ++r.dropped;
     return;
   }
   Event e{std::string(name),           category,         micros(begin),
           micros(end) - micros(begin), this_thread_id(), std::move(args)};
   if (!detail.empty()) e.name.append(" ").append(detail);
-  const std::scoped_lock lock(r.mutex);
+  const MutexLock lock(r.mutex);
   if (!r.open.load()) return;
   if (r.events.size() >= r.max_events) {
     r.full.store(true, std::memory_order_relaxed);
@@ -94,7 +93,7 @@ TraceSession::TraceSession(std::filesystem::path path, std::string process_name,
   if (!std::filesystem::is_directory(folder))
     throw std::runtime_error("--trace " + path_.string() + ": no folder " + folder.string());
   auto& r = recorder();
-  const std::scoped_lock lock(r.mutex);
+  const MutexLock lock(r.mutex);
   if (r.open.exchange(true)) throw std::runtime_error("a trace session is open already");
   r.events.clear();
   r.events.reserve(std::min<std::size_t>(max_events, 1 << 16));
@@ -107,7 +106,7 @@ TraceSession::TraceSession(std::filesystem::path path, std::string process_name,
 
 std::string TraceSession::json() {
   auto& r = recorder();
-  const std::scoped_lock lock(r.mutex);
+  const MutexLock lock(r.mutex);
   const long pid = static_cast<long>(::getpid());
   std::string out =
       "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":" + std::to_string(r.dropped) +
@@ -138,7 +137,7 @@ TraceSession::~TraceSession() {
   } catch (const std::exception& e) {
     log("trace: could not write ", path_.string(), ": ", e.what());
   }
-  const std::scoped_lock lock(r.mutex);
+  const MutexLock lock(r.mutex);
   r.events.clear();
   r.events.shrink_to_fit();
   r.open.store(false);

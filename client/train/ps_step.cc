@@ -187,7 +187,7 @@ void PsStep::finish(std::uint64_t, bool last) {
   {
     const TraceSpan span("wait for replies", "comm");
     await([&] {
-      if (!pipelined_) return ps.wait_all();
+      if (!pipelined_) return context_.ps.wait_all();
       // The step before's replies: the weights the next step computes on.
       // The last step also waits for its own.
       land(flights_[(step_ + 1) & 1]);
