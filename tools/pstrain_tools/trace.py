@@ -28,8 +28,9 @@ class TraceError(Exception):
     """A file that is not a trace pstrain wrote; the message says why."""
 
 
-def load(path):
-    """The file's events; TraceError when it is not trace-event JSON."""
+def read(path):
+    """The file's events and the count of those its process could not keep;
+    TraceError when it is not trace-event JSON."""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -41,26 +42,32 @@ def load(path):
     for e in events:
         if e.get("ph") == "X" and not all(k in e for k in ("name", "ts", "dur", "pid", "tid")):
             raise TraceError(f"{path}: a complete event lacks a field: {e}")
-    return events
+    other = doc.get("otherData")
+    return events, int(other.get("dropped_events", 0)) if isinstance(other, dict) else 0
 
 
-def dropped(path):
-    """The events the file's process counted but could not keep."""
-    try:
-        with open(path) as f:
-            return int(json.load(f).get("otherData", {}).get("dropped_events", 0))
-    except (OSError, ValueError, AttributeError) as e:
-        raise TraceError(f"{path}: {e}") from None
+def load(path):
+    """The file's events (read)."""
+    return read(path)[0]
+
+
+def read_all(paths):
+    """Every file's events, and the events their processes could not keep."""
+    events, dropped = [], 0
+    for p in paths:
+        e, d = read(p)
+        events += e
+        dropped += d
+    return events, dropped
 
 
 def merge(paths, out):
     """Writes the events of every file into `out`: files of one host's
     processes (each keeps its pid, and the clock is the host's, so they line
     up)."""
-    events = [e for p in paths for e in load(p)]
+    events, dropped = read_all(paths)
     with open(out, "w") as f:
-        json.dump({"displayTimeUnit": "ms",
-                   "otherData": {"dropped_events": sum(dropped(p) for p in paths)},
+        json.dump({"displayTimeUnit": "ms", "otherData": {"dropped_events": dropped},
                    "traceEvents": events}, f)
     return len(events)
 
@@ -185,8 +192,9 @@ def main(argv=None):
         if args.merge:
             print(f"trace: {merge(args.files, args.merge)} events in {args.merge}")
             return 0
-        b = breakdown([e for f in args.files for e in load(f)])
-        b["dropped_events"] = sum(dropped(f) for f in args.files)
+        events, dropped = read_all(args.files)
+        b = breakdown(events)
+        b["dropped_events"] = dropped
     except TraceError as e:
         print(f"trace: {e}", file=sys.stderr)
         return 1
