@@ -1,10 +1,10 @@
 #include "server/update_payload.h"
 
-#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "shared/all_finite.h"
 #include "shared/log.h"
 
 namespace pstrain::ps {
@@ -37,10 +37,7 @@ FloatPayload::FloatPayload(const Request& request, std::span<const std::uint8_t>
 }
 
 void NonfiniteRefusal::check(const Request& request, std::span<const float> values) {
-  // One pass the compiler vectorizes; cheaper than the optimizer after it.
-  bool finite = true;
-  for (const float v : values) finite &= std::isfinite(v);
-  if (finite) return;
+  if (all_finite(values)) return;
   stats_.nonfinite_refused();
   const auto sender = request.header.sender;
   if (logged_.size() < kMaxLogged && logged_.insert(sender).second)

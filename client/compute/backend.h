@@ -9,7 +9,6 @@
 // math calls point into the backend's memory (DeviceMemory::data()). Work may
 // run asynchronously in issue order (CUDA: one compute stream); results are
 // visible to the host only after a transfer and a fence.
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,6 +22,7 @@
 
 #include "client/compute/embedding_shape.h"
 #include "client/compute/interaction_shape.h"
+#include "shared/all_finite.h"
 #include "shared/config.h"
 #include "shared/optimizer.h"
 
@@ -360,9 +360,7 @@ inline bool Backend::all_finite(const float* x, std::size_t n) {
   std::vector<float> host(n);
   download(x, host.data(), n * sizeof(float));
   synchronize();
-  for (float v : host)
-    if (!std::isfinite(v)) return false;
-  return true;
+  return pstrain::all_finite(host);
 }
 
 inline std::unique_ptr<StepGraph> Backend::make_step_graph(StepWork work) {

@@ -1,7 +1,6 @@
 #include "client/train/ps_step.h"
 
 #include <algorithm>
-#include <cmath>
 #include <functional>
 #include <span>
 
@@ -9,6 +8,7 @@
 #include "client/ps/ps_client.h"
 #include "client/ps/ps_restarts.h"
 #include "client/train/backend_setup.h"
+#include "shared/all_finite.h"
 #include "shared/trace.h"
 
 namespace pstrain {
@@ -175,12 +175,9 @@ void PsStep::finish(std::uint64_t, bool last) {
     backend.synchronize();
   }
   if (scaler_) {
-    const auto finite = [](std::span<const float> g) {
-      return std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); });
-    };
-    bool all_finite = true;
-    for (std::size_t i = 0; i < nv && all_finite; ++i) all_finite = finite(host_.grads(i));
-    if (scaler_->update(all_finite))
+    bool finite = true;
+    for (std::size_t i = 0; i < nv && finite; ++i) finite = all_finite(host_.grads(i));
+    if (scaler_->update(finite))
       for (std::size_t i = nv; i-- > 0;) send(i);
   }
   const auto t_wait = Clock::now();
