@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "shared/config.h"
 #include "shared/init.h"
@@ -54,40 +56,73 @@ std::string Dispatcher::prefix() const { return "ps " + std::to_string(options_.
 
 void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
                         Clock::time_point received, const Connection& connection) {
-  std::size_t bytes = 0;
-  for (const auto& frame : frames) bytes += frame.size();
+  const auto bytes_of = [](std::span<const Frame> part) {
+    std::size_t bytes = 0;
+    for (const auto& frame : part) bytes += frame.size();
+    return bytes;
+  };
+  stats_.message();
   if (frames.empty()) {  // no sender to answer
-    stats_.received(std::nullopt, bytes);
+    stats_.received(std::nullopt, 0);
     return stats_.malformed();
   }
-  Request request;
-  request.from.assign(frames[0].begin(), frames[0].end());
-  request.received = received;
+  const Peer from(frames[0].begin(), frames[0].end());
   if (frames.size() < 2) {
-    stats_.received(std::nullopt, bytes);
+    stats_.received(std::nullopt, bytes_of(frames));
     stats_.malformed();
-    return send(request.from, {bad_header_reply("message has no header frame"), {}});
+    return send(from, {bad_header_reply("message has no header frame"), {}});
   }
-  try {
-    request.header = wire::decode_header(frames[1]);
-  } catch (const wire::ProtocolError& e) {
-    stats_.received(std::nullopt, bytes);
-    stats_.malformed();
-    return send(request.from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
+  // The message's requests, each a header and the payload frames it
+  // declares (shared/protocol.h), all found before any is handled: a
+  // message whose frames do not cut into requests is refused whole, with
+  // nothing applied.
+  std::vector<std::pair<std::size_t, Header>> parts;  // (header frame, header)
+  for (std::size_t at = 1; at < frames.size();) {
+    try {
+      parts.emplace_back(at, wire::decode_header(frames[at]));
+    } catch (const wire::ProtocolError& e) {
+      stats_.received(std::nullopt, bytes_of(frames));
+      stats_.malformed();
+      if (parts.empty())
+        return send(from, {bad_header_reply(std::string("bad header: ") + e.what()), {}});
+      const Header& first = parts.front().second;
+      return send(from,
+                  {wire::error_reply(first, prefix() + describe(first) + ": header declares " +
+                                                std::to_string(first.payload_frames) +
+                                                " payload frames, the message has " +
+                                                std::to_string(frames.size() - 2) +
+                                                " frames after it that are not all "
+                                                "requests (bad header at frame " +
+                                                std::to_string(at) + ": " + e.what() + ")"),
+                   {}});
+    }
+    at += 1 + parts.back().second.payload_frames;
   }
-  stats_.received(request.header.op, bytes);
-  stats_.request(request.header.op);
-  try {
-    const TraceSpan span(wire::to_string(request.header.op), "ps");
-    dispatch(coordinator, request, frames.subspan(2), connection);
-  } catch (const std::exception& e) {
-    recording_ = nullptr;
-    stats_.error();
-    send(request.from,
-         {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
-          {}});
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0 && coordinator.exit_code()) return;  // a request before it ended the ps
+    const std::size_t at = parts[i].first;
+    const std::size_t end = i + 1 < parts.size() ? parts[i + 1].first : frames.size();
+    Request request;
+    request.from = from;
+    request.received = received;
+    request.header = std::move(parts[i].second);
+    // The last request may lack frames it declares; check() says so.
+    const auto payloads = frames.subspan(at + 1, end - at - 1);
+    stats_.received(request.header.op, frames[at].size() + bytes_of(payloads));
+    stats_.request(request.header.op);
+    try {
+      const TraceSpan span(wire::to_string(request.header.op), "ps");
+      dispatch(coordinator, request, payloads, connection);
+    } catch (const std::exception& e) {
+      recording_ = nullptr;
+      stats_.error();
+      send(request.from, {wire::error_reply(request.header,
+                                            prefix() + describe(request.header) + ": " + e.what()),
+                          {}});
+    }
+    stats_.handled(request.header.op,
+                   std::chrono::duration<double>(Clock::now() - received).count());
   }
-  stats_.handled(request.header.op, std::chrono::duration<double>(Clock::now() - received).count());
 }
 
 void Dispatcher::dispatch(Coordinator& coordinator, Request& request,

@@ -1,9 +1,9 @@
 #pragma once
 // The ps's request path without its socket: one received message (its
-// frames as bytes) is decoded and checked (header, protocol version, config
-// run id, payload frames against the header), handed to the handler its op has
-// in handlers(), and every reply on its way out passes send(). A message that
-// cannot be decoded or a handler that throws gets an error reply.
+// frames as bytes) is cut into its requests, each decoded and checked (header, protocol version,
+// config run id, payload frames against the header), handed to the handler its op has in
+// handlers(), and every reply on its way out passes send(). A message that cannot be decoded or a
+// handler that throws gets an error reply.
 //
 // A request with another run id is refused before anything else looks at
 // it. The reply says which kind of mismatch it is (another launch of this
@@ -80,9 +80,12 @@ class Dispatcher final : public ReplySink {
   Handlers& handlers() { return handlers_; }
 
   // Handles one message: frames[0] is the sender's identity (where replies
-  // go; a ROUTER socket always puts it there), frames[1] the header, then the
-  // payload frames. Anything else in them gets an error reply; nothing
-  // throws. `received` is the request's arrival time.
+  // go; a ROUTER socket always puts it there), then one or more requests,
+  // each a header frame and the payload frames it declares, handled in
+  // order. Frames that do not cut into requests get one error reply (to the
+  // first request) and nothing is handled; anything else wrong gets the
+  // request's error reply; nothing throws. `received` is the message's
+  // arrival time.
   void handle(Coordinator& coordinator, std::span<const Frame> frames, Clock::time_point received,
               const Connection& connection = {});
 

@@ -55,6 +55,9 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
       requests_(
           by_op(r.counter("pstrain_ps_requests_total", "Decoded requests, by op.", {"op"}), false)),
       errors_(r.counter("pstrain_ps_errors_total", "Requests answered with an error.").with()),
+      messages_(r.counter("pstrain_ps_messages_total",
+                          "Messages received; each holds one or more requests.")
+                    .with()),
       malformed_(r.counter("pstrain_ps_malformed_requests_total",
                            "Messages that were not a decodable request.")
                      .with()),
@@ -239,7 +242,8 @@ std::string PsStats::json(double now_unix) const {
   for (std::uint8_t op = 1; op <= wire::kMaxOp; ++op)
     j << (op > 1 ? "," : "") << '"' << wire::to_string(static_cast<wire::Op>(op))
       << "\":" << whole(requests_[op]->value());
-  j << "},\"errors\":" << whole(errors_.value()) << ",\"malformed\":" << whole(malformed_.value())
+  j << "},\"messages\":" << whole(messages_.value()) << ",\"errors\":" << whole(errors_.value())
+    << ",\"malformed\":" << whole(malformed_.value())
     << ",\"resends_answered\":" << whole(resends_answered_.value())
     << ",\"requests_too_old\":" << whole(too_old_.value())
     << ",\"fault_drops\":" << whole(fault_drops_.value())

@@ -5,7 +5,8 @@
 // so the stats op and a Prometheus scrape read the same series.
 //
 // The JSON object's keys (tests and tools read them by name):
-//   ps, requests (an object: count per op name), errors, malformed,
+//   ps, requests (an object: count per op name), messages (received; each
+//   holds one or more requests, shared/protocol.h), errors, malformed,
 //   resends_answered, requests_too_old, fault_drops, nonfinite_refused, replies_dropped,
 //   refused (requests whose key lacks the right, server/rights.h),
 //   bytes_in, bytes_out, optimizer_seconds, updates, copies_on_write,
@@ -22,7 +23,7 @@
 // barrier or kv_get has arrived and is parked before it goes on.
 //
 // The series (Prometheus names; docs/metrics.md says what each means):
-//   pstrain_ps_requests_total{op}, pstrain_ps_errors_total,
+//   pstrain_ps_requests_total{op}, pstrain_ps_messages_total, pstrain_ps_errors_total,
 //   pstrain_ps_malformed_requests_total, pstrain_ps_resends_answered_total,
 //   pstrain_ps_requests_too_old_total, pstrain_ps_fault_drops_total,
 //   pstrain_ps_nonfinite_refused_total, pstrain_ps_replies_dropped_total,
@@ -82,6 +83,7 @@ class PsStats {
   }
   // A frame out, of a reply to `op` (an undecodable request's has none).
   void sent(wire::Op op, std::size_t bytes) { bytes_out_[index_of(op)]->add(double(bytes)); }
+  void message() { messages_.add(); }     // one received, of any number of requests
   void malformed() { malformed_.add(); }  // a message that is not a decodable request
   void request(wire::Op op) { requests_[index_of(op)]->add(); }  // decoded
   // A decoded request handled: from its receipt until its handler returned
@@ -144,6 +146,7 @@ class PsStats {
   std::uint32_t ps_index_;
   ByOp<Counter> requests_;  // [0] unused
   Counter& errors_;
+  Counter& messages_;
   Counter& malformed_;
   Counter& resends_answered_;
   Counter& too_old_;

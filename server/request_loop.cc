@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <iterator>
 #include <set>
 #include <span>
+#include <vector>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -136,6 +138,9 @@ struct RequestLoop::Impl final : ReplySink {
   // received frame, not a copy per request) and IP address.
   std::optional<std::string_view> current_peer;
   std::string current_address;
+  // The frames of the replies to it so far, sent together once it is
+  // handled (flush_replies).
+  std::vector<zmq::message_t> batched;
   zmq::context_t context;
   // Bound before the socket, so that no handshake is ever decided without it.
   std::optional<ZapHandler> zap;
@@ -203,17 +208,30 @@ struct RequestLoop::Impl final : ReplySink {
       current_address = address ? address : "";
       // Under CURVE the ZAP handler named the connection's key.
       const char* user_id = zmq_msg_gets(messages.back().handle(), "User-Id");
-      // Its time queued: behind the requests served before it in its batch.
+      // Its time queued: behind the messages served before it in its batch.
+      // Its requests' handlers (named by op) nest inside.
       const TraceSpan span(
-          "request", "ps", {},
+          "message", "ps", {},
           trace::on() ? "\"queued_ms\":" + std::to_string(std::chrono::duration<double, std::milli>(
                                                               Clock::now() - arrived[index])
                                                               .count())
                       : std::string());
       dispatcher.handle(coordinator, frames, Clock::now(),
                         {user_id ? Identity::parse(user_id) : std::nullopt, current_address});
+      flush_replies();
       current_peer.reset();
     }
+  }
+
+  // The replies to the message just handled leave as one message
+  // (shared/protocol.h), its peer's identity first.
+  void flush_replies() {
+    if (batched.empty()) return;
+    socket.send(zmq::buffer(current_peer->data(), current_peer->size()), zmq::send_flags::sndmore);
+    for (std::size_t i = 0; i < batched.size(); ++i)
+      socket.send(batched[i],
+                  i + 1 < batched.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    batched.clear();
   }
 
   // What the dispatcher passes on: dropped by fault injection, or stamped
@@ -243,20 +261,28 @@ struct RequestLoop::Impl final : ReplySink {
         budget.claim(to, SendBudget::cost(header.size(), reply.payload));
     if (!claim) return drop(to, h);
     stats.sent(h.op, header.size());
-    zmq::message_t id(to.data(), to.size());
-    socket.send(id, zmq::send_flags::sndmore);
-    socket.send(held_frame(std::move(header), claim),
-                has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    std::vector<zmq::message_t> frames;
+    frames.push_back(held_frame(std::move(header), claim));
     if (const auto* values = std::get_if<ValueBuffer>(&reply.payload)) {
       stats.sent(h.op, (*values)->size() * sizeof(float));
-      socket.send(held_frame(*values, claim), zmq::send_flags::none);
+      frames.push_back(held_frame(*values, claim));
     } else if (const auto* bytes = std::get_if<SharedBytes>(&reply.payload)) {
       stats.sent(h.op, (*bytes)->size());
-      socket.send(held_frame(*bytes, claim), zmq::send_flags::none);
+      frames.push_back(held_frame(*bytes, claim));
     } else if (const auto* halves = std::get_if<HalfValues>(&reply.payload)) {
       stats.sent(h.op, halves->bits->size() * sizeof(std::uint16_t));
-      socket.send(held_frame(halves->bits, claim), zmq::send_flags::none);
+      frames.push_back(held_frame(halves->bits, claim));
     }
+    // A reply to the message being handled waits for the others to it;
+    // one another request released (a held pull, a barrier) leaves now.
+    if (current_peer == to) {
+      std::ranges::move(frames, std::back_inserter(batched));
+      return;
+    }
+    socket.send(zmq::message_t(to.data(), to.size()), zmq::send_flags::sndmore);
+    for (std::size_t i = 0; i < frames.size(); ++i)
+      socket.send(frames[i],
+                  i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
 
   // A reply the send budget has no room for: the peer has not read what it

@@ -1,8 +1,12 @@
 #pragma once
 // The wire protocol between workers and parameter servers.
 //
-// A message is a multipart ZeroMQ message: one header frame followed by
-// `payload_frames` raw frames. The header frame is written by Cereal through
+// A message is a multipart ZeroMQ message of one or more requests (or
+// replies) back to back, each a header frame followed by its
+// `payload_frames` raw frames: a client sends a call's requests to one ps as
+// one message, and the ps answers them with one message, so a variable cut
+// into many chunks costs one wake-up of each side's threads rather than one
+// per chunk. The header frame is written by Cereal through
 // two small archives of our own (protocol.cc): fixed-width integers as they
 // sit in memory and strings as a u32 length and their bytes, with no stream
 // and no portable-binary endianness handling (little-endian hosts only, which
@@ -48,7 +52,8 @@ namespace pstrain::wire {
 // 6: heartbeat is liveness alone; samples and "finished pushing" travel in
 // the new op progress; `arg` is named `operand`; the sparse ops, whose
 // frames hold ids and rows (payload_frame_bytes).
-inline constexpr std::uint32_t kProtocolVersion = 6;
+// 7: a message may carry several requests or replies back to back.
+inline constexpr std::uint32_t kProtocolVersion = 7;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON

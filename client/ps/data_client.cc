@@ -58,15 +58,18 @@ void PsDataClient::init(std::uint64_t seed) {
   std::vector<std::vector<float>> values;  // alive until the replies are in
   values.reserve(map_.all_chunks().size());
   const Ticket id = channel_.open(Op::init, "all variables", channel_.options().timeout_s);
-  for (const auto& c : map_.all_chunks()) {
-    const auto& var = map_.variables()[c.variable];
-    auto& v = values.emplace_back(c.count);
-    init_fill(v, seed, var.name, c.offset, var.init);
-    Header h;
-    h.op = Op::init;
-    wire::ChunkRequest{var.name, c.index}.write(h);
-    channel_.send(id, c.server, std::move(h), bytes_of(std::span<const float>(v)));
-  }
+  {
+    const PsChannel::Batch batch(channel_);
+    for (const auto& c : map_.all_chunks()) {
+      const auto& var = map_.variables()[c.variable];
+      auto& v = values.emplace_back(c.count);
+      init_fill(v, seed, var.name, c.offset, var.init);
+      Header h;
+      h.op = Op::init;
+      wire::ChunkRequest{var.name, c.index}.write(h);
+      channel_.send(id, c.server, std::move(h), bytes_of(std::span<const float>(v)));
+    }
+  }  // the batch leaves
   channel_.wait(id);
 }
 
@@ -113,6 +116,7 @@ PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
     call.halves.resize(grad.size());
     encode_halves(*half, grad.data(), call.halves.data(), grad.size());
   }
+  const PsChannel::Batch batch(channel_);
   for (const auto& c : map_.chunks(v)) {
     Header h;
     h.op = op;
@@ -176,6 +180,7 @@ PsDataClient::Ticket PsDataClient::sparse_op(Op op, std::string_view table,
       std::memcpy(part.grads.data() + at, g.data(), row_bytes);
   }
   // Sent once every part is built: their buffers no longer move.
+  const PsChannel::Batch batch(channel_);
   for (std::size_t p = 0; p < call.parts.size(); ++p) {
     Header h;
     h.op = op;

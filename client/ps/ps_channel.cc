@@ -99,6 +99,8 @@ PsChannel::PsChannel(std::vector<std::string> addresses, std::uint64_t run_id,
         "ps client: " + std::to_string(addresses_.size()) + " ps addresses but " +
         std::to_string(options_.curve->server_keys.size()) + " CURVE server keys");
   for (std::uint32_t s = 0; s < addresses_.size(); ++s) sockets_.push_back(make_socket(s));
+  batched_.resize(addresses_.size());
+  batched_bytes_.resize(addresses_.size());
 }
 
 PsChannel::~PsChannel() = default;
@@ -175,9 +177,10 @@ void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
   ++t.replies_left;
 }
 
-// Puts `r` on its ps's socket (unless fault injection drops it). A resend
-// copies the payload: the first send's zero-copy frame may still sit in a
-// queue, and a copy is ZeroMQ's to free whenever it likes.
+// Puts `r` on its ps's socket (unless fault injection drops it), or while a
+// Batch lives into the ps's batch. A resend copies the payload: the first
+// send's zero-copy frame may still sit in a queue, and a copy is ZeroMQ's to
+// free whenever it likes.
 //
 // Sends never block: a socket with no connection to send on (under CURVE,
 // one whose handshake the ps refused, or has not finished) takes nothing,
@@ -185,30 +188,52 @@ void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
 // Once the header is taken the payload is too (no high-water mark).
 void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy) {
   if (faults_.drop(r.op)) return;
-  auto& socket = *sockets_[r.server];
-  const auto more = r.payload_frame ? zmq::send_flags::sndmore : zmq::send_flags::none;
-  if (!socket.send(zmq::buffer(r.header), more | zmq::send_flags::dontwait)) return;
-  if (!r.data.empty()) {
-    transmit_frame(r.server, r.data, !r.second.empty(), zero_copy);
-    if (!r.second.empty()) transmit_frame(r.server, r.second, false, zero_copy);
-  } else if (r.payload_frame) {
-    (void)socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait);
+  std::vector<zmq::message_t> own;
+  const bool batched = batching_ && zero_copy;
+  auto& frames = batched ? batched_[r.server] : own;
+  if (batched) {
+    // A large call streams: the ps applies a message's first chunk while
+    // the next message is on its way, not after the whole call arrived.
+    const auto bytes_now = r.header.size() + r.data.size() + r.second.size() + bytes.size();
+    if (!frames.empty() && batched_bytes_[r.server] + bytes_now > kMaxBatchBytes)
+      send_frames(r.server, frames);
+    batched_bytes_[r.server] += bytes_now;
   }
+  frames.emplace_back(r.header.data(), r.header.size());
+  if (!r.data.empty()) {
+    frames.push_back(payload_frame(r.server, r.data, zero_copy));
+    if (!r.second.empty()) frames.push_back(payload_frame(r.server, r.second, zero_copy));
+  } else if (r.payload_frame) {
+    frames.emplace_back(bytes.data(), bytes.size());
+  }
+  if (!batched) send_frames(r.server, own);
 }
 
-void PsChannel::transmit_frame(std::uint32_t server, std::span<const std::uint8_t> frame, bool more,
-                               bool zero_copy) {
-  const auto flags =
-      (more ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait;
+zmq::message_t PsChannel::payload_frame(std::uint32_t server, std::span<const std::uint8_t> frame,
+                                        bool zero_copy) {
   const auto data = const_cast<std::uint8_t*>(frame.data());
-  if (zero_copy) {
-    frames_held_[server].fetch_add(1);
-    zmq::message_t payload(data, frame.size(), &release_send, &frames_held_[server]);
-    (void)sockets_[server]->send(payload, flags);
-  } else {
-    zmq::message_t payload(data, frame.size());
-    (void)sockets_[server]->send(payload, flags);
+  if (!zero_copy) return zmq::message_t(data, frame.size());
+  frames_held_[server].fetch_add(1);
+  return zmq::message_t(data, frame.size(), &release_send, &frames_held_[server]);
+}
+
+// One message of `frames` to ps `server`; frames the socket does not take
+// are dropped (a zero-copy one released), as a lost message would be.
+void PsChannel::send_frames(std::uint32_t server, std::vector<zmq::message_t>& frames) {
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    const auto more = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    if (!sockets_[server]->send(frames[i], more | zmq::send_flags::dontwait)) break;
   }
+  frames.clear();
+  batched_bytes_[server] = 0;
+}
+
+PsChannel::Batch::Batch(PsChannel& channel) : channel_(channel) { channel_.batching_ = true; }
+
+PsChannel::Batch::~Batch() {
+  channel_.batching_ = false;
+  for (std::uint32_t s = 0; s < channel_.batched_.size(); ++s)
+    channel_.send_frames(s, channel_.batched_[s]);
 }
 
 // Resends every data request whose reply is overdue, each after twice as
@@ -400,20 +425,31 @@ void PsChannel::poll(Clock::duration timeout) {
         break;
       views.clear();
       for (const auto& f : frames) views.emplace_back(f.data<std::uint8_t>(), f.size());
-      dispatch(s, views);
+      dispatch_message(s, views);
     }
   }
   resend_due();
 }
 
-void PsChannel::dispatch(std::uint32_t server,
-                         std::span<const std::span<const std::uint8_t>> frames) {
-  Header h;
-  try {
-    h = wire::decode_header(frames[0]);
-  } catch (const wire::ProtocolError&) {
-    return;  // not attributable to any request; its request will time out
+void PsChannel::dispatch_message(std::uint32_t server,
+                                 std::span<const std::span<const std::uint8_t>> frames) {
+  for (std::size_t at = 0; at < frames.size();) {
+    Header h;
+    try {
+      h = wire::decode_header(frames[at]);
+    } catch (const wire::ProtocolError&) {
+      return;  // where its replies start is unknown; their requests will be resent
+    }
+    // A last reply short of its frames gets them counted in dispatch().
+    const auto payloads = frames.subspan(at + 1).first(
+        std::min<std::size_t>(h.payload_frames, frames.size() - at - 1));
+    at += 1 + payloads.size();
+    dispatch(server, std::move(h), payloads);
   }
+}
+
+void PsChannel::dispatch(std::uint32_t server, Header h,
+                         std::span<const std::span<const std::uint8_t>> payloads) {
   note_generation(server, h.generation);
   last_heard_[server] = Clock::now();
   const auto it = requests_.find(h.request_id);
@@ -429,12 +465,12 @@ void PsChannel::dispatch(std::uint32_t server,
       throw PsError(refusal.text);
     }
     if (h.op != t.op) throw PsError("reply is for " + std::string(wire::to_string(h.op)));
-    if (frames.size() != 1 + h.payload_frames)
+    if (payloads.size() != h.payload_frames)
       throw PsError("reply declares " + std::to_string(h.payload_frames) +
-                    " payload frames, it has " + std::to_string(frames.size() - 1));
+                    " payload frames, it has " + std::to_string(payloads.size()));
     for (std::size_t i = 0; i < h.payload_frames; ++i)
-      wire::check_payload(h, i, frames[1 + i].size(), /*reply=*/true);
-    const auto payload = h.payload_frames == 1 ? frames[1] : std::span<const std::uint8_t>{};
+      wire::check_payload(h, i, payloads[i].size(), /*reply=*/true);
+    const auto payload = h.payload_frames == 1 ? payloads[0] : std::span<const std::uint8_t>{};
     if (r.handler) {
       r.handler->on_reply(r.ticket, r.cookie, h, payload);
     } else {

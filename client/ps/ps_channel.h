@@ -46,6 +46,7 @@
 namespace zmq {
 class context_t;
 class socket_t;
+class message_t;
 }  // namespace zmq
 
 namespace pstrain {
@@ -114,6 +115,23 @@ class PsChannel {
   bool answered(Ticket ticket) const;
   // Serves replies and resends for up to `timeout`.
   void poll(Clock::duration timeout);
+
+  // While a Batch lives, the requests sent on its channel wait; when it
+  // ends, those to each ps leave as one message (shared/protocol.h), which
+  // the ps answers with one: a call's chunks to one ps cost one wake-up of
+  // each side's threads instead of one per chunk. A ps's batch leaves early
+  // once it holds about 1 MiB, so that large calls still stream. Resends
+  // leave alone.
+  class Batch {
+   public:
+    explicit Batch(PsChannel& channel);
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+   private:
+    PsChannel& channel_;
+  };
   // Sends a control request to each of `servers` and waits for the replies.
   std::vector<Reply> call(wire::Op op, const std::vector<std::uint32_t>& servers, wire::Header h,
                           double timeout_s, std::span<const std::uint8_t> bytes = {});
@@ -143,8 +161,9 @@ class PsChannel {
   struct Request;
   std::unique_ptr<zmq::socket_t> make_socket(std::uint32_t server);
   void transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy);
-  void transmit_frame(std::uint32_t server, std::span<const std::uint8_t> frame, bool more,
-                      bool zero_copy);
+  zmq::message_t payload_frame(std::uint32_t server, std::span<const std::uint8_t> frame,
+                               bool zero_copy);
+  void send_frames(std::uint32_t server, std::vector<zmq::message_t>& frames);
   void resend_due();
   Clock::time_point next_resend() const;
   std::vector<Reply> finish(Ticket id, TicketState& t);
@@ -152,7 +171,11 @@ class PsChannel {
   void wait_for_releases(Clock::time_point deadline);
   void replace_socket(std::uint32_t server);
   [[noreturn]] void timed_out(Ticket id, TicketState& t);
-  void dispatch(std::uint32_t server, std::span<const std::span<const std::uint8_t>> frames);
+  // A received message: each reply in it to dispatch().
+  void dispatch_message(std::uint32_t server,
+                        std::span<const std::span<const std::uint8_t>> frames);
+  void dispatch(std::uint32_t server, wire::Header h,
+                std::span<const std::span<const std::uint8_t>> payloads);
   void note_generation(std::uint32_t server, std::uint64_t generation);
 
   std::vector<std::string> addresses_;
@@ -175,6 +198,12 @@ class PsChannel {
   Ticket next_ticket_ = 1;
   std::unique_ptr<zmq::context_t> context_;
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
+  // While a Batch lives: the frames of the requests sent meanwhile, per ps,
+  // and their bytes; a batch that would pass kMaxBatchBytes leaves first.
+  static constexpr std::size_t kMaxBatchBytes = 1024 * 1024;
+  bool batching_ = false;
+  std::vector<std::vector<zmq::message_t>> batched_;
+  std::vector<std::size_t> batched_bytes_;
 };
 
 }  // namespace pstrain

@@ -28,6 +28,21 @@ namespace {
 // "w": 16 values in one chunk on the one ps.
 ShardMap one_chunk_map() { return ShardMap({{"w", 16, {InitKind::uniform, 1.0f}}}, 1); }
 
+// One ps (SGD, lr 1) holding one_chunk_map's "w", a client that
+// initialized it, and the values it started from.
+struct OneChunkPs {
+  PsCluster cluster{{.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1}};
+  ChildProcess& server = cluster.start_ps(0);
+  PsClient client{cluster.config(), 0, one_chunk_map()};
+  std::vector<float> before = [this] {
+    client.hello();
+    client.init(3);
+    std::vector<float> values(16);
+    client.wait(client.pull("w", values));
+    return values;
+  }();
+};
+
 std::vector<std::uint8_t> floats(std::size_t n, float value) {
   std::vector<std::uint8_t> b(n * sizeof(float));
   for (std::size_t i = 0; i < n; ++i) std::memcpy(b.data() + i * 4, &value, 4);
@@ -37,14 +52,9 @@ std::vector<std::uint8_t> floats(std::size_t n, float value) {
 }  // namespace
 
 TEST_CASE("ps: malformed messages get error replies and change nothing") {
-  PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1});
-  auto& server = cluster.start_ps(0);
+  OneChunkPs ps;
+  auto& [cluster, server, client, before] = ps;
   const auto& config = cluster.config();
-  PsClient client(config, 0, one_chunk_map());
-  client.hello();
-  client.init(3);
-  std::vector<float> before(16);
-  client.wait(client.pull("w", before));
 
   // A well-formed push of "w" chunk 0, to be broken in one way at a time.
   Header push;
@@ -197,6 +207,62 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
   CHECK(stats.find("\"nonfinite_refused\":2,") != std::string::npos);
   CHECK(server.log_text().find("refused a push with NaN or infinite values from sender 0") !=
         std::string::npos);
+}
+
+TEST_CASE("ps: a message of several requests gets one message of replies, in order") {
+  OneChunkPs ps;
+  auto& [cluster, server, client, before] = ps;
+  const auto& config = cluster.config();
+
+  const auto request = [&](Op op, std::uint64_t id, const char* variable = "w") {
+    Header h;
+    h.op = op;
+    h.request_id = id;
+    h.run_id = config.hash();
+    wire::ChunkRequest{variable, 0}.write(h);
+    if (op != Op::pull) {
+      h.elements = 16;
+      h.payload_frames = 1;
+    }
+    return wire::encode_header(h);
+  };
+  RawPeer raw(config.ps[0].connect_address());
+  // push, pull, a push of an unknown variable, push: applied in order; the
+  // bad one gets its own error and the rest go on.
+  const auto replies = raw.exchange_all(
+      {request(Op::push, 11), floats(16, 1.0f), request(Op::pull, 12),
+       request(Op::push, 13, "nope"), floats(16, 1.0f), request(Op::push, 14), floats(16, 2.0f)});
+  REQUIRE(replies.size() == 4);
+  for (std::uint64_t i = 0; i < 4; ++i) CHECK(replies[i].header.request_id == 11 + i);
+  CHECK(replies[0].header.status == wire::Status::ok);
+  CHECK(wire::ChunkReply::read(replies[0].header).version == 1);
+  REQUIRE(replies[1].header.status == wire::Status::ok);
+  REQUIRE(replies[1].payload.size() == 1);
+  for (std::size_t i = 0; i < 16; ++i) {
+    float v;
+    std::memcpy(&v, replies[1].payload[0].data() + i * 4, 4);
+    CHECK(v == before[i] - 1.0f);
+  }
+  CHECK(replies[2].header.status == wire::Status::error);
+  CHECK(wire::ErrorReply::read(replies[2].header).text.find("unknown chunk") != std::string::npos);
+  CHECK(replies[3].header.status == wire::Status::ok);
+  CHECK(wire::ChunkReply::read(replies[3].header).version == 2);
+
+  // Frames that do not cut into requests (a push whose payload is followed
+  // by a frame that is no header) are refused whole: nothing is applied.
+  const auto refused =
+      raw.exchange_all({request(Op::push, 15), floats(16, 1.0f), request(Op::push, 16),
+                        floats(16, 1.0f), std::vector<std::uint8_t>(40, 7)});
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].header.request_id == 15);
+  CHECK(refused[0].header.status == wire::Status::error);
+  CHECK(wire::ErrorReply::read(refused[0].header).text.find("bad header at frame 5") !=
+        std::string::npos);
+
+  std::vector<float> after(16);
+  client.wait(client.pull("w", after));
+  for (std::size_t i = 0; i < 16; ++i) CHECK(after[i] == before[i] - 3.0f);
+  CHECK(client.stats(0).find("\"updates\":2,") != std::string::npos);
 }
 
 namespace {

@@ -285,3 +285,54 @@ TEST_CASE("ps: requests found queued together are served in priority order") {
   }
   CHECK(served == std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6});
 }
+
+namespace {
+// A whole-number field of the stats op's JSON (ps_stats.h); nested keys
+// ("push" inside "requests") are found by their first occurrence.
+std::uint64_t stat(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\":");
+  REQUIRE_MESSAGE(at != std::string::npos, "stats lack " << key << ": " << json);
+  return std::stoull(json.substr(at + key.size() + 3));
+}
+}  // namespace
+
+TEST_CASE("ps client: a call's chunks to one ps travel as one message each way, up to ~1 MiB") {
+  PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  // 64 KiB chunks: "w" is 3 of them; "big" (2.4 MB) 37, more than a
+  // message's 1 MiB.
+  const ShardMap map(
+      {{"w", 40000, {InitKind::uniform, 1.0f}}, {"big", 600000, {InitKind::zeros, 0}}}, 1,
+      config.net.chunk_bytes);
+  REQUIRE(map.chunks(0).size() == 3);
+  REQUIRE(map.chunks(1).size() == 37);
+  PsClient ps(config, kTool, map);
+  ps.hello();
+  ps.init(1);
+  const auto w0 = pull_all(ps, "w", 40000);
+  const auto counts = [&] {
+    const auto json = ps.stats(0);
+    return std::pair{stat(json, "messages"), stat(json, "push_pull")};
+  };
+  // Integer gradients and lr 1: every value after the push_pulls is exact,
+  // and every reply (in messages of several) landed in its own place.
+  std::vector<float> grad(40000), out(40000);
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 7);
+  auto before = counts();
+  ps.wait(ps.push_pull("w", grad, out));
+  auto after = counts();
+  CHECK(after.second - before.second == 3);  // three requests
+  CHECK(after.first - before.first == 2);    // in one message, and the stats op's own
+  for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == w0[i] - grad[i]);
+
+  std::vector<float> big_grad(600000), big_out(600000);
+  for (std::size_t i = 0; i < big_grad.size(); ++i) big_grad[i] = static_cast<float>(i % 5);
+  before = counts();
+  ps.wait(ps.push_pull("big", big_grad, big_out));
+  after = counts();
+  CHECK(after.second - before.second == 37);
+  // 15 chunks of 64 KiB and their headers fill a message's 1 MiB: 3 messages.
+  CHECK(after.first - before.first == 3 + 1);
+  for (std::size_t i = 0; i < big_out.size(); ++i) REQUIRE(big_out[i] == -big_grad[i]);
+}

@@ -6,8 +6,8 @@
 //
 // header: one request per op (payloads included) and the replies a ps sends.
 // ps: each op on its own, and short exchanges that reach deeper states (an
-// init before pulls and pushes, a barrier both workers enter, a kv_get parked
-// until its kv_set, a resent push, a run's end).
+// init before pulls and pushes, requests batched in one message, a barrier both workers enter, a
+// kv_get parked until its kv_set, a resent push, a run's end).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -77,6 +77,14 @@ Message chunk_op(Op op, std::uint64_t id, std::vector<float> values = {}) {
 }
 
 Message init() { return chunk_op(Op::init, 1, {0.5f, -1.f, 2.f, 0.f}); }
+
+// Two requests in one message (shared/protocol.h): `first`, which has no
+// payload, then `second` and its payload, as the frames after first's header.
+Message batched(Message first, const Message& second) {
+  first.payloads.push_back(wire::encode_header(second.header));
+  first.payloads.insert(first.payloads.end(), second.payloads.begin(), second.payloads.end());
+  return first;
+}
 
 // A sparse op on rows 1, 5 and 9 of the fuzz target's table (dim 2); with
 // `grads`, their gradients as the second frame.
@@ -228,6 +236,9 @@ int main(int argc, char** argv) {
        {hello(0), init(), chunk_op(Op::pull, 2), chunk_op(Op::push, 3, gradient),
         chunk_op(Op::push_pull, 4, gradient), chunk_op(Op::assign, 5, gradient),
         request(Op::stats, 100)}},
+      {"batched",
+       {init(), batched(chunk_op(Op::pull, 2), chunk_op(Op::push, 3, gradient)),
+        batched(chunk_op(Op::pull, 4), chunk_op(Op::push_pull, 5, gradient))}},
       {"resent_push",
        {init(), chunk_op(Op::push, 2, gradient), chunk_op(Op::push, 2, gradient),
         chunk_op(Op::push_pull, 3, gradient), chunk_op(Op::push_pull, 3, gradient)}},

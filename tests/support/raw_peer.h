@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -39,20 +40,33 @@ class RawPeer {
     socket_.connect(address);
   }
 
-  // Sends the frames and returns the decoded reply, or nullopt when none
-  // came within the receive timeout.
+  // Sends the frames as one message and returns the decoded reply, or
+  // nullopt when none came within the receive timeout.
   std::optional<RawReply> exchange(const std::vector<std::vector<std::uint8_t>>& frames) {
+    auto replies = exchange_all(frames);
+    if (replies.empty()) return std::nullopt;
+    return std::move(replies.front());
+  }
+
+  // Sends the frames as one message and returns every reply in the one
+  // message that answers it (shared/protocol.h: each a header and the
+  // payload frames it declares); empty when none came in time.
+  std::vector<RawReply> exchange_all(const std::vector<std::vector<std::uint8_t>>& frames) {
     for (std::size_t i = 0; i < frames.size(); ++i)
       socket_.send(zmq::buffer(frames[i]),
                    i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    std::vector<zmq::message_t> reply;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) return std::nullopt;
-    RawReply out{wire::decode_header({reply[0].data<std::uint8_t>(), reply[0].size()}), {}};
-    for (std::size_t i = 1; i < reply.size(); ++i) {
-      const auto* p = reply[i].data<std::uint8_t>();
-      out.payload.emplace_back(p, p + reply[i].size());
+    std::vector<zmq::message_t> message;
+    std::vector<RawReply> replies;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(message))) return replies;
+    for (std::size_t i = 0; i < message.size();) {
+      auto& reply = replies.emplace_back(
+          wire::decode_header({message[i].data<std::uint8_t>(), message[i].size()}));
+      for (++i; reply.payload.size() < reply.header.payload_frames && i < message.size(); ++i) {
+        const auto* p = message[i].data<std::uint8_t>();
+        reply.payload.emplace_back(p, p + message[i].size());
+      }
     }
-    return out;
+    return replies;
   }
 
  private:

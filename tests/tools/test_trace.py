@@ -17,6 +17,9 @@ from pstrain_tools import trace
 
 LAYERS = ("dense0", "dense1", "dense2")  # the mlp preset's
 VARIABLES = [f"{layer}/{p}" for layer in LAYERS for p in ("w", "b")]
+OPS = {"hello", "init", "pull", "push", "push_pull", "assign", "barrier", "snapshot", "stats",
+       "shutdown", "kv_set", "kv_get", "heartbeat", "done", "progress", "sparse_pull",
+       "sparse_push", "sparse_push_pull"}  # shared/protocol.cc's names
 
 
 class TracedRun(unittest.TestCase):
@@ -86,9 +89,12 @@ class TracedRun(unittest.TestCase):
         served, queued = [], []
         for spans in trace.threads(self.events()).values():
             for span, children in trace.walk(trace.tree(spans)):
-                if span["name"] == "request":
+                if span["name"] == "message":
                     queued.append(span["args"]["queued_ms"])
-                    self.assertEqual(len(children), 1, span)  # the op's handler
+                    # Its requests' handlers, one per request, named by op.
+                    self.assertTrue(children, span)
+                    for child, _ in children:
+                        self.assertIn(child["name"], OPS, span)
                 if span["name"] == "push_pull":
                     served.append([trace.kind(c["name"]) for c, _ in children])
         self.assertTrue(served, "no push_pull on the ps's timeline")

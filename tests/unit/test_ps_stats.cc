@@ -40,6 +40,8 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   stats.request(wire::Op::push);
   stats.error();
   stats.malformed();
+  stats.message();
+  stats.message();
   stats.resend_answered();
   stats.resend_answered();
   stats.too_old();
@@ -65,6 +67,7 @@ TEST_CASE("ps stats: request counters and store figures in both the JSON and the
   for (const auto* part : {"\"pull\":3",
                            "\"push\":1",
                            "\"errors\":1",
+                           "\"messages\":2",
                            "\"malformed\":1",
                            "\"bytes_in\":100",
                            "\"resends_answered\":2",

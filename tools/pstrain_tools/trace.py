@@ -9,9 +9,9 @@ A worker's step ("step N") is cut into its parts (load batch, forward and
 backward, finish, ...); each part into what it spent its time on, layer
 names left out (forward, backward, send, wait for replies, copy reply,
 upload weights); each figure is the mean per step, in ms and as a share of
-the step. A ps's requests: the mean time queued behind the others of their
-batch (`queued`), served (`request`, and by op), and in the optimizer's
-apply. `tools/launch --trace` keeps a run's files in <run_dir>/trace/ and
+the step. A ps's messages (each holds one or more requests): the mean time
+queued behind the others of their batch (`queued`), served (`message`), and
+per request by op, and in the optimizer's apply. `tools/launch --trace` keeps a run's files in <run_dir>/trace/ and
 merges this host's into <run_dir>/trace.json (the clocks of two hosts are
 not comparable). Events a process could not keep (past its cap) are counted
 as `dropped_events`.
