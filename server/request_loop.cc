@@ -141,7 +141,7 @@ struct RequestLoop::Impl final : ReplySink {
   // The frames of the replies to it so far, sent together once it is
   // handled (flush_replies).
   std::vector<zmq::message_t> batched;
-  zmq::context_t context;
+  zmq::context_t context{static_cast<int>(options.io_threads)};
   // Bound before the socket, so that no handshake is ever decided without it.
   std::optional<ZapHandler> zap;
   zmq::socket_t socket{context, zmq::socket_type::router};

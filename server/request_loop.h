@@ -69,7 +69,8 @@ struct RequestLoopOptions {
   // Stamped on every reply (wire::Header::generation): nonzero, new for
   // every state this ps serves that may differ from what clients saw.
   std::uint64_t generation = 1;
-  FaultConfig fault;  // for tests: off by default
+  std::uint32_t io_threads = 1;  // of the loop's ZeroMQ context (net.io_threads)
+  FaultConfig fault;             // for tests: off by default
   std::uint64_t fault_seed = 0;
   std::optional<CurveServerOptions> curve;  // none: plain TCP, nobody authenticated
 };

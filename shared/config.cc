@@ -289,6 +289,7 @@ const std::vector<Field<NetConfig>> kNetFields = {
     bounded("heartbeat", &NetConfig::heartbeat, kPositive),
     choice("wire_dtype", &NetConfig::wire_dtype,
            {WireDType::fp32, WireDType::bf16, WireDType::fp16}),
+    bounded("io_threads", &NetConfig::io_threads, between(0, 64)),
     section("fault", &NetConfig::fault, kFaultFields),
 };
 
@@ -1000,6 +1001,11 @@ double liveness_interval(const NetConfig& net) {
 }
 
 double takeover_silence(const NetConfig& net) { return 3 * liveness_interval(net); }
+
+std::uint32_t io_threads(std::uint32_t configured, std::uint32_t peers, std::uint32_t cores) {
+  if (configured > 0) return configured;
+  return std::clamp<std::uint32_t>(cores / 8, 1, std::max<std::uint32_t>(peers, 1));
+}
 
 std::uint32_t ps_apply_threads(const ClusterConfig& config, std::uint32_t ps_index,
                                unsigned cores) {

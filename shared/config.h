@@ -204,8 +204,17 @@ struct NetConfig {
   double worker_timeout = 60;   // s: a ps exits when no worker was heard for this long
   double heartbeat = 1;         // s between worker heartbeats
   WireDType wire_dtype = WireDType::fp32;
+  // ZeroMQ I/O threads per process; 0: io_threads() picks.
+  std::uint32_t io_threads = 0;
   FaultConfig fault;  // for testing only
 };
+
+// The ZeroMQ I/O threads of a process with `peers` connections (a ps: the
+// workers; a worker: the servers) on a host of `cores` hardware threads:
+// `configured` when nonzero, else one per 8 cores, at least 1 and no more
+// than the connections (ZeroMQ serves each connection on one I/O thread, so
+// more would idle), leaving the cores to the compute and the ps's handlers.
+std::uint32_t io_threads(std::uint32_t configured, std::uint32_t peers, std::uint32_t cores);
 
 // Seconds between a worker's liveness heartbeats (client/ps/heartbeat.h):
 // net.heartbeat, or a quarter of net.worker_timeout when that is shorter.

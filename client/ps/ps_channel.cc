@@ -93,7 +93,7 @@ PsChannel::PsChannel(std::vector<std::string> addresses, std::uint64_t run_id,
       acked_(addresses_.size(), 0),
       incarnation_(process_incarnation()),
       faults_(options_.fault, options_.fault_seed),
-      context_(std::make_unique<zmq::context_t>(1)) {
+      context_(std::make_unique<zmq::context_t>(static_cast<int>(options_.io_threads))) {
   if (options_.curve && options_.curve->server_keys.size() != addresses_.size())
     throw std::invalid_argument(
         "ps client: " + std::to_string(addresses_.size()) + " ps addresses but " +

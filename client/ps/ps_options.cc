@@ -1,5 +1,6 @@
 #include "client/ps/ps_options.h"
 
+#include <thread>
 #include <utility>
 
 namespace pstrain {
@@ -20,17 +21,20 @@ PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender
     for (std::uint32_t s = 0; s < config.ps.size(); ++s)
       curve->server_keys.push_back(public_key_of(list, {Identity::Role::ps, s}, dir));
   }
-  return {.sender = sender,
-          .timeout_s = config.net.request_timeout,
-          .retry_interval_s = config.net.retry_interval,
-          .config_yaml = config.to_yaml(),
-          .takeover_grace_s = 2 * takeover_silence(config.net),
-          .wire_dtype = config.net.wire_dtype,
-          .fault = config.net.fault,
-          .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1)),
-          .curve = std::move(curve),
-          .tables = config.tables,
-          .table_seed = config.train.seed};
+  return {
+      .sender = sender,
+      .timeout_s = config.net.request_timeout,
+      .retry_interval_s = config.net.retry_interval,
+      .config_yaml = config.to_yaml(),
+      .takeover_grace_s = 2 * takeover_silence(config.net),
+      .wire_dtype = config.net.wire_dtype,
+      .io_threads = io_threads(config.net.io_threads, static_cast<std::uint32_t>(config.ps.size()),
+                               std::thread::hardware_concurrency()),
+      .fault = config.net.fault,
+      .fault_seed = config.train.seed ^ (0xc2b2ae3d27d4eb4fULL * (sender + 1)),
+      .curve = std::move(curve),
+      .tables = config.tables,
+      .table_seed = config.train.seed};
 }
 
 }  // namespace pstrain

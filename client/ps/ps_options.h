@@ -33,7 +33,8 @@ struct PsClientOptions {
   // client rounds gradients before it sends them (into a buffer of its own,
   // the caller's stays as it was) and widens the values it receives.
   WireDType wire_dtype = WireDType::fp32;
-  FaultConfig fault;  // for tests (net.fault): off by default
+  std::uint32_t io_threads = 1;  // of the channel's ZeroMQ context (net.io_threads)
+  FaultConfig fault;             // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;
   // security.curve: this client's key pair and every ps's public key (by ps
   // index); every socket then speaks CURVE. None: plain TCP.

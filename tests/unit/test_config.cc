@@ -106,6 +106,22 @@ TEST_CASE("config: train.pipeline, train.trace_* and optimizer.staleness_lr") {
                        doctest::Contains("train.trace_steps"), ConfigError);
 }
 
+TEST_CASE("config: net.io_threads, and the I/O threads a process gets") {
+  CHECK(parse(kMinimal).net.io_threads == 0);
+  const auto c = parse(kMinimal, {"net.io_threads=3"});
+  CHECK(c.net.io_threads == 3);
+  CHECK(parse(c.to_yaml()).net.io_threads == 3);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"net.io_threads=65"}), doctest::Contains("net.io_threads"),
+                       ConfigError);
+  CHECK(io_threads(3, 1, 2) == 3);   // as configured, whatever the host
+  CHECK(io_threads(0, 4, 2) == 1);   // a small host: one
+  CHECK(io_threads(0, 4, 16) == 2);  // one per 8 cores
+  CHECK(io_threads(0, 2, 64) == 2);  // no more than the connections
+  CHECK(io_threads(0, 16, 64) == 8);
+  CHECK(io_threads(0, 0, 64) == 1);  // a process with no peers yet still has one
+  CHECK(io_threads(0, 3, 0) == 1);   // hardware_concurrency() unknown
+}
+
 TEST_CASE("config: embedding tables and optimizer.sparse parse, print and reject bad values") {
   const auto none = parse(kMinimal);
   CHECK(none.tables.empty());
