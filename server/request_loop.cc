@@ -35,6 +35,9 @@ constexpr auto kPollInterval = std::chrono::milliseconds(100);
 // messages until it is done).
 constexpr std::size_t kBatch = 256;
 constexpr std::size_t kBatchBytes = 64 * 1024 * 1024;
+// Replies to one message that leave together at most (Impl::send), like a
+// client's requests (PsChannel::Batch).
+constexpr std::size_t kReplyBatchBytes = 256 * 1024;
 
 // A request's priority: its header's, or 0 when the header does not decode
 // (the dispatcher then answers it with the error).
@@ -138,9 +141,10 @@ struct RequestLoop::Impl final : ReplySink {
   // received frame, not a copy per request) and IP address.
   std::optional<std::string_view> current_peer;
   std::string current_address;
-  // The frames of the replies to it so far, sent together once it is
-  // handled (flush_replies).
+  // The frames of the replies to it so far and their bytes, sent together
+  // once it is handled or they hold kReplyBatchBytes (flush_replies).
   std::vector<zmq::message_t> batched;
+  std::size_t batched_bytes = 0;
   zmq::context_t context{static_cast<int>(options.io_threads)};
   // Bound before the socket, so that no handshake is ever decided without it.
   std::optional<ZapHandler> zap;
@@ -232,6 +236,7 @@ struct RequestLoop::Impl final : ReplySink {
       socket.send(batched[i],
                   i + 1 < batched.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     batched.clear();
+    batched_bytes = 0;
   }
 
   // What the dispatcher passes on: dropped by fault injection, or stamped
@@ -273,10 +278,17 @@ struct RequestLoop::Impl final : ReplySink {
       stats.sent(h.op, halves->bits->size() * sizeof(std::uint16_t));
       frames.push_back(held_frame(halves->bits, claim));
     }
-    // A reply to the message being handled waits for the others to it;
-    // one another request released (a held pull, a barrier) leaves now.
+    // A reply to the message being handled waits for the others to it,
+    // until they hold kReplyBatchBytes: small replies (a push's
+    // acknowledgement) share a message, large ones (a pull's values) leave
+    // as they are ready, so the client copies one while the next is served.
+    // One to another peer (a held pull released, a barrier) leaves now.
     if (current_peer == to) {
-      std::ranges::move(frames, std::back_inserter(batched));
+      for (auto& f : frames) {
+        batched_bytes += f.size();
+        batched.push_back(std::move(f));
+      }
+      if (batched_bytes >= kReplyBatchBytes) flush_replies();
       return;
     }
     socket.send(zmq::message_t(to.data(), to.size()), zmq::send_flags::sndmore);

@@ -3,10 +3,10 @@
 //
 // A message is a multipart ZeroMQ message of one or more requests (or
 // replies) back to back, each a header frame followed by its
-// `payload_frames` raw frames: a client sends a call's requests to one ps as
-// one message, and the ps answers them with one message, so a variable cut
-// into many chunks costs one wake-up of each side's threads rather than one
-// per chunk. The header frame is written by Cereal through
+// `payload_frames` raw frames: a client's small requests of one call to one
+// ps share a message, and the ps answers them likewise, so a variable cut
+// into many small chunks costs fewer wake-ups of each side's threads
+// (client/ps/ps_channel.h, PsChannel::Batch). The header frame is written by Cereal through
 // two small archives of our own (protocol.cc): fixed-width integers as they
 // sit in memory and strings as a u32 length and their bytes, with no stream
 // and no portable-binary endianness handling (little-endian hosts only, which

@@ -192,7 +192,7 @@ void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, 
   const bool batched = batching_ && zero_copy;
   auto& frames = batched ? batched_[r.server] : own;
   if (batched) {
-    // A large call streams: the ps applies a message's first chunk while
+    // Large requests stream: the ps applies a message's first chunk while
     // the next message is on its way, not after the whole call arrived.
     const auto bytes_now = r.header.size() + r.data.size() + r.second.size() + bytes.size();
     if (!frames.empty() && batched_bytes_[r.server] + bytes_now > kMaxBatchBytes)

@@ -296,12 +296,12 @@ std::uint64_t stat(const std::string& json, const std::string& key) {
 }
 }  // namespace
 
-TEST_CASE("ps client: a call's chunks to one ps travel as one message each way, up to ~1 MiB") {
+TEST_CASE("ps client: a call's chunks to one ps share messages each way, up to 256 KiB") {
   PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1});
   cluster.start_all();
   const auto& config = cluster.config();
-  // 64 KiB chunks: "w" is 3 of them; "big" (2.4 MB) 37, more than a
-  // message's 1 MiB.
+  // 64 KiB chunks: "w" is 3 of them (160 KB); "big" (2.4 MB) 37, more
+  // than a message's 256 KiB.
   const ShardMap map(
       {{"w", 40000, {InitKind::uniform, 1.0f}}, {"big", 600000, {InitKind::zeros, 0}}}, 1,
       config.net.chunk_bytes);
@@ -332,7 +332,9 @@ TEST_CASE("ps client: a call's chunks to one ps travel as one message each way, 
   ps.wait(ps.push_pull("big", big_grad, big_out));
   after = counts();
   CHECK(after.second - before.second == 37);
-  // 15 chunks of 64 KiB and their headers fill a message's 1 MiB: 3 messages.
-  CHECK(after.first - before.first == 3 + 1);
+  // The map cuts "big" into 37 equal chunks of 16216 or 16217 values
+  // (about 63.3 KiB): four and their headers fit a message's 256 KiB, five
+  // do not: 10 messages.
+  CHECK(after.first - before.first == 10 + 1);
   for (std::size_t i = 0; i < big_out.size(); ++i) REQUIRE(big_out[i] == -big_grad[i]);
 }
