@@ -97,6 +97,16 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
                    {}});
     }
     at += 1 + parts.back().second.payload_frames;
+    if (parts.size() == wire::kMaxRequestsPerMessage && at < frames.size()) {
+      stats_.received(std::nullopt, bytes_of(frames));
+      stats_.malformed();
+      const Header& first = parts.front().second;
+      return send(from, {wire::error_reply(first, prefix() + describe(first) +
+                                                      ": the message holds more than " +
+                                                      std::to_string(wire::kMaxRequestsPerMessage) +
+                                                      " requests; none was handled"),
+                         {}});
+    }
   }
   for (std::size_t i = 0; i < parts.size(); ++i) {
     if (i > 0 && coordinator.exit_code()) return;  // a request before it ended the ps
@@ -108,7 +118,9 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
     request.header = std::move(parts[i].second);
     // The last request may lack frames it declares; check() says so.
     const auto payloads = frames.subspan(at + 1, end - at - 1);
-    stats_.received(request.header.op, frames[at].size() + bytes_of(payloads));
+    // The sender's identity counts with the first request.
+    stats_.received(request.header.op,
+                    (i == 0 ? frames[0].size() : 0) + frames[at].size() + bytes_of(payloads));
     stats_.request(request.header.op);
     try {
       const TraceSpan span(wire::to_string(request.header.op), "ps");

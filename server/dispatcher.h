@@ -82,7 +82,8 @@ class Dispatcher final : public ReplySink {
   // Handles one message: frames[0] is the sender's identity (where replies
   // go; a ROUTER socket always puts it there), then one or more requests,
   // each a header frame and the payload frames it declares, handled in
-  // order. Frames that do not cut into requests get one error reply (to the
+  // order. Frames that do not cut into requests, or more than
+  // wire::kMaxRequestsPerMessage requests, get one error reply (to the
   // first request) and nothing is handled; anything else wrong gets the
   // request's error reply; nothing throws. `received` is the message's
   // arrival time.

@@ -29,7 +29,8 @@ using wire::Op;
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
-// Requests handled per wake-up at most, so that signals, kv_get deadlines
+// Messages handled per wake-up at most (each of at most
+// wire::kMaxRequestsPerMessage requests), so that signals, kv_get deadlines
 // and the worker timeout are looked at under steady traffic too; and the
 // bytes a batch takes off the socket before it is served (a batch holds its
 // messages until it is done).
@@ -284,11 +285,12 @@ struct RequestLoop::Impl final : ReplySink {
     // as they are ready, so the client copies one while the next is served.
     // One to another peer (a held pull released, a barrier) leaves now.
     if (current_peer == to) {
-      for (auto& f : frames) {
-        batched_bytes += f.size();
-        batched.push_back(std::move(f));
-      }
-      if (batched_bytes >= kReplyBatchBytes) flush_replies();
+      std::size_t bytes = 0;
+      for (const auto& f : frames) bytes += f.size();
+      if (!batched.empty() && batched_bytes + bytes > kReplyBatchBytes) flush_replies();
+      for (auto& f : frames) batched.push_back(std::move(f));
+      batched_bytes += bytes;
+      if (batched_bytes >= kReplyBatchBytes) flush_replies();  // a large reply: no wait
       return;
     }
     socket.send(zmq::message_t(to.data(), to.size()), zmq::send_flags::sndmore);

@@ -5,12 +5,14 @@
 // keeps the record of applied updates and answers resends and bad messages;
 // replies come back through this loop, the ReplySink of every handler, and
 // leave with the run id and the loop's generation stamped on them. The
-// replies to one message leave together as one message (shared/protocol.h),
-// once all its requests are handled. Reply frames leave without a copy, each holding a claim on the
-// send budget (server/send_budget.h) until ZeroMQ has sent it; a reply with no room in the budget
-// is dropped, counted and its peer logged once. The generation is fixed for the loop's lifetime,
-// and so is the dispatcher's record: a resend is never answered from the record of another
-// generation. Fault injection (net.fault, for tests) drops or delays data replies as they are sent.
+// replies to one message leave together (shared/protocol.h), in messages of
+// at most 256 KiB unless one reply is larger, each as soon as it is full or
+// the message's requests are all handled. Reply frames leave without a copy, each holding a claim
+// on the send budget (server/send_budget.h) until ZeroMQ has sent it; a reply with no room in the
+// budget is dropped, counted and its peer logged once. The generation is fixed for the loop's
+// lifetime, and so is the dispatcher's record: a resend is never answered from the record of
+// another generation. Fault injection (net.fault, for tests) drops or delays data replies as they
+// are sent.
 //
 //   RequestLoop loop({.ps_index = 0, .run_id = config.run_id(), ...}, stats);
 //   coordinator.add_handlers(loop.handlers());   // and the other modules

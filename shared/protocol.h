@@ -60,6 +60,9 @@ inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, 
 inline constexpr std::size_t kMaxPayloadBytes =
     16 * 1024 * 1024;  // per payload frame (kv values too)
 inline constexpr std::size_t kMaxPayloadFrames = 2;
+// Requests (or replies) one message holds at most; a ps refuses a message of
+// more, whole.
+inline constexpr std::size_t kMaxRequestsPerMessage = 256;
 // The largest frame of any legal message: sockets set ZMQ_MAXMSGSIZE to it,
 // so a peer announcing a larger one is disconnected before anything is
 // allocated for it.

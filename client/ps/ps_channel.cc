@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <exception>
 #include <mutex>
 #include <random>
 #include <zmq.hpp>
@@ -101,6 +102,7 @@ PsChannel::PsChannel(std::vector<std::string> addresses, std::uint64_t run_id,
   for (std::uint32_t s = 0; s < addresses_.size(); ++s) sockets_.push_back(make_socket(s));
   batched_.resize(addresses_.size());
   batched_bytes_.resize(addresses_.size());
+  batched_requests_.resize(addresses_.size());
 }
 
 PsChannel::~PsChannel() = default;
@@ -195,9 +197,11 @@ void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, 
     // Large requests stream: the ps applies a message's first chunk while
     // the next message is on its way, not after the whole call arrived.
     const auto bytes_now = r.header.size() + r.data.size() + r.second.size() + bytes.size();
-    if (!frames.empty() && batched_bytes_[r.server] + bytes_now > kMaxBatchBytes)
-      send_frames(r.server, frames);
+    if (!frames.empty() && (batched_bytes_[r.server] + bytes_now > kMaxBatchBytes ||
+                            batched_requests_[r.server] == wire::kMaxRequestsPerMessage))
+      send_batch(r.server);
     batched_bytes_[r.server] += bytes_now;
+    ++batched_requests_[r.server];
   }
   frames.emplace_back(r.header.data(), r.header.size());
   if (!r.data.empty()) {
@@ -225,15 +229,38 @@ void PsChannel::send_frames(std::uint32_t server, std::vector<zmq::message_t>& f
     if (!sockets_[server]->send(frames[i], more | zmq::send_flags::dontwait)) break;
   }
   frames.clear();
-  batched_bytes_[server] = 0;
 }
 
-PsChannel::Batch::Batch(PsChannel& channel) : channel_(channel) { channel_.batching_ = true; }
+void PsChannel::send_batch(std::uint32_t server) {
+  send_frames(server, batched_[server]);
+  batched_bytes_[server] = 0;
+  batched_requests_[server] = 0;
+}
 
+void PsChannel::send_batches() {
+  for (std::uint32_t s = 0; s < batched_.size(); ++s)
+    if (!batched_[s].empty()) send_batch(s);
+}
+
+PsChannel::Batch::Batch(PsChannel& channel)
+    : channel_(channel), exceptions_(std::uncaught_exceptions()) {
+  channel_.batching_ = true;
+}
+
+// Leaving on an exception, the caller is about to free the buffers the
+// batched frames point into: they are dropped unsent (which releases them),
+// and so is whatever a failing send left.
 PsChannel::Batch::~Batch() {
   channel_.batching_ = false;
-  for (std::uint32_t s = 0; s < channel_.batched_.size(); ++s)
-    channel_.send_frames(s, channel_.batched_[s]);
+  try {
+    if (std::uncaught_exceptions() == exceptions_) channel_.send_batches();
+  } catch (const zmq::error_t&) {
+  }
+  for (std::uint32_t s = 0; s < channel_.batched_.size(); ++s) {
+    channel_.batched_[s].clear();
+    channel_.batched_bytes_[s] = 0;
+    channel_.batched_requests_[s] = 0;
+  }
 }
 
 // Resends every data request whose reply is overdue, each after twice as
@@ -407,6 +434,7 @@ void PsChannel::abandon_all() {
 }
 
 void PsChannel::poll(Clock::duration timeout) {
+  send_batches();  // a caller waiting while a Batch lives waits for these too
   std::vector<zmq::pollitem_t> items;
   for (auto& s : sockets_) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
   const auto ms =

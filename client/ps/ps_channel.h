@@ -117,13 +117,15 @@ class PsChannel {
   void poll(Clock::duration timeout);
 
   // While a Batch lives, the requests sent on its channel wait; when it
-  // ends, those to each ps leave as one message (shared/protocol.h), which
-  // the ps answers with one: a call's chunks to one ps cost one wake-up of
-  // each side's threads instead of one per chunk. A message holds requests
-  // of at most kMaxBatchBytes together (one of the default 256 KiB chunks
-  // travels alone), so that large calls still stream: measured on
-  // loopback, one message per large call slowed pulls by a quarter and the
-  // MLP's step by a tenth, while small chunks gain. Resends leave alone.
+  // ends (or the channel polls), those to each ps leave together in
+  // messages (shared/protocol.h), which the ps answers likewise: a call's
+  // small chunks to one ps cost one wake-up of each side's threads instead
+  // of one per chunk. A message holds requests of at most kMaxBatchBytes
+  // together, and at most wire::kMaxRequestsPerMessage (one of the default
+  // 256 KiB chunks travels alone), so that large calls still stream:
+  // measured on loopback, one message per large call slowed pulls by a
+  // quarter and the MLP's step by a tenth. Resends leave alone. A Batch
+  // left by an exception drops its requests unsent.
   class Batch {
    public:
     explicit Batch(PsChannel& channel);
@@ -133,6 +135,7 @@ class PsChannel {
 
    private:
     PsChannel& channel_;
+    int exceptions_;  // std::uncaught_exceptions() when it began
   };
   // Sends a control request to each of `servers` and waits for the replies.
   std::vector<Reply> call(wire::Op op, const std::vector<std::uint32_t>& servers, wire::Header h,
@@ -166,6 +169,8 @@ class PsChannel {
   zmq::message_t payload_frame(std::uint32_t server, std::span<const std::uint8_t> frame,
                                bool zero_copy);
   void send_frames(std::uint32_t server, std::vector<zmq::message_t>& frames);
+  void send_batch(std::uint32_t server);
+  void send_batches();
   void resend_due();
   Clock::time_point next_resend() const;
   std::vector<Reply> finish(Ticket id, TicketState& t);
@@ -201,11 +206,13 @@ class PsChannel {
   std::unique_ptr<zmq::context_t> context_;
   std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
   // While a Batch lives: the frames of the requests sent meanwhile, per ps,
-  // and their bytes; a batch that would pass kMaxBatchBytes leaves first.
+  // their bytes and their number; a batch that would pass kMaxBatchBytes or
+  // wire::kMaxRequestsPerMessage leaves first.
   static constexpr std::size_t kMaxBatchBytes = 256 * 1024;
   bool batching_ = false;
   std::vector<std::vector<zmq::message_t>> batched_;
   std::vector<std::size_t> batched_bytes_;
+  std::vector<std::size_t> batched_requests_;
 };
 
 }  // namespace pstrain

@@ -259,6 +259,20 @@ TEST_CASE("ps: a message of several requests gets one message of replies, in ord
   CHECK(wire::ErrorReply::read(refused[0].header).text.find("bad header at frame 5") !=
         std::string::npos);
 
+  // At most wire::kMaxRequestsPerMessage requests a message: 256 pulls are
+  // answered, 257 (a push among them) refused whole.
+  std::vector<std::vector<std::uint8_t>> pulls;
+  for (std::uint64_t id = 100; id < 100 + wire::kMaxRequestsPerMessage; ++id)
+    pulls.push_back(request(Op::pull, id));
+  CHECK(raw.exchange_all(pulls).size() == wire::kMaxRequestsPerMessage);
+  pulls.push_back(request(Op::push, 999));
+  pulls.push_back(floats(16, 1.0f));
+  const auto too_many = raw.exchange_all(pulls);
+  REQUIRE(too_many.size() == 1);
+  CHECK(too_many[0].header.status == wire::Status::error);
+  CHECK(wire::ErrorReply::read(too_many[0].header).text.find("more than 256 requests") !=
+        std::string::npos);
+
   std::vector<float> after(16);
   client.wait(client.pull("w", after));
   for (std::size_t i = 0; i < 16; ++i) CHECK(after[i] == before[i] - 3.0f);
