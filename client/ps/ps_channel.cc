@@ -190,9 +190,9 @@ void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
 // Once the header is taken the payload is too (no high-water mark).
 void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy) {
   if (faults_.drop(r.op)) return;
-  std::vector<zmq::message_t> own;
   const bool batched = batching_ && zero_copy;
-  auto& frames = batched ? batched_[r.server] : own;
+  auto& frames = batched ? batched_[r.server] : unbatched_;
+  if (!batched) frames.clear();  // what a send that threw left must not lead this one
   if (batched) {
     // Large requests stream: the ps applies a message's first chunk while
     // the next message is on its way, not after the whole call arrived.
@@ -210,7 +210,7 @@ void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, 
   } else if (r.payload_frame) {
     frames.emplace_back(bytes.data(), bytes.size());
   }
-  if (!batched) send_frames(r.server, own);
+  if (!batched) send_frames(r.server, unbatched_);
 }
 
 zmq::message_t PsChannel::payload_frame(std::uint32_t server, std::span<const std::uint8_t> frame,

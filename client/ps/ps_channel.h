@@ -213,6 +213,9 @@ class PsChannel {
   std::vector<std::vector<zmq::message_t>> batched_;
   std::vector<std::size_t> batched_bytes_;
   std::vector<std::size_t> batched_requests_;
+  // An unbatched send's frames, kept between sends so that a send (a
+  // resend, a heartbeat) allocates no vector; empty between sends.
+  std::vector<zmq::message_t> unbatched_;
 };
 
 }  // namespace pstrain

@@ -83,10 +83,13 @@ TEST_CASE("async trainer: the staging (device) path trains exactly like the dire
 }
 
 TEST_CASE(
-    "async trainer: recorded steps (the CUDA graph path) train exactly like the direct path") {
-  // Forward and backward from a step graph, the gradients downloaded after
-  // it; and, where the capture is refused, the eager fallback: both end with
-  // the direct path's weights, and the graph path really ran.
+    "async trainer: pushes after the whole backward (recorded steps) give the weights of per-layer "
+    "pushes") {
+  // Forward and backward from a step graph, the gradients downloaded and
+  // pushed after it, not each as backward makes it as on the direct path
+  // (one worker, no pipelining: the overlap must not change a bit); and,
+  // where the capture is refused, the eager fallback: both end with the
+  // direct path's weights, and the graph path really ran.
   auto cpu = make_cpu_backend(1);
   const auto direct = train_and_pull(*cpu);
   for (const auto recording : {StagingBackend::Recording::on, StagingBackend::Recording::refused}) {
