@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "app/build_info.h"
+#include "app/plan.h"
 #include "client/data/synthetic_ctr.h"
 #include "client/model/model_io.h"
 #include "client/train/worker_role.h"
@@ -28,6 +29,7 @@
 #include "shared/metrics_server.h"
 #include "shared/protocol.h"
 #include "shared/scheduler_env.h"
+#include "shared/throughput_model.h"
 #include "shared/trace.h"
 
 namespace po = boost::program_options;
@@ -70,6 +72,7 @@ struct Args {
   bool check = false;
   std::optional<std::filesystem::path> keygen;
   std::optional<std::filesystem::path> export_data;
+  std::optional<pstrain::PlanRequest> plan;
   std::string role;  // empty: from the scheduler's environment
   std::uint32_t index = 0;
   std::filesystem::path cluster;
@@ -120,8 +123,17 @@ po::options_description options() {
       "export-data", po::value<std::string>()->value_name("DIR"),
       "write the configured synthetic-ctr data set's training and test splits as "
       "DIR/train.tsv and DIR/test.tsv in Criteo's format (for a peer to train on the same "
-      "samples), then exit (no --role needed)")("help,h", "print this help")("version",
-                                                                             "print the version");
+      "samples), then exit (no --role needed)")(
+      "plan", po::value<std::string>()->value_name("RATE"),
+      "predict the cluster's samples/s on hosts joined by links of RATE each way (tc style: "
+      "100mbit, 1gbit, 10gbit) for 1, 2, 4 and 8 ps and the wire formats fp32 and bf16, name "
+      "the fewest ps within 10% of the best (docs/scaling.md), then exit; needs --step-ms")(
+      "step-ms", po::value<double>()->value_name("MS"),
+      "--plan: a worker's forward and backward per step in ms (compute_ms of a worker's "
+      "metrics, or bench_step's)")(
+      "apply-gbps", po::value<double>()->value_name("GB/S"),
+      "--plan: float32 gradient one ps applies per second, in GB/s (default 4)")(
+      "help,h", "print this help")("version", "print the version");
   return desc;
 }
 
@@ -178,6 +190,22 @@ std::optional<Args> parse_args(int argc, char** argv) {
     if (args.check) throw UsageError("--keygen and --check do not go together");
     args.keygen = vm["keygen"].as<std::string>();
     args.role = "keygen";
+  } else if (vm.count("plan")) {
+    if (args.check || vm.count("role")) throw UsageError("--plan takes no --check or --role");
+    if (!vm.count("step-ms"))
+      throw UsageError("--plan needs --step-ms MS, a worker's compute per step");
+    pstrain::PlanRequest plan;
+    try {
+      plan.link_bits_per_s = pstrain::parse_link_rate(vm["plan"].as<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--plan: ") + e.what());
+    }
+    plan.step_ms = vm["step-ms"].as<double>();
+    plan.apply_bytes_per_s = (vm.count("apply-gbps") ? vm["apply-gbps"].as<double>() : 4.0) * 1e9;
+    if (!(plan.step_ms > 0) || !(plan.apply_bytes_per_s > 0))
+      throw UsageError("--step-ms and --apply-gbps must be positive");
+    args.plan = plan;
+    args.role = "plan";
   } else if (args.check) {
     args.role = "check";
   } else if (vm.count("role")) {
@@ -186,8 +214,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
     throw UsageError(kNoRole);
   }
   if (args.keygen && vm.count("role")) throw UsageError("--keygen takes no --role");
-  if (!args.check && !args.keygen && !args.export_data && !args.role.empty() && args.role != "ps" &&
-      args.role != "worker" && args.role != "eval") {
+  if (!args.plan && (vm.count("step-ms") || vm.count("apply-gbps")))
+    throw UsageError("--step-ms and --apply-gbps apply only to --plan");
+  if (!args.check && !args.keygen && !args.export_data && !args.plan && !args.role.empty() &&
+      args.role != "ps" && args.role != "worker" && args.role != "eval") {
     throw UsageError("--role: expected ps, worker or eval, got '" + args.role + "'");
   }
   const bool from_scheduler = args.role.empty();
@@ -382,6 +412,10 @@ int main(int argc, char** argv) {
       const auto [train, test] = pstrain::export_ctr_data(config.data, *args.export_data);
       std::cout << "pstrain: " << config.data.name << " written to " << train.string() << " and "
                 << test.string() << "\n";
+      return 0;
+    }
+    if (args.plan) {
+      std::cout << pstrain::plan_report(config, *args.plan);
       return 0;
     }
     if (args.role != "eval") placement = place(args, config);

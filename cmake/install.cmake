@@ -6,10 +6,10 @@
 #   lib/pstrain/bench/bench_*        what pstrain-bench runs: the C++ benchmarks
 #                                    and their PyTorch peers, bench_torch.py,
 #                                    bench_torch_embedding.py and bench_torch_ctr.py
-#   lib/pstrain/tools/               launch, compare, bench, trace, report.py and the
+#   lib/pstrain/tools/               launch, compare, bench, trace, netlab, report.py and the
 #                                    package they run, pstrain_tools/
 #   bin/pstrain, bin/pstrain-launch, bin/pstrain-compare, bin/pstrain-bench,
-#   bin/pstrain-trace
+#   bin/pstrain-trace, bin/pstrain-netlab
 #                                    links to the above
 #   share/doc/pstrain/               README, CHANGELOG, LICENSE, docs/, and
 #                                    examples/cluster.yaml (the default job) and
@@ -26,7 +26,7 @@ set(PSTRAIN_INSTALL_TOOLS_PACKAGE "${PSTRAIN_INSTALL_TOOLS}/pstrain_tools")
 set(PSTRAIN_INSTALL_BENCH "${PSTRAIN_INSTALL_LIBDIR}/bench")  # bench/CMakeLists.txt
 
 # The commands, each of which finds the package beside itself.
-set(PSTRAIN_TOOL_PROGRAMS launch compare bench trace)
+set(PSTRAIN_TOOL_PROGRAMS launch compare bench trace netlab)
 foreach(tool IN LISTS PSTRAIN_TOOL_PROGRAMS)
   install(PROGRAMS tools/${tool} DESTINATION ${PSTRAIN_INSTALL_TOOLS})
 endforeach()

@@ -44,15 +44,18 @@ compute gradients on the CPU (OpenBLAS) or a GPU (package pstrain-cuda) and
 push them back over ZeroMQ, asynchronously or in sync, SSP, backup-worker
 and local-SGD modes. Includes pstrain-launch (a whole cluster from one file,
 restarts, Slurm and Kubernetes manifests), pstrain-compare,
-pstrain-bench and pstrain-trace.")
+pstrain-bench, pstrain-trace and pstrain-netlab (hosts as network
+namespaces on one machine).")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
 # What the tools import: yaml (every tool), numpy and matplotlib (the
 # reports of pstrain-compare).
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "python3, python3-yaml, python3-numpy, python3-matplotlib")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_RECOMMENDS "dataset-fashion-mnist")
 # ssh: processes on other hosts; prometheus: pstrain-launch --prometheus;
-# python3-torch: pstrain-bench's peer.
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "openssh-client, prometheus, python3-torch, pstrain-cuda")
+# python3-torch: pstrain-bench's peer; iproute2 and openssh-server:
+# pstrain-netlab's namespaces, links and sshd.
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS
+    "openssh-client, prometheus, python3-torch, pstrain-cuda, iproute2, openssh-server")
 
 # Python writes the tools' byte code beside their package's modules when
 # they run (__pycache__, owned by no package): removed with the package, as

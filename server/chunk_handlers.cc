@@ -58,7 +58,10 @@ void ChunkHandlers::pull(const Request& request) {
 
 void ChunkHandlers::push(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
-  const FloatPayload grad(request, request.payload_of(request.header.dtype), true);
+  // A compressed gradient decodes into as many floats as its chunk holds.
+  const std::size_t dense =
+      wire::is_compressed(request.header.dtype) ? existing_chunk(store_, id).values->size() : 0;
+  const FloatPayload grad(request, request.payload_of(request.header.dtype), true, dense);
   nonfinite_.check(request, grad.get());
   policy_->on_push(request, id, grad.get());
 }

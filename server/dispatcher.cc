@@ -194,6 +194,8 @@ void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
   as_pull.header.payload_frames = 0;
   as_pull.header.elements = 0;
   as_pull.payload = {};
+  // A compressed push's values came back as float32 the first time too.
+  if (wire::is_compressed(as_pull.header.dtype)) as_pull.header.dtype = wire::DType::f32;
   (*handlers_.find(Op::pull))(as_pull);
 }
 

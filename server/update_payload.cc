@@ -5,13 +5,25 @@
 #include <string>
 
 #include "shared/all_finite.h"
+#include "shared/gradient_compression.h"
 #include "shared/log.h"
 
 namespace pstrain::ps {
 
 FloatPayload::FloatPayload(const Request& request, std::span<const std::uint8_t> bytes,
-                           bool halves_allowed) {
+                           bool halves_allowed, std::size_t dense) {
   const auto type = request.header.dtype;
+  if (wire::is_compressed(type) && dense > 0) {
+    copy_.resize(dense);
+    try {
+      decompress(type == wire::DType::topk ? Compression::Kind::topk : Compression::Kind::sign,
+                 bytes, copy_);
+    } catch (const std::invalid_argument& e) {
+      throw wire::ProtocolError(std::string(wire::to_string(request.header.op)) + ": " + e.what());
+    }
+    view_ = copy_;
+    return;
+  }
   const auto half = wire::half_format(type);
   if (!wire::is_float(type) || (half && !halves_allowed))
     throw wire::ProtocolError(std::string(wire::to_string(request.header.op)) +

@@ -19,12 +19,16 @@ namespace pstrain::ps {
 // An update's float frame `bytes` (of request.header.dtype): read in place
 // when f32 and suitably aligned (ZeroMQ's buffers are, for every frame but
 // the tiny inline ones), else copied; bf16 or fp16 (net.wire_dtype) widened
-// to f32, so the optimizer and the stored values only see f32. Throws
-// wire::ProtocolError naming the op when the dtype is not a float one, or a
-// half one where `halves_allowed` is false (values stored exactly).
+// to f32, and a compressed gradient (topk, sign: net.compression) decoded
+// into `dense` floats, so the optimizer and the stored values only see f32.
+// Throws wire::ProtocolError naming the op when the dtype is not a float
+// one, a half one where `halves_allowed` is false (values stored exactly),
+// a compressed one where `dense` is 0 (not a chunk's gradient), or a
+// compressed frame that does not decode.
 class FloatPayload {
  public:
-  FloatPayload(const Request& request, std::span<const std::uint8_t> bytes, bool halves_allowed);
+  FloatPayload(const Request& request, std::span<const std::uint8_t> bytes, bool halves_allowed,
+               std::size_t dense = 0);
   std::span<const float> get() const { return view_; }
 
  private:

@@ -78,6 +78,8 @@ std::string_view to_string(Device device) {
       return "cuda";
     case Device::auto_:
       return "auto";
+    case Device::emulated:
+      return "emulated";
   }
   return "unknown";
 }
@@ -257,6 +259,8 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("straggler_pause_probability", &TrainConfig::straggler_pause_probability,
             between(0, 1)),
     bounded("straggler_pause_ms", &TrainConfig::straggler_pause_ms, kNonNegative),
+    // Whether a worker is emulated: checked across sections (check_across).
+    bounded("emulated_step_ms", &TrainConfig::emulated_step_ms, kNonNegative),
     bounded("bucket_bytes", &TrainConfig::bucket_bytes, at_least(4)),
     bounded("staleness_bound", &TrainConfig::staleness_bound, at_least(0)),
     // Fewer than the workers: checked across sections (check_across).
@@ -280,6 +284,20 @@ const std::vector<Field<FaultConfig>> kFaultFields = {
     bounded("delay_ms", &FaultConfig::delay_ms, kNonNegative),
 };
 
+// net.compression: none, sign or topk:RATIO (shared/gradient_compression.h).
+Field<NetConfig> compression_field() {
+  return scalar(
+      "compression", &NetConfig::compression,
+      [](const Reader& r, const YAML::Node& node, const std::string& path) {
+        try {
+          return parse_compression(r.text(node, path));
+        } catch (const std::invalid_argument& e) {
+          r.fail(path, e.what());
+        }
+      },
+      [](const Compression& c) { return to_string(c); });
+}
+
 const std::vector<Field<NetConfig>> kNetFields = {
     bounded("chunk_bytes", &NetConfig::chunk_bytes, between(4, ShardMap::kMaxChunkBytes)),
     bounded("request_timeout", &NetConfig::request_timeout, kPositive),
@@ -290,6 +308,8 @@ const std::vector<Field<NetConfig>> kNetFields = {
     choice("wire_dtype", &NetConfig::wire_dtype,
            {WireDType::fp32, WireDType::bf16, WireDType::fp16}),
     bounded("io_threads", &NetConfig::io_threads, between(0, 64)),
+    // Only for pushes to the ps: checked across sections (check_across).
+    compression_field(),
     section("fault", &NetConfig::fault, kFaultFields),
 };
 
@@ -343,7 +363,8 @@ Field<WorkerSpec> worker_host_field() {
 
 const std::vector<Field<WorkerSpec>> kWorkerFields = {
     worker_host_field(),
-    choice("device", &WorkerSpec::device, {Device::cpu, Device::cuda, Device::auto_}),
+    choice("device", &WorkerSpec::device,
+           {Device::cpu, Device::cuda, Device::auto_, Device::emulated}),
     gpu_field(),
 };
 
@@ -810,11 +831,25 @@ void check_across(const Reader& r, const ClusterConfig& c) {
     r.fail("train.pipeline",
            "applies to modes async and ssp, not to mode " + std::string(to_string(c.mode)));
   }
+  if (c.net.compression.kind != Compression::Kind::none && traits(c.mode).allreduce()) {
+    r.fail("net.compression", "compresses pushes to the ps (modes async, ssp and backup); mode " +
+                                  std::string(to_string(c.mode)) +
+                                  " all-reduces between the workers");
+  }
   const auto workers = static_cast<std::int64_t>(c.workers.size());
   if (c.mode == Mode::backup && c.train.backup_workers >= workers) {
     r.fail("train.backup_workers",
            std::to_string(c.train.backup_workers) + " leaves no gradient to wait for (there are " +
                std::to_string(workers) + " workers; each step waits for workers - backup_workers)");
+  }
+  const bool emulated = std::ranges::any_of(
+      c.workers, [](const WorkerSpec& w) { return w.device == Device::emulated; });
+  if (emulated && !(c.train.emulated_step_ms > 0)) {
+    r.fail("train.emulated_step_ms",
+           "give the time an emulated worker's step takes (ms > 0): a worker has device: "
+           "emulated");
+  } else if (!emulated && c.train.emulated_step_ms > 0) {
+    r.fail("train.emulated_step_ms", "applies to workers with device: emulated; there is none");
   }
   if (c.train.straggler_worker >= workers) {
     r.fail("train.straggler_worker",
@@ -1015,7 +1050,9 @@ std::uint32_t ps_apply_threads(const ClusterConfig& config, std::uint32_t ps_ind
   for (const auto& ps : config.ps) servers += ps.host == host ? 1 : 0;
   for (const auto& w : config.workers) {
     const std::string& at = w.host.empty() && !config.hosts_pending ? "127.0.0.1" : w.host;
-    if (at == host) busy += w.device == Device::cuda ? 1 : config.train.threads;
+    // A GPU worker keeps a core feeding its device; an emulated one sleeps.
+    if (at == host && w.device != Device::emulated)
+      busy += w.device == Device::cuda ? 1 : config.train.threads;
   }
   busy += servers;
   const std::uint64_t spare = cores > busy ? cores - busy : 0;

@@ -17,6 +17,7 @@
 #include "shared/embedding.h"
 #include "shared/error.h"
 #include "shared/fault.h"
+#include "shared/gradient_compression.h"
 #include "shared/optimizer.h"
 #include "shared/shard_map.h"
 
@@ -35,7 +36,9 @@ struct PsEndpoint {
   std::string bind_address() const;     // "tcp://bind-or-host:port"
 };
 
-enum class Device { cpu, cuda, auto_ };
+// emulated: no compute, a stated time per step instead (Model::emulate,
+// train.emulated_step_ms), for scaling runs with more workers than cores.
+enum class Device { cpu, cuda, auto_, emulated };
 
 struct WorkerSpec {
   // Left out: 127.0.0.1, or the scheduler's host when ClusterConfig::hosts_pending.
@@ -165,6 +168,9 @@ struct TrainConfig {
   double straggler_jitter_ms = 0;          // ... give or take up to this much
   double straggler_pause_probability = 0;  // ... and per step, this likely,
   double straggler_pause_ms = 0;           // ... an extra pause this long
+  // Workers with device: emulated take this long per step (forward and
+  // backward) instead of computing; required by them, refused without them.
+  double emulated_step_ms = 0;
   // sync mode: all-reduce bucket size; small enough that a model of ~1 MB
   // fills several, so reducing the first overlaps the rest of backward.
   std::uint32_t bucket_bytes = 256 * 1024;
@@ -206,6 +212,9 @@ struct NetConfig {
   WireDType wire_dtype = WireDType::fp32;
   // ZeroMQ I/O threads per process; 0: io_threads() picks.
   std::uint32_t io_threads = 0;
+  // Dense pushes compressed with error feedback (top-k, sign); pulls and
+  // all-reduces are not (shared/gradient_compression.h).
+  Compression compression;
   FaultConfig fault;  // for testing only
 };
 

@@ -172,6 +172,8 @@ std::size_t element_bytes(DType type) {
     case DType::f32:
       return sizeof(float);
     case DType::bytes:
+    case DType::topk:
+    case DType::sign:
       return 1;
     case DType::bf16:
     case DType::fp16:
@@ -209,6 +211,10 @@ std::string_view to_string(DType type) {
       return "bf16";
     case DType::fp16:
       return "fp16";
+    case DType::topk:
+      return "topk";
+    case DType::sign:
+      return "sign";
   }
   return "unknown";
 }
@@ -235,7 +241,7 @@ Header decode_header(std::span<const std::uint8_t> frame) {
   const auto op = static_cast<std::uint8_t>(h.op);
   if (op < static_cast<std::uint8_t>(Op::hello) || op > kMaxOp)
     throw ProtocolError("unknown op " + std::to_string(op));
-  if (static_cast<std::uint8_t>(h.dtype) > static_cast<std::uint8_t>(DType::fp16))
+  if (static_cast<std::uint8_t>(h.dtype) > static_cast<std::uint8_t>(DType::sign))
     throw ProtocolError("unknown dtype " + std::to_string(static_cast<int>(h.dtype)));
   if (static_cast<std::uint8_t>(h.status) > static_cast<std::uint8_t>(Status::error))
     throw ProtocolError("unknown status " + std::to_string(static_cast<int>(h.status)));

@@ -111,8 +111,11 @@ inline bool is_update(Op op) {
 inline constexpr std::uint32_t kMaxRowWidth = 1 << 16;
 
 // bf16 and fp16 are the 16-bit bit patterns of shared/low_precision.h, which
-// only chunk values and gradients travel in (net.wire_dtype).
-enum class DType : std::uint8_t { f32 = 0, bytes = 1, bf16 = 2, fp16 = 3 };
+// only chunk values and gradients travel in (net.wire_dtype). topk and sign
+// are a push's compressed gradient (shared/gradient_compression.h,
+// net.compression), counted in bytes: `elements` is the frame's size, the
+// chunk's own size says how many floats it decodes to.
+enum class DType : std::uint8_t { f32 = 0, bytes = 1, bf16 = 2, fp16 = 3, topk = 4, sign = 5 };
 enum class Status : std::uint8_t { ok = 0, error = 1 };
 
 std::string_view to_string(Op op);
@@ -122,6 +125,8 @@ std::string_view to_string(DType type);
 inline bool is_float(DType type) {
   return type == DType::f32 || type == DType::bf16 || type == DType::fp16;
 }
+// Whether a push's gradient may travel as `type`: a float type, or compressed.
+inline bool is_compressed(DType type) { return type == DType::topk || type == DType::sign; }
 // The 16-bit format a dtype's frames hold; nullopt for f32 and bytes.
 std::optional<HalfFormat> half_format(DType type);
 DType dtype_of(HalfFormat format);

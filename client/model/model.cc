@@ -1,8 +1,10 @@
 #include "client/model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
+#include <thread>
 
 #include "client/data/click_metrics.h"
 #include "shared/init.h"
@@ -213,6 +215,12 @@ std::vector<EmbeddingInput> Model::check(const ModelConfig& config, InputShape i
   return plan.embedding_inputs_;
 }
 
+std::vector<VariableSpec> Model::variables_of(const ModelConfig& config, InputShape input,
+                                              int classes, const std::vector<TableSpec>& tables) {
+  const Model plan(config, nullptr, input, classes, 1, tables);
+  return plan.variables_;
+}
+
 Model::Model(const ModelConfig& config, Backend* backend, InputShape input, int classes,
              int max_batch, const std::vector<TableSpec>& tables)
     : backend_(backend),
@@ -236,6 +244,7 @@ Model::Model(const ModelConfig& config, Backend* backend, InputShape input, int 
                       std::to_string(classes));
   features_ = input.c * input.h * input.w;
   build_graph(std::move(specs), opening, tables);
+  declare_variables();
   if (backend_) allocate();
 }
 
@@ -455,6 +464,42 @@ void Model::build_graph(std::vector<ModelLayer> specs, std::size_t opening,
                         layers_[i].spec.type + "): no layer reads its output");
 }
 
+// Every layer's weight and bias, in layer order, with their initializers:
+// what the ps holds, known without a backend (Model::variables_of).
+void Model::declare_variables() {
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = layers_[i];
+    if (!layer.has_params()) continue;
+    const Node& node = nodes_[layer.node];
+    // He for layers whose output goes through a relu (pools and flattens
+    // in between do not change that), Glorot otherwise.
+    bool before_relu = false;
+    std::size_t reader = layer.node;
+    for (std::size_t j = i + 1; j < layers_.size(); ++j) {
+      if (layers_[j].inputs.front() != reader) continue;
+      if (layers_[j].kind == LayerKind::maxpool2d || layers_[j].kind == LayerKind::flatten) {
+        reader = layers_[j].node;
+        continue;
+      }
+      before_relu = layers_[j].kind == LayerKind::relu && layers_[j].inputs.size() == 1;
+      break;
+    }
+    const bool is_conv = layer.kind == LayerKind::conv2d;
+    const std::size_t taps =
+        is_conv ? static_cast<std::size_t>(layer.spec.kernel) * layer.spec.kernel : 1;
+    const std::size_t fan_in = (is_conv ? layer.in.c : layer.in.size()) * taps;
+    const std::size_t fan_out = static_cast<std::size_t>(node.out.c) * taps;
+    const double limit = before_relu ? std::sqrt(6.0 / static_cast<double>(fan_in))
+                                     : std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+    layer.weight = variables_.size();
+    variables_.push_back({node.name + "/w", fan_in * node.out.c,
+                          InitSpec{InitKind::uniform, static_cast<float>(limit)}});
+    variables_.push_back({node.name + "/b", static_cast<std::uint64_t>(node.out.c),
+                          InitSpec{InitKind::zeros, 0.0f}});
+  }
+  for (const VariableSpec& v : variables_) parameter_count_ += v.size;
+}
+
 void Model::allocate() {
   const auto batch = static_cast<std::size_t>(max_batch_);
   std::size_t workspace = 0;
@@ -490,41 +535,14 @@ void Model::allocate() {
     Layer& layer = layers_[i];
     Node& node = nodes_[layer.node];
     const Node& input = nodes_[layer.inputs[0]];
-    if (layer.has_params()) {
-      // He for layers whose output goes through a relu (pools and flattens
-      // in between do not change that), Glorot otherwise.
-      bool before_relu = false;
-      std::size_t reader = layer.node;
-      for (std::size_t j = i + 1; j < layers_.size(); ++j) {
-        if (layers_[j].inputs.front() != reader) continue;
-        if (layers_[j].kind == LayerKind::maxpool2d || layers_[j].kind == LayerKind::flatten) {
-          reader = layers_[j].node;
-          continue;
-        }
-        before_relu = layers_[j].kind == LayerKind::relu && layers_[j].inputs.size() == 1;
-        break;
-      }
-      const bool is_conv = layer.kind == LayerKind::conv2d;
-      const std::size_t taps =
-          is_conv ? static_cast<std::size_t>(layer.spec.kernel) * layer.spec.kernel : 1;
-      const std::size_t fan_in = (is_conv ? layer.in.c : layer.in.size()) * taps;
-      const std::size_t fan_out = static_cast<std::size_t>(node.out.c) * taps;
-      const double limit = before_relu ? std::sqrt(6.0 / static_cast<double>(fan_in))
-                                       : std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
-      layer.weight = variables_.size();
-      variables_.push_back({node.name + "/w", fan_in * node.out.c,
-                            InitSpec{InitKind::uniform, static_cast<float>(limit)}});
-      variables_.push_back({node.name + "/b", static_cast<std::uint64_t>(node.out.c),
-                            InitSpec{InitKind::zeros, 0.0f}});
-      if (is_conv) {
-        workspace = std::max(workspace, backend_->conv2d_workspace(layer.conv(max_batch_)));
-        if (const std::size_t kept = backend_->conv2d_columns(layer.conv(max_batch_)); kept > 0)
-          layer.columns = backend_->alloc(kept * sizeof(float));
-        // A relu right after a convolution works in place on its output, so
-        // the backend may fuse it into the convolution.
-        layer.fused_relu = i + 1 < layers_.size() && layers_[i + 1].kind == LayerKind::relu &&
-                           layers_[i + 1].inputs.front() == layer.node;
-      }
+    if (layer.has_params() && layer.kind == LayerKind::conv2d) {
+      workspace = std::max(workspace, backend_->conv2d_workspace(layer.conv(max_batch_)));
+      if (const std::size_t kept = backend_->conv2d_columns(layer.conv(max_batch_)); kept > 0)
+        layer.columns = backend_->alloc(kept * sizeof(float));
+      // A relu right after a convolution works in place on its output, so
+      // the backend may fuse it into the convolution.
+      layer.fused_relu = i + 1 < layers_.size() && layers_[i + 1].kind == LayerKind::relu &&
+                         layers_[i + 1].inputs.front() == layer.node;
     }
     // A relu of a layer's output overwrites it; the data's features and the
     // embedding rows' columns are kept (a flatten of them aliases them).
@@ -548,7 +566,6 @@ void Model::allocate() {
     }
   }
   for (const VariableSpec& v : variables_) {
-    parameter_count_ += v.size;
     params_.push_back(backend_->alloc(v.size * sizeof(float)));
     grads_.push_back(backend_->alloc(v.size * sizeof(float)));
   }
@@ -700,8 +717,47 @@ void Model::loss(int n) {
   }
 }
 
+void Model::emulate(double step_ms) {
+  if (!(step_ms > 0)) throw std::invalid_argument("model: an emulated step takes more than 0 ms");
+  emulated_step_ms_ = step_ms;
+}
+
+void Model::emulated_forward_backward(
+    int n, const std::function<void(std::size_t variable)>& on_grad_issued) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto at = [&](double fraction) {
+    return start + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double, std::milli>(emulated_step_ms_ * fraction));
+  };
+  {
+    const TraceSpan span("forward (emulated)", "compute");
+    backend_->fill(loss_.data(), 0, static_cast<std::size_t>(n));
+    backend_->fill(correct_.data(), 0, static_cast<std::size_t>(n));
+    std::this_thread::sleep_until(at(1.0 / 3));
+  }
+  const TraceSpan span("backward (emulated)", "compute");
+  const double total = static_cast<double>(std::max<std::uint64_t>(parameter_count_, 1));
+  double done = 0;
+  for (std::size_t i = variables_.size(); i-- > 0;) {
+    const auto size = variables_[i].size;
+    done += static_cast<double>(size);
+    std::this_thread::sleep_until(at(1.0 / 3 + 2.0 / 3 * done / total));
+    backend_->fill(grads_[i].data(), 0, size);
+    backend_->axpby(kEmulatedDecay, params_[i].data(), 1, grads_[i].data(), size);
+    on_grad_issued(i);
+  }
+  for (Embedding& e : embeddings_) {
+    const auto floats = static_cast<std::size_t>(e.unique) * static_cast<std::size_t>(e.input.dim);
+    backend_->fill(e.row_grads.data(), 0, floats);
+    backend_->axpby(kEmulatedDecay, e.rows.data(), 1, e.row_grads.data(), floats);
+  }
+  std::this_thread::sleep_until(at(1));
+}
+
 void Model::forward_backward(int n,
                              const std::function<void(std::size_t variable)>& on_grad_issued) {
+  if (emulated()) return emulated_forward_backward(n, on_grad_issued);
   forward(n);
   {
     const TraceSpan span("loss", "compute");

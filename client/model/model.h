@@ -97,6 +97,11 @@ class Model {
   // (what `pstrain --check` runs), and returns the embedding layers.
   static std::vector<EmbeddingInput> check(const ModelConfig& config, InputShape input, int classes,
                                            const std::vector<TableSpec>& tables = {});
+  // The variables such a model has, validated as check() does, without
+  // memory (what `pstrain --plan` counts the bytes of).
+  static std::vector<VariableSpec> variables_of(const ModelConfig& config, InputShape input,
+                                                int classes,
+                                                const std::vector<TableSpec>& tables = {});
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
@@ -141,6 +146,19 @@ class Model {
   // the layers below it still compute (after a fence on async backends).
   void forward_backward(int n, const std::function<void(std::size_t variable)>& on_grad_issued);
 
+  // device: emulated (docs/scaling.md): from now on forward_backward
+  // computes nothing and takes `step_ms` of wall time instead, a third for
+  // the forward and the rest for the backward, which issues each variable's
+  // gradient where a real backward spending its time in proportion to the
+  // variables' sizes would. Every gradient is kEmulatedDecay x its parameter
+  // (the gradient of kEmulatedDecay/2 x |w|^2), embedding rows' likewise, so
+  // the ps receives and applies updates of the real size; the loss and the
+  // correct counts are 0. For measuring the network and the ps with more
+  // workers than this host has cores: accuracy means nothing.
+  static constexpr float kEmulatedDecay = 1e-4f;
+  void emulate(double step_ms);
+  bool emulated() const { return emulated_step_ms_ > 0; }
+
   // fp16 loss scaling (client/train/loss_scaler.h): forward_backward multiplies
   // the loss gradient by `scale`, so every gradient comes out scaled by it
   // (GradAccumulator divides it out again).
@@ -173,6 +191,7 @@ class Model {
         const std::vector<TableSpec>& tables);
   void build_graph(std::vector<ModelLayer> specs, std::size_t opening,
                    const std::vector<TableSpec>& tables);
+  void declare_variables();
   void allocate();
   void loss(int n);
   void backward_layer(std::size_t index, int n,
@@ -194,6 +213,9 @@ class Model {
   std::vector<VariableSpec> variables_;
   std::uint64_t parameter_count_ = 0;
   float loss_scale_ = 1;
+  double emulated_step_ms_ = 0;  // 0: computed for real
+  void emulated_forward_backward(int n,
+                                 const std::function<void(std::size_t variable)>& on_grad_issued);
   std::vector<DeviceMemory> params_, grads_;
   DeviceMemory input_, labels_, loss_, correct_;
   DeviceMemory workspace_;

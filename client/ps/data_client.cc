@@ -41,7 +41,9 @@ PsDataClient::PsDataClient(PsChannel& channel, ShardMap map)
       map_(std::move(map)),
       wire_dtype_(wire_type(channel.options().wire_dtype)),
       pulled_version_(map_.all_chunks().size(), 0),
-      staleness_(map_.variables().size(), 0.0) {
+      staleness_(map_.variables().size(), 0.0),
+      compression_(channel.options().compression),
+      carried_(map_.variables().size()) {
   if (channel.servers() != map_.servers())
     throw std::invalid_argument("ps client: " + std::to_string(channel.servers()) +
                                 " ps addresses but the shard map has " +
@@ -111,11 +113,14 @@ PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
     call.basis.assign(
         pulled_version_.begin() + static_cast<std::ptrdiff_t>(first),
         pulled_version_.begin() + static_cast<std::ptrdiff_t>(first + map_.chunks(v).size()));
-  const auto half = wire::half_format(wire_dtype_);
+  const bool compressed = compression_.kind != Compression::Kind::none && !grad.empty() &&
+                          (op == Op::push || op == Op::push_pull);
+  const auto half = compressed ? std::nullopt : wire::half_format(wire_dtype_);
   if (half && !grad.empty()) {
     call.halves.resize(grad.size());
     encode_halves(*half, grad.data(), call.halves.data(), grad.size());
   }
+  if (compressed) compress_chunks(v, grad, call);
   const PsChannel::Batch batch(channel_);
   for (const auto& c : map_.chunks(v)) {
     Header h;
@@ -124,14 +129,33 @@ PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
     const auto g = static_cast<std::size_t>(&c - map_.all_chunks().data());
     wire::ChunkRequest{map_.variables()[v].name, c.index, clock_, pulled_version_[g], v}.write(h);
     std::span<const std::uint8_t> payload;
-    if (half && !grad.empty()) {
+    if (compressed) {
+      h.dtype =
+          compression_.kind == Compression::Kind::topk ? wire::DType::topk : wire::DType::sign;
+      payload = call.compressed[c.index];
+    } else if (half && !grad.empty()) {
       payload = bytes_of(std::span<const std::uint16_t>(call.halves).subspan(c.offset, c.count));
     } else if (!grad.empty()) {
       payload = bytes_of(grad.subspan(c.offset, c.count));
     }
+    if (op == Op::push || op == Op::push_pull) push_volume_.sent += payload.size();
     channel_.send(id, c.server, std::move(h), payload, {}, this, g);
   }
+  if (op == Op::push || op == Op::push_pull) push_volume_.float32 += grad.size_bytes();
   return id;
+}
+
+void PsDataClient::compress_chunks(std::uint32_t v, std::span<const float> grad, Call& call) {
+  auto& carried = carried_[v];
+  if (carried.empty()) carried.assign(grad.size(), 0.0f);
+  const auto chunks = map_.chunks(v);
+  call.compressed.resize(chunks.size());
+  for (const auto& c : chunks) {
+    const std::span<float> part = std::span<float>(carried).subspan(c.offset, c.count);
+    const auto g = grad.subspan(c.offset, c.count);
+    for (std::size_t i = 0; i < part.size(); ++i) part[i] += g[i];
+    compress(compression_, part, call.compressed[c.index], part);
+  }
 }
 
 PsDataClient::Ticket PsDataClient::sparse_op(Op op, std::string_view table,
@@ -247,11 +271,15 @@ void PsDataClient::on_reply(Ticket ticket, std::uint64_t cookie, const Header& h
   }
   if (h.op == Op::pull || h.op == Op::push_pull) {
     const TraceSpan span("copy reply", "comm");
-    if (h.payload_frames != 1 || h.dtype != wire_dtype_ || h.elements != c.count)
+    // A compressed push's new values come as float32.
+    const auto expected = h.op == Op::push_pull && compression_.kind != Compression::Kind::none
+                              ? wire::DType::f32
+                              : wire_dtype_;
+    if (h.payload_frames != 1 || h.dtype != expected || h.elements != c.count)
       throw PsError("chunk " + std::to_string(c.index) + " reply carries " +
                     std::to_string(h.elements) + " values of " +
                     std::string(wire::to_string(h.dtype)) + ", expected " +
-                    std::to_string(c.count) + " of " + std::string(wire::to_string(wire_dtype_)));
+                    std::to_string(c.count) + " of " + std::string(wire::to_string(expected)));
     if (const auto half = wire::half_format(h.dtype)) {
       wire::widen(*half, payload, call.out + c.offset);
     } else {

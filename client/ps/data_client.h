@@ -12,6 +12,10 @@
 // returns: payloads are sent from them without copies (ZeroMQ zero-copy
 // frames) and pulled values are written once into them.
 //
+// With net.compression, push and push_pull send each chunk's gradient plus
+// what earlier pushes of the variable left unsent, compressed, and keep the
+// new remainder for the next (shared/gradient_compression.h).
+//
 // Thread rules: the channel's (one thread).
 #include <cstdint>
 #include <span>
@@ -77,6 +81,15 @@ class PsDataClient : private PsChannel::ReplyHandler {
   Ticket sparse_push_pull(std::string_view table, std::span<const std::uint64_t> keys,
                           std::span<const float> grads, std::span<float> out);
 
+  // Gradient payload bytes push and push_pull have sent (resends not
+  // counted), and what they would have been in float32: the two differ by
+  // net.wire_dtype's and net.compression's savings.
+  struct PushVolume {
+    std::uint64_t sent = 0;
+    std::uint64_t float32 = 0;
+  };
+  PushVolume push_volume() const { return push_volume_; }
+
   // Staleness of the last push (push or push_pull) of `variable`: updates
   // other workers applied between this client's pull and its push, summed
   // over the variable's chunks and divided by their number.
@@ -103,6 +116,9 @@ class PsDataClient : private PsChannel::ReplyHandler {
     std::vector<std::uint64_t> basis;
     // A push's gradient rounded to the wire dtype, sent from here.
     std::vector<std::uint16_t> halves;
+    // A push's chunks compressed (net.compression), by the chunk's place
+    // in the variable, sent from here.
+    std::vector<std::vector<std::uint8_t>> compressed;
     double staleness_sum = 0;
     std::size_t staleness_chunks = 0;
     std::uint32_t dim = 0;  // sparse calls: the table's
@@ -111,6 +127,9 @@ class PsDataClient : private PsChannel::ReplyHandler {
   std::uint32_t variable_index(std::string_view name) const;
   Ticket chunk_op(wire::Op op, std::string_view name, std::span<const float> grad,
                   std::span<float> out, std::size_t given, std::span<std::uint64_t> versions = {});
+  // net.compression: variable v's gradient plus what it carries, chunk by
+  // chunk, into call.compressed; what is not sent is carried on.
+  void compress_chunks(std::uint32_t v, std::span<const float> grad, Call& call);
   // The index in map_.all_chunks() of variable v's first chunk.
   std::size_t first_chunk(std::uint32_t v) const;
   Ticket sparse_op(wire::Op op, std::string_view table, std::span<const std::uint64_t> keys,
@@ -129,6 +148,11 @@ class PsDataClient : private PsChannel::ReplyHandler {
   std::vector<std::uint64_t> pulled_version_;  // per chunk of map_.all_chunks()
   std::uint64_t clock_ = 0;
   std::vector<double> staleness_;  // per variable
+  Compression compression_;
+  PushVolume push_volume_;
+  // net.compression's error feedback: per variable, what its pushes have
+  // not sent yet (added to the next push's gradient); empty until pushed.
+  std::vector<std::vector<float>> carried_;
   std::unordered_map<Ticket, Call> calls_;
 };
 

@@ -28,6 +28,7 @@ PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender
       .config_yaml = config.to_yaml(),
       .takeover_grace_s = 2 * takeover_silence(config.net),
       .wire_dtype = config.net.wire_dtype,
+      .compression = config.net.compression,
       .io_threads = io_threads(config.net.io_threads, static_cast<std::uint32_t>(config.ps.size()),
                                std::thread::hardware_concurrency()),
       .fault = config.net.fault,

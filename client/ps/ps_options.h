@@ -33,6 +33,9 @@ struct PsClientOptions {
   // client rounds gradients before it sends them (into a buffer of its own,
   // the caller's stays as it was) and widens the values it receives.
   WireDType wire_dtype = WireDType::fp32;
+  // net.compression: how push and push_pull send gradients instead (their
+  // replies' values come as float32 then); none: as wire_dtype says.
+  Compression compression = {};
   std::uint32_t io_threads = 1;  // of the channel's ZeroMQ context (net.io_threads)
   FaultConfig fault;             // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;

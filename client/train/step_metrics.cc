@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "client/model/model.h"
 #include "client/ps/ps_client.h"
 #include "client/train/straggler.h"
 #include "shared/log.h"
@@ -56,7 +57,20 @@ StepMetrics::StepMetrics(const TrainContext& context)
           "Ops the compute backend issued, by op and the implementation that served it "
           "(cudnn or im2col, cublaslt or cublas, step graphs recorded or replayed).",
           {"op", "path"})),
-      loss_mean_(loss_) {}
+      push_bytes_(context.registry.counter(
+          "pstrain_worker_push_bytes_total",
+          "Gradient bytes this worker's pushes sent (as=sent) and what they would have been in "
+          "float32 (as=float32): net.wire_dtype's and net.compression's saving.",
+          {"as"})),
+      loss_mean_(loss_) {
+  // An emulated worker's figures are not a device's: every scrape and every
+  // metrics line says so.
+  context.registry
+      .gauge("pstrain_worker_emulated_step_seconds",
+             "The stated time of an emulated worker's step (device: emulated); 0: it computes.")
+      .with()
+      .set(context.model.emulated() ? context.config.train.emulated_step_ms / 1000 : 0);
+}
 
 void StepMetrics::step(std::size_t samples, double loss, double compute_s) {
   steps_.add();
@@ -150,6 +164,16 @@ void StepMetrics::report() {
       .add("samples_per_s", local_rate)
       .add("global_samples_per_s", global_rate);
   for (auto& f : figures_) line.add(f.field, f.take());
+  if (const auto pushed = context_.ps.push_volume(); pushed.float32 > 0) {
+    for (const auto& [as, bytes] :
+         {std::pair{"sent", pushed.sent}, std::pair{"float32", pushed.float32}}) {
+      Counter& c = push_bytes_.with({as});
+      c.add(static_cast<double>(bytes) - c.value());
+    }
+    line.add("push_bytes", pushed.sent).add("push_bytes_float32", pushed.float32);
+  }
+  if (context_.model.emulated())
+    line.add("emulated_step_ms", context_.config.train.emulated_step_ms);
   context_.metrics.write(line);
   if (context_.hook) context_.hook(global, epoch, loss, global_rate);
   window_start_ = Clock::now();

@@ -76,6 +76,9 @@ class StepMetrics {
   // pstrain_worker_backend_ops_total{op, path}: Backend::path_counts, as of
   // the last report.
   MetricFamily<Counter>& backend_ops_;
+  // pstrain_worker_push_bytes_total{as}: PsDataClient::push_volume, as of
+  // the last report.
+  MetricFamily<Counter>& push_bytes_;
   WindowedMean loss_mean_;
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_heartbeat_ = start_;

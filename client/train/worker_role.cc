@@ -31,6 +31,8 @@ std::unique_ptr<Backend> make_backend(const ClusterConfig& config, std::uint32_t
   const WorkerSpec& spec = config.workers.at(index);
   const int threads = static_cast<int>(config.train.threads);
   if (spec.device == Device::cpu) return make_cpu_backend(threads);
+  // Memory only: the model computes nothing (Model::emulate).
+  if (spec.device == Device::emulated) return make_cpu_backend(1);
   const int gpu = spec.gpu < 0 ? 0 : spec.gpu;
   if (spec.device == Device::cuda) return cuda::make_cuda_backend(gpu);
   try {
@@ -127,6 +129,14 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   Model model(config.model, *backend, InputShape{train.channels, train.height, train.width},
               train.classes, static_cast<int>(config.train.batch_size), config.tables);
   check_ids_for_embeddings(model.embeddings(), train);
+  const bool emulated = config.workers.at(index).device == Device::emulated;
+  if (emulated) {
+    model.emulate(config.train.emulated_step_ms);
+    log("device emulated: no compute; each step takes ", config.train.emulated_step_ms,
+        " ms and pushes gradients of ", Model::kEmulatedDecay,
+        " x the weights (docs/scaling.md): samples/s measure the network and the ps, accuracy "
+        "means nothing");
+  }
   if (!model.embeddings().empty() && precision == Precision::fp16)
     throw ConfigError(
         "train.precision fp16 with embedding layers: the loss scaler does not yet check the row "
@@ -174,7 +184,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     const double total = config.train.epochs * static_cast<double>(shard.size()) * n_workers;
     // `total` by value: it ends with this block, the hook lives on.
     hook = [&, total](std::uint64_t global, double epoch, double loss, double rate) {
-      evaluator->on_global_samples(global);
+      if (!emulated) evaluator->on_global_samples(global);
       ProgressFigures state;
       state.epoch = epoch;
       state.epochs = config.train.epochs;
@@ -201,10 +211,23 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
   // anyone evaluates or saves. Worker 0 goes on evaluating while slower
   // workers still train, so the accuracy curve has no gap at the end.
   ps.barrier("train-done", n_workers, [&](std::uint64_t global) {
-    if (evaluator) evaluator->on_global_samples(global);
+    if (evaluator && !emulated) evaluator->on_global_samples(global);
   });
 
-  if (evaluator) {
+  if (evaluator && emulated) {
+    progress.reset();
+    const std::uint64_t global = ps.heartbeat();
+    std::printf(
+        "final: device emulated (%g ms a step), no test accuracy; %llu global samples, "
+        "%.1f s\n",
+        config.train.emulated_step_ms, static_cast<unsigned long long>(global), summary.seconds);
+    std::fflush(stdout);
+    metrics.write(JsonObject()
+                      .add("event", "done")
+                      .add("emulated_step_ms", config.train.emulated_step_ms)
+                      .add("global_samples", global)
+                      .add("train_s", summary.seconds));
+  } else if (evaluator) {
     // After the barrier ps 0 has counted every worker's samples.
     const EvalPoint final_point = evaluator->evaluate_now(ps.heartbeat());
     gauges->set(final_point);

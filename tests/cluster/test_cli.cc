@@ -159,6 +159,16 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
        "pstrain: --index does not apply to --export-data"},
       {{"--export-data", (dir.path() / "out").string(), "--cluster", cluster},
        "pstrain: --export-data writes synthetic-ctr's samples; data.name is synthetic"},
+      {{"--plan", "1gbit", "--cluster", cluster},
+       "pstrain: --plan needs --step-ms MS, a worker's compute per step"},
+      {{"--plan", "fast", "--step-ms", "1", "--cluster", cluster},
+       "pstrain: --plan: 'fast' is not a rate"},
+      {{"--plan", "1gbit", "--step-ms", "0", "--cluster", cluster},
+       "pstrain: --step-ms and --apply-gbps must be positive"},
+      {{"--role", "ps", "--index", "0", "--step-ms", "1", "--cluster", cluster},
+       "pstrain: --step-ms and --apply-gbps apply only to --plan"},
+      {{"--plan", "1gbit", "--step-ms", "1", "--cluster", cluster, "--mode", "local"},
+       "pstrain: --plan: mode local is not modelled"},
   };
   for (const auto& c : cases) {
     INFO(c.expected);
@@ -166,6 +176,30 @@ TEST_CASE("cli: bad command lines exit 2 naming the problem") {
     CHECK(result.code == 2);
     CHECK(result.output.rfind(c.expected, 0) == 0);
   }
+}
+
+TEST_CASE("cli: --plan predicts every ps count and wire format and names the fewest ps") {
+  TempDir dir;
+  // The MLP (235,146 parameters), 8 workers on 100 Mbit links, a 100 ms
+  // step: one ps's link carries 8 x 0.94 MB each way per round (0.63 s),
+  // so more ps help until a worker's compute and own link (0.2 s) bind.
+  const auto result = run_cli(dir, {"--plan", "100mbit", "--step-ms", "100", "--cluster",
+                                    cluster_file(dir), "--set", "workers={count: 8}"});
+  REQUIRE_MESSAGE(result.code == 0, result.output);
+  INFO(result.output);
+  CHECK(result.output.find("model mlp (235,146 parameters") != std::string::npos);
+  CHECK(result.output.find("| 1 (this file) | ") != std::string::npos);
+  CHECK(result.output.find("ps link") != std::string::npos);
+  CHECK(result.output.find("worker: compute and its link") != std::string::npos);
+  // 8 ps spread the MLP's 4 chunks of 256 KiB (and its small ones) no
+  // better than 4 do, and neither beats the workers' bound: 4 or fewer
+  // are within 10%, 1 is not.
+  const std::regex fewest(R"(wire fp32: (\d) ps \()");
+  std::smatch m;
+  REQUIRE(std::regex_search(result.output, m, fewest));
+  CHECK(std::stoi(m[1]) > 1);
+  CHECK(std::stoi(m[1]) <= 4);
+  CHECK(result.output.find("wire bf16: ") != std::string::npos);
 }
 
 TEST_CASE("cli: --export-data writes synthetic-ctr's splits in Criteo's format") {

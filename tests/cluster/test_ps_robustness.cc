@@ -132,6 +132,32 @@ TEST_CASE("ps: malformed messages get error replies and change nothing") {
     cases.push_back({"push of bytes", {wire::encode_header(h), grad}, "f32"});
   }
   {
+    // net.compression's frames (shared/gradient_compression.h), malformed.
+    const auto compressed = [&](wire::DType type, std::vector<std::uint8_t> frame,
+                                Op op = Op::push) {
+      Header h = push;
+      h.op = op;
+      h.dtype = type;
+      h.elements = frame.size();
+      return std::vector<std::vector<std::uint8_t>>{wire::encode_header(h), std::move(frame)};
+    };
+    std::vector<std::uint8_t> three_claimed(4 + 2 * 8, 0);
+    three_claimed[0] = 3;
+    cases.push_back({"top-k count above what is sent", compressed(wire::DType::topk, three_claimed),
+                     "with 3 elements"});
+    std::vector<std::uint8_t> beyond(4 + 8, 0);
+    beyond[0] = 1;
+    beyond[4] = 16;  // index 16 of a chunk of 16
+    cases.push_back(
+        {"top-k index beyond the chunk", compressed(wire::DType::topk, beyond), "out of range"});
+    cases.push_back({"sign frame of the wrong size",
+                     compressed(wire::DType::sign, std::vector<std::uint8_t>(5, 0)),
+                     "sign frame of 5 bytes for 16 elements"});
+    cases.push_back({"assign of a compressed frame",
+                     compressed(wire::DType::sign, std::vector<std::uint8_t>(6, 0), Op::assign),
+                     "stored exactly"});
+  }
+  {
     // net.wire_dtype bf16 declared, an f32 gradient sent: its size is checked
     // against the declared dtype.
     Header h = push;

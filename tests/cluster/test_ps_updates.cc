@@ -16,6 +16,7 @@
 #include <zmq_addon.hpp>
 
 #include "client/ps/ps_client.h"
+#include "shared/gradient_compression.h"
 #include "shared/low_precision.h"
 #include "shared/optimizer.h"
 #include "shared/snapshot.h"
@@ -215,6 +216,59 @@ TEST_CASE("ps: bf16 and fp16 on the wire round bit-exactly each way; the ps keep
     expect_rounded(out);
     CHECK(bit_equal(pull_all(exact, "w", n), w));
   }
+}
+
+TEST_CASE("ps: compressed pushes are applied decoded, and error feedback loses nothing") {
+  // SGD at lr 1 over 2 ps: each push's decoded gradient, replayed here from
+  // the same compression, gives the ps's values bit for bit; and what the
+  // client still carries is exactly what the ps has not yet seen.
+  PsCluster cluster({.ps = 2, .workers = 1, .optimizer = "sgd", .lr = 1});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  constexpr std::size_t n = 40000;
+  for (const char* kind : {"topk:0.01", "sign"}) {
+    CAPTURE(kind);
+    PsClient plain(config, kTool, shard_map(config));
+    plain.hello();
+    plain.init(5);
+    auto options = client_options(config, 0);
+    options.compression = parse_compression(kind);
+    const ShardMap map = shard_map(config);
+    PsClient compressed(ps_addresses(config), map, config.run_id(), options);
+    compressed.hello();
+    std::vector<float> w = pull_all(plain, "w", n), carried(n, 0.0f), grad(n), out(n);
+    std::vector<std::uint8_t> frame;
+    std::vector<float> decoded;
+    for (int step = 0; step < 4; ++step) {
+      for (std::size_t i = 0; i < n; ++i)
+        grad[i] = std::sin(0.731f * static_cast<float>(i * (step + 1))) * 1.37f;
+      if (step % 2 == 0)
+        compressed.wait(compressed.push("w", grad));
+      else
+        compressed.wait(compressed.push_pull("w", grad, out));
+      // The same compression, chunk by chunk, and the ps's SGD step.
+      for (const auto& c : map.chunks(*map.find("w"))) {
+        const std::span<float> part = std::span<float>(carried).subspan(c.offset, c.count);
+        for (std::size_t i = 0; i < c.count; ++i) part[i] += grad[c.offset + i];
+        compress(options.compression, part, frame, part);
+        decoded.assign(c.count, 0.0f);
+        decompress(options.compression.kind, frame, decoded);
+        for (std::size_t i = 0; i < c.count; ++i) w[c.offset + i] -= decoded[i];
+      }
+      CHECK(bit_equal(pull_all(plain, "w", n), w));
+      if (step % 2 == 1) CHECK(bit_equal(out, w));  // push_pull's values come back as f32
+    }
+    // A fraction of float32's bytes went out.
+    const auto volume = compressed.push_volume();
+    CHECK(volume.float32 == 4 * n * 4);
+    if (options.compression.kind == Compression::Kind::topk)
+      CHECK(volume.sent <= volume.float32 * 2 / 100 + 4 * 16 * 8);
+    else
+      CHECK(volume.sent <= volume.float32 / 32 + 4 * 16 * 5);
+  }
+  PsClient check(config, kTool, shard_map(config));
+  for (std::uint32_t s = 0; s < 2; ++s)
+    CHECK(check.stats(s).find("\"errors\":0") != std::string::npos);
 }
 
 TEST_CASE("ps client: a chunk request's priority is its variable's place, layer 0's first") {

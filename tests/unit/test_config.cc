@@ -106,6 +106,23 @@ TEST_CASE("config: train.pipeline, train.trace_* and optimizer.staleness_lr") {
                        doctest::Contains("train.trace_steps"), ConfigError);
 }
 
+TEST_CASE("config: emulated workers need train.emulated_step_ms, which needs them") {
+  const auto c = parse(kMinimal, {"workers.device=emulated", "train.emulated_step_ms=12.5"});
+  CHECK(c.workers.at(1).device == Device::emulated);
+  CHECK(c.train.emulated_step_ms == 12.5);
+  const auto again = parse(c.to_yaml());
+  CHECK(again.workers.at(0).device == Device::emulated);
+  CHECK(again.train.emulated_step_ms == 12.5);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"workers.device=emulated"}),
+                       doctest::Contains("train.emulated_step_ms: give the time"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"train.emulated_step_ms=5"}),
+                       doctest::Contains("there is none"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kMinimal, {"workers.device=emulated", "train.emulated_step_ms=-1"}),
+                       doctest::Contains("train.emulated_step_ms"), ConfigError);
+  // An emulated worker sleeps: it takes none of its host's cores from the ps.
+  CHECK(ps_apply_threads(c, 0, 4) == 2);
+}
+
 TEST_CASE("config: net.io_threads, and the I/O threads a process gets") {
   CHECK(parse(kMinimal).net.io_threads == 0);
   const auto c = parse(kMinimal, {"net.io_threads=3"});
@@ -552,8 +569,10 @@ TEST_CASE("config: bad files name the key and the problem") {
       {"ps: [{host: a, port: 1}]\nworkers: []\n", {}, "t.yaml: workers: expected a non-empty list"},
       {"ps: [{host: a, port: 1}]\nworkers: [{device: gpu}]\n",
        {},
-       "t.yaml: workers.0.device: expected cpu, cuda or auto, got 'gpu'"},
-      {m, {"workers.device=tpu"}, "t.yaml: workers.device: expected cpu, cuda or auto, got 'tpu'"},
+       "t.yaml: workers.0.device: expected cpu, cuda, auto or emulated, got 'gpu'"},
+      {m,
+       {"workers.device=tpu"},
+       "t.yaml: workers.device: expected cpu, cuda, auto or emulated, got 'tpu'"},
       // enumerations
       {m + "mode: lazy\n",
        {},

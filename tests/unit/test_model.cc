@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -173,6 +174,48 @@ TEST_CASE("model: end-to-end gradients match finite differences") {
       INFO(model.variables()[v].name << "[" << e << "]");
       CHECK(std::abs(numeric - analytic[e]) <= 3e-3 * (1 + std::abs(numeric)));
     }
+  }
+}
+
+TEST_CASE("model: an emulated step computes nothing, takes its time, and issues decay gradients") {
+  auto backend = make_cpu_backend(1);
+  Model model(preset("mlp"), *backend, {}, 10, 8);
+  model.initialize(5);
+  CHECK_FALSE(model.emulated());
+  CHECK_THROWS_AS(model.emulate(0), std::invalid_argument);
+  model.emulate(30);
+  REQUIRE(model.emulated());
+  // Whatever the input: nothing reads it.
+  std::fill_n(model.input_buffer(), 8 * 28 * 28, std::nanf(""));
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  std::vector<std::size_t> order;
+  std::vector<double> issued_ms;
+  model.forward_backward(8, [&](std::size_t i) {
+    order.push_back(i);
+    issued_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  });
+  const double took = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  // The whole step, and the forward's third before the first gradient: a
+  // sleep lasts at least as long as asked, however loaded the machine.
+  CHECK(took >= 30);
+  REQUIRE(!issued_ms.empty());
+  CHECK(issued_ms.front() >= 10);
+  std::vector<std::size_t> expected(model.variables().size());
+  for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = expected.size() - 1 - i;
+  CHECK(order == expected);
+  for (std::size_t v = 0; v < model.variables().size(); ++v) {
+    INFO(model.variables()[v].name);
+    const float* w = model.param(v).data();
+    const float* g = model.grad(v).data();
+    std::size_t exact = 0;
+    for (std::size_t e = 0; e < model.variables()[v].size; ++e)
+      exact += g[e] == Model::kEmulatedDecay * w[e] ? 1 : 0;
+    CHECK(exact == model.variables()[v].size);
+  }
+  for (int i = 0; i < 8; ++i) {
+    CHECK(model.loss_buffer()[i] == 0);
+    CHECK(model.correct_buffer()[i] == 0);
   }
 }
 

@@ -209,8 +209,12 @@ TEST_CASE("protocol: bf16 and fp16 frames hold 2 bytes per value; others are ref
   CHECK_FALSE(half_format(DType::f32).has_value());
   CHECK_FALSE(is_float(DType::bytes));
   Header h;
-  h.dtype = static_cast<DType>(4);
-  CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("unknown dtype 4"),
+  CHECK(is_compressed(DType::topk));
+  CHECK(is_compressed(DType::sign));
+  CHECK_FALSE(is_compressed(DType::f32));
+  CHECK_FALSE(is_float(DType::topk));
+  h.dtype = static_cast<DType>(6);
+  CHECK_THROWS_WITH_AS(decode(encode_header(h)), doctest::Contains("unknown dtype 6"),
                        ProtocolError);
   // The largest 16-bit payload is twice as many values as the largest f32 one.
   h.dtype = DType::bf16;

@@ -1,7 +1,7 @@
 """pstrain's Python tools. The commands are thin scripts beside this package
-(tools/launch, tools/compare, tools/bench, tools/trace, tools/report.py;
-installed as pstrain-launch, pstrain-compare, pstrain-bench and
-pstrain-trace) that call a module's
+(tools/launch, tools/compare, tools/bench, tools/trace, tools/netlab,
+tools/report.py; installed as pstrain-launch, pstrain-compare,
+pstrain-bench, pstrain-trace and pstrain-netlab) that call a module's
 main(); the modules:
 
   launch             the launcher: its command line, the cluster's processes
@@ -23,6 +23,8 @@ main(); the modules:
                      side
   trace              reads the timelines of `pstrain --trace`: merges a
                      run's, breaks a step down into its parts
+  netlab             hosts as network namespaces with shaped links, for
+                     multi-host runs on one machine
 
 The benchmarks themselves live in bench/: the C++ ones and the Python ones
 (bench_torch.py, the PyTorch peers; bench_recovery.py).
