@@ -42,7 +42,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from pstrain_tools import paths  # noqa: E402
+from pstrain_tools import netlab, paths  # noqa: E402
 
 NETLAB = os.path.join(paths.TOOLS, "netlab")
 # The forward and backward of a batch of 64 (ctr: 128), ms, measured with
@@ -172,7 +172,7 @@ def write_report(out, rows):
         return
     for model in sorted({r["model"] for r in rows}):
         cells = [r for r in rows if r["model"] == model and r["mode"] == "async"]
-        rates = sorted({r["rate"] for r in cells}, key=_rate_bits)
+        rates = sorted({r["rate"] for r in cells}, key=netlab.parse_rate)
         if not rates:
             continue
         fig, axes = plt.subplots(1, len(rates), figsize=(4.5 * len(rates), 3.6), squeeze=False)
@@ -191,14 +191,6 @@ def write_report(out, rows):
         fig.tight_layout()
         fig.savefig(os.path.join(out, f"scaling-{model}.png"), dpi=110)
         plt.close(fig)
-
-
-def _rate_bits(rate):
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * scale
-    return 0
 
 
 def main():
