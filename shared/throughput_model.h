@@ -11,14 +11,20 @@
 // weights back, variable by variable (async, ssp, backup); a ps gets its
 // shard's share (ShardMap::bytes_on) from every worker and applies it. A
 // round of W worker steps is bound by the slowest of:
-//   - a worker:  the compute, then its push and pull on its own link (the
-//                two directions overlap; one chunk's reply waits for its
-//                push), nothing hidden under the backward;
+//   - a worker:  its step and its own link, simulated chunk by chunk: the
+//                forward takes a third of step_ms and the backward the rest,
+//                each variable's gradient (the last variable first) ready
+//                after a share of the backward proportional to its size;
+//                a chunk is pushed when its gradient is ready and the link
+//                is free, and its new weights come back on the other
+//                direction once the push has arrived; the next step starts
+//                when the last reply is in;
 //   - a ps link: W x its shard, each way, on the busiest ps's link;
 //   - a ps apply: W x its shard through the optimizer at apply_bytes_per_s.
-// Mode sync all-reduces float32 gradients between the workers in a ring
-// (2 (W-1)/W of the gradient each way per worker) after the compute, and
-// worker 0 writes the weights to the servers every sync_every steps.
+// Mode sync all-reduces float32 gradients between the workers in a ring,
+// 2 (W-1)/W of each chunk's bytes each way per worker, chunk by chunk as the
+// backward produces them (the chunks stand in for sync's 256 KiB buckets),
+// and worker 0 writes the weights to the servers every sync_every steps.
 // Not modelled: the CPU the kernel spends on the bytes (a host whose cores
 // are busy with compute moves less), latency beyond a chunk's time, and
 // embedding rows.

@@ -219,7 +219,7 @@ int run_worker_role(const ClusterConfig& config, std::uint32_t index) {
     const std::uint64_t global = ps.heartbeat();
     std::printf(
         "final: device emulated (%g ms a step), no test accuracy; %llu global samples, "
-        "%.1f s\n",
+        "%.3f s\n",
         config.train.emulated_step_ms, static_cast<unsigned long long>(global), summary.seconds);
     std::fflush(stdout);
     metrics.write(JsonObject()

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <stdexcept>
+#include <utility>
 
 #include "shared/throughput_model.h"
 
@@ -49,6 +50,27 @@ TEST_CASE("throughput model: one ps is bound by its link, two by the workers'") 
   in.wire_bytes_per_value = 2;
   p = predict_throughput(in);
   CHECK(p.round_ms == doctest::Approx(2 + (model + 256 * 1024) / 2 / link * 1000));
+}
+
+TEST_CASE("throughput model: a late layer's push is hidden under the backward of the early ones") {
+  // Variable 0: 4 MiB (16 chunks), its gradient ready at the step's end;
+  // variable 1: one chunk of 256 KiB, ready after 1/17 of the backward.
+  auto in = one_variable(1 << 20);
+  in.variables.push_back({"b", 1 << 16, {}});
+  in.servers = 2;
+  in.step_ms = 30;
+  const double chunk = 256.0 * 1024, link = payload(1e9);
+  const auto p = predict_throughput(in);
+  CHECK(p.limit == "worker: compute and its link");
+  // Variable 1's push and reply end long before the backward does (11.2 ms
+  // + 2 chunk times); variable 0's 16 chunks leave at 30 ms, and the last
+  // one's reply follows them.
+  CHECK(p.round_ms == doctest::Approx(30 + 17 * chunk / link * 1000));
+  // Not hidden: the small variable produced last, after the big one whose
+  // 16 chunks leave from 16/17 of the backward on.
+  std::swap(in.variables[0], in.variables[1]);
+  CHECK(predict_throughput(in).round_ms ==
+        doctest::Approx(10 + 20.0 * 16 / 17 + 18 * chunk / link * 1000));
 }
 
 TEST_CASE("throughput model: a slow optimizer binds the ps") {

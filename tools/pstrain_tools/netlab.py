@@ -148,9 +148,15 @@ def free_subnet():
 def tbf(rate_bits):
     """tc arguments shaping a link to `rate_bits`: a bucket of 4 ms of the
     rate (at least 64 KiB, one offloaded segment) so that the rate holds over
-    any window of more than a few ms, and 50 ms of queue."""
+    any window of more than a few ms, and 50 ms of queue. The second bucket
+    (peakrate, 1% over the rate, 128 KiB: two offloaded segments) keeps a
+    host that idled from spending its saved 4 ms at once, faster than any
+    wire: without it, one MLP worker, whose link idles while it computes and
+    waits for its last reply, stepped 1.39x faster on a 1 Gbit lab link
+    (8,000 samples/s against 5,754) than a wire would let it."""
     burst = max(64 * 1024, rate_bits // 8 // 250)
-    return ["tbf", "rate", f"{rate_bits}bit", "burst", str(burst), "latency", "50ms"]
+    return ["tbf", "rate", f"{rate_bits}bit", "burst", str(burst), "latency", "50ms",
+            "peakrate", f"{rate_bits * 101 // 100}bit", "mtu", "131072"]
 
 
 class Lab:
