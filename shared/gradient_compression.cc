@@ -7,6 +7,8 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "shared/all_finite.h"
+
 namespace pstrain {
 namespace {
 
@@ -22,20 +24,57 @@ T get(std::span<const std::uint8_t> frame, std::size_t at) {
   return value;
 }
 
+// Whether element a goes before b in top-k's choice: larger magnitude, ties
+// to the lower index (the same choice everywhere).
+bool ahead(std::span<const float> v, std::uint32_t a, std::uint32_t b) {
+  const float x = std::abs(v[a]), y = std::abs(v[b]);
+  return x > y || (x == y && a < b);
+}
+
+// The indices of the k elements of `v` that go first, in index order, into
+// `order`. A full selection over a chunk costs about 1 ms at the default
+// chunk size, so for k well below n a sample of every stride-th element
+// picks a magnitude t that about 2k elements reach; the elements reaching t
+// are the candidates. When there are at least k of them, the k-th largest
+// magnitude is at least t, so every element of the choice is a candidate
+// and selecting among them gives exactly the full selection's indices; when
+// the sample was unlucky (fewer than k), the full selection runs.
+void select_topk(std::span<const float> v, std::size_t k, std::vector<std::uint32_t>& order) {
+  constexpr std::size_t kSample = 1024;
+  const std::size_t n = v.size();
+  const auto by_rank = [&](std::uint32_t a, std::uint32_t b) { return ahead(v, a, b); };
+  order.clear();
+  if (n >= 4 * kSample && k * 8 <= n) {
+    const std::size_t stride = n / kSample;
+    thread_local std::vector<float> sample;
+    sample.resize(kSample);
+    for (std::size_t j = 0; j < kSample; ++j) sample[j] = std::abs(v[j * stride]);
+    const std::size_t rank = std::min(kSample - 1, 2 * k * kSample / n + 4);
+    std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank),
+                     sample.end(), std::greater<>());
+    const float t = sample[rank];
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::abs(v[i]) >= t) order.push_back(static_cast<std::uint32_t>(i));
+    if (order.size() < k) order.clear();
+  }
+  if (order.empty()) {
+    order.resize(n);
+    std::iota(order.begin(), order.end(), 0u);
+  }
+  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                   by_rank);
+  order.resize(k);
+  std::ranges::sort(order);
+}
+
 void compress_topk(double ratio, std::span<const float> v, std::vector<std::uint8_t>& out,
                    std::span<float> residual) {
   const std::size_t n = v.size(), k = topk_count(ratio, n);
-  std::vector<std::uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  // The k largest magnitudes (ties to the lower index: the same choice
-  // everywhere), then in index order for the ps's sequential scatter.
-  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) {
-                     const float x = std::abs(v[a]), y = std::abs(v[b]);
-                     return x > y || (x == y && a < b);
-                   });
-  order.resize(k);
-  std::ranges::sort(order);
+  // Reused: a chunk's index list is 256 KiB at the default chunk size, above
+  // malloc's mmap threshold, so a fresh one per push would map, fault in and
+  // unmap 64 pages every time.
+  thread_local std::vector<std::uint32_t> order;
+  select_topk(v, k, order);
   out.assign(sizeof(std::uint32_t) + k * (sizeof(std::uint32_t) + sizeof(float)), 0);
   put(out, 0, static_cast<std::uint32_t>(k));
   const std::size_t values = sizeof(std::uint32_t) * (1 + k);
@@ -103,6 +142,9 @@ void compress(const Compression& c, std::span<const float> v, std::vector<std::u
               std::span<float> residual) {
   if (residual.size() != v.size())
     throw std::invalid_argument("compress: the residual must be as long as the gradient");
+  // Refused here as the ps refuses a float32 one: top-k would never pick a
+  // NaN and would carry it unseen in the residual forever.
+  if (!all_finite(v)) throw std::invalid_argument("compress: the gradient has a non-finite value");
   switch (c.kind) {
     case Compression::Kind::topk:
       return compress_topk(c.ratio, v, out, residual);

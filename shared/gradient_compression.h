@@ -17,7 +17,7 @@
 //   the mean |v|, and one bit per element (1: negative), each element
 //   decoded as +-scale; 1/32 of the bytes.
 //
-// Thread rules: none (pure functions).
+// Thread rules: none (pure functions; top-k keeps a scratch list per thread).
 #include <cstdint>
 #include <span>
 #include <string>
@@ -44,7 +44,8 @@ std::size_t topk_count(double ratio, std::size_t n);
 
 // Encodes `v` (one chunk's gradient plus its carried error) as `kind`
 // into `out` (replacing its contents) and writes into `residual` (v.size()
-// floats; may alias v) what the ps will not see: v - decode(out).
+// floats; may alias v) what the ps will not see: v - decode(out). Throws
+// std::invalid_argument when v holds a NaN or an infinity.
 void compress(const Compression& compression, std::span<const float> v,
               std::vector<std::uint8_t>& out, std::span<float> residual);
 

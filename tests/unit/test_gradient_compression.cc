@@ -3,6 +3,7 @@
 // nothing is lost over many steps, and malformed frames refused by name.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -55,6 +56,53 @@ TEST_CASE("gradient compression: top-k sends the largest, keeps the rest exactly
   std::vector<float> w = v;
   compress(parse_compression("topk:0.5"), w, frame, w);
   CHECK(w == residual);
+}
+
+TEST_CASE("gradient compression: top-k of a whole chunk is the full sort's choice, ties and all") {
+  // 65,536 values on a grid of 0.01 (many ties); the elements a full sort
+  // puts first (magnitude, then the lower index) are what must be sent,
+  // whether the sampled threshold finds them or the full selection does.
+  const std::size_t n = 1 << 16;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (auto& x : v) x = std::round(normal(rng) * 100) / 100;
+  // Unlucky for the sample: every 64th element (those sampled) large, the
+  // rest small, so fewer than k elements reach its threshold.
+  std::vector<float> skewed(n, 0.001f);
+  for (std::size_t i = 0; i < n; i += 64) skewed[i] = 1 + static_cast<float>(i % 7);
+  for (const auto* values : {&v, &skewed}) {
+    for (const double ratio : {0.001, 0.01, 0.05, 0.1, 0.5}) {
+      INFO("ratio " << ratio << (values == &skewed ? ", skewed" : ""));
+      const std::size_t k = topk_count(ratio, n);
+      std::vector<std::uint32_t> expected(n);
+      for (std::uint32_t i = 0; i < n; ++i) expected[i] = i;
+      std::ranges::stable_sort(expected, [&](std::uint32_t a, std::uint32_t b) {
+        return std::abs((*values)[a]) > std::abs((*values)[b]);
+      });
+      expected.resize(k);
+      std::ranges::sort(expected);
+      std::vector<std::uint8_t> frame;
+      std::vector<float> residual(n);
+      compress(Compression{Compression::Kind::topk, ratio}, *values, frame, residual);
+      REQUIRE(frame.size() == 4 + k * 8);
+      std::vector<std::uint32_t> sent(k);
+      std::memcpy(sent.data(), frame.data() + 4, k * 4);
+      CHECK(sent == expected);
+    }
+  }
+}
+
+TEST_CASE("gradient compression: a non-finite gradient is refused, not carried") {
+  std::vector<float> v(1 << 14, 0.5f);
+  std::vector<std::uint8_t> frame;
+  std::vector<float> residual(v.size());
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    v[777] = bad;
+    for (const char* kind : {"topk:0.01", "sign"})
+      CHECK_THROWS_WITH_AS(compress(parse_compression(kind), v, frame, residual),
+                           doctest::Contains("non-finite"), std::invalid_argument);
+  }
 }
 
 TEST_CASE("gradient compression: sign sends the mean magnitude and one bit an element") {
