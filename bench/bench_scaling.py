@@ -25,7 +25,8 @@ than 20%).
 
 Writes DIR/rows.jsonl (one line a cell), DIR/scaling.md (the tables) and
 DIR/scaling-MODEL.png (samples/s against workers, a line per ps count, a
-panel per rate; the mode async).
+panel per rate; the mode async). --report-only redraws them from
+rows.jsonl with each cell predicted again by the planner of this build.
 """
 
 import argparse
@@ -143,6 +144,22 @@ def run_cell(args, binary, hosts, model, mode, workers, servers, max_servers, st
     return row
 
 
+def repredict(rows, binary):
+    """Each cell's prediction again, by this build's planner, from the cell's
+    own cluster file (the addresses do not matter to it)."""
+    hosts = [f"198.18.0.{i}" for i in range(1, 254)]
+    with tempfile.TemporaryDirectory(prefix="pstrain-scaling-") as tmp:
+        cluster = os.path.join(tmp, "cluster.yaml")
+        for r in rows:
+            servers = r["servers"]
+            with open(cluster, "w") as f:
+                yaml.safe_dump(cell_config(hosts, r["model"], r["mode"], r["workers"], servers,
+                                           servers, r["steps"], r["step_ms"]), f)
+            r["predicted"], r["predicted_limit"] = predict(binary, cluster, r["rate"],
+                                                           r["step_ms"], servers)
+    return rows
+
+
 def load_rows(out):
     with open(os.path.join(out, "rows.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -205,7 +222,8 @@ def main():
     p.add_argument("--cell-timeout", type=float, default=600)
     p.add_argument("--out", default="scaling")
     p.add_argument("--inside", metavar="RATE", help=argparse.SUPPRESS)
-    p.add_argument("--report-only", action="store_true", help="redraw from DIR/rows.jsonl")
+    p.add_argument("--report-only", action="store_true",
+                   help="redraw from DIR/rows.jsonl, predicted again by this build's planner")
     args = p.parse_args()
     args.workers = [int(x) for x in args.workers.split(",")]
     args.servers = [int(x) for x in args.servers.split(",")]
@@ -236,7 +254,10 @@ def main():
             if r.returncode != 0:
                 print(f"bench_scaling: the lab at {rate} ended with {r.returncode}",
                       file=sys.stderr)
-    write_report(args.out, load_rows(args.out))
+    rows = load_rows(args.out)
+    if args.report_only:
+        rows = repredict(rows, os.environ.get("PSTRAIN", paths.BINARY))
+    write_report(args.out, rows)
     print(open(os.path.join(args.out, "scaling.md")).read())
     return 0
 

@@ -22,21 +22,25 @@ constexpr double kFraming = 1514.0 / 1448.0;
 // and the link is free and takes `seconds_per_byte` of it per byte; with
 // `replies`, its new weights come back on the other direction once it has
 // arrived. The step ends when the compute and the last chunk (or reply) do.
-double worker_step_s(const ShardMap& map, double step_s, double seconds_per_byte, bool replies) {
+// `rows_s`: the embedding rows' time on the link each way, pulled before
+// the forward and pushed after the backward.
+double worker_step_s(const ShardMap& map, double step_s, double seconds_per_byte, bool replies,
+                     double rows_s = 0) {
   const auto& variables = map.variables();
   double total = 0;
   for (const auto& v : variables) total += static_cast<double>(v.size);
-  double produced = 0, sent = 0, done = 0;
+  double produced = 0, sent = rows_s, done = rows_s;
   for (std::size_t i = variables.size(); i-- > 0;) {
     produced += static_cast<double>(variables[i].size);
-    const double ready = step_s / 3 + step_s * 2 / 3 * produced / total;
+    const double ready = rows_s + step_s / 3 + step_s * 2 / 3 * produced / total;
     for (const ChunkRef& c : map.chunks(static_cast<std::uint32_t>(i))) {
       const double seconds = static_cast<double>(c.count * sizeof(float)) * seconds_per_byte;
       sent = std::max(sent, ready) + seconds;
       done = replies ? std::max(done, sent) + seconds : sent;
     }
   }
-  return std::max(done, step_s);
+  if (rows_s > 0) done = std::max(done, std::max(sent, rows_s + step_s) + rows_s);
+  return std::max(done, rows_s + step_s);
 }
 
 }  // namespace
@@ -45,7 +49,7 @@ ThroughputPrediction predict_throughput(const ThroughputInput& in) {
   if (in.workers == 0 || in.servers == 0 || in.variables.empty())
     throw std::invalid_argument("throughput model: needs workers, servers and variables");
   if (!(in.link_bits_per_s > 0) || !(in.step_ms > 0) || !(in.apply_bytes_per_s > 0) ||
-      !(in.wire_bytes_per_value > 0))
+      !(in.wire_bytes_per_value > 0) || !(in.row_bytes >= 0))
     throw std::invalid_argument(
         "throughput model: the link rate, step time and apply rate must be positive");
   const double link = in.link_bits_per_s / 8 / kFraming;  // payload bytes/s each way
@@ -59,15 +63,21 @@ ThroughputPrediction predict_throughput(const ThroughputInput& in) {
   const double compute_s = in.step_ms / 1000;
 
   std::vector<std::pair<double, const char*>> bounds;
+  const double rows_per_ps = in.row_bytes / in.servers;
   if (in.allreduce) {
     const double ring = 2 * (workers - 1) / workers / link;  // seconds a gradient byte
     const double writes = model_bytes * wire / link / std::max<std::uint32_t>(in.sync_every, 1);
-    bounds = {{worker_step_s(map, compute_s, ring, false) + writes,
-               workers > 1 ? "worker: compute and all-reduce" : "compute"}};
+    bounds = {{worker_step_s(map, compute_s, ring, false, in.row_bytes / link) + writes,
+               workers > 1        ? "worker: compute and all-reduce"
+               : in.row_bytes > 0 ? "worker: compute and its link"
+                                  : "compute"},
+              {workers * rows_per_ps / link, "ps link"}};
   } else {
-    bounds = {{worker_step_s(map, compute_s, wire / link, true), "worker: compute and its link"},
-              {workers * static_cast<double>(busiest) * wire / link, "ps link"},
-              {workers * static_cast<double>(busiest) / in.apply_bytes_per_s, "ps apply"}};
+    bounds = {{worker_step_s(map, compute_s, wire / link, true, in.row_bytes / link),
+               "worker: compute and its link"},
+              {workers * (static_cast<double>(busiest) * wire + rows_per_ps) / link, "ps link"},
+              {workers * (static_cast<double>(busiest) + rows_per_ps) / in.apply_bytes_per_s,
+               "ps apply"}};
   }
   const auto slowest = std::ranges::max_element(
       bounds, [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -25,9 +25,11 @@
 // 2 (W-1)/W of each chunk's bytes each way per worker, chunk by chunk as the
 // backward produces them (the chunks stand in for sync's 256 KiB buckets),
 // and worker 0 writes the weights to the servers every sync_every steps.
-// Not modelled: the CPU the kernel spends on the bytes (a host whose cores
-// are busy with compute moves less), latency beyond a chunk's time, and
-// embedding rows.
+// Embedding rows (row_bytes): pulled before the forward, so the forward
+// waits for them, and pushed after the backward, float32 both ways, their
+// share of every ps's link and apply. Not modelled: the CPU the kernel
+// spends on the bytes (a host whose cores are busy with compute moves less),
+// latency beyond a chunk's time, and a prefetch of the next batch's rows.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -49,6 +51,10 @@ struct ThroughputInput {
   double apply_bytes_per_s = 4e9;   // float32 gradient one ps applies per second
   bool allreduce = false;           // mode sync
   std::uint32_t sync_every = 50;    // sync: steps between worker 0's writes
+  // Embedding rows a worker pulls before a step's forward and whose
+  // gradients it pushes after the backward, float32 bytes each way (the
+  // batch's unique rows, spread evenly over the servers).
+  double row_bytes = 0;
 };
 
 struct ThroughputPrediction {

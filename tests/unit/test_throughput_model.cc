@@ -73,6 +73,23 @@ TEST_CASE("throughput model: a late layer's push is hidden under the backward of
         doctest::Approx(10 + 20.0 * 16 / 17 + 18 * chunk / link * 1000));
 }
 
+TEST_CASE("throughput model: embedding rows come before the forward and go after the backward") {
+  auto in = one_variable(1 << 20);  // 4 MiB of dense weights, 16 chunks
+  in.row_bytes = 1 << 20;           // and 1 MiB of rows each way a step
+  in.servers = 2;
+  const double mib = 1 << 20, link = payload(1e9);
+  auto p = predict_throughput(in);
+  // Rows pulled (1 MiB), the step, the 16 dense chunks, then the rows'
+  // gradients (1 MiB) after the last chunk; its reply (256 KiB) is hidden.
+  CHECK(p.limit == "worker: compute and its link");
+  CHECK(p.round_ms == doctest::Approx(2 + 6 * mib / link * 1000));
+  // One ps takes both workers' dense weights and rows each way.
+  in.servers = 1;
+  p = predict_throughput(in);
+  CHECK(p.limit == "ps link");
+  CHECK(p.round_ms == doctest::Approx(2 * 5 * mib / link * 1000));
+}
+
 TEST_CASE("throughput model: a slow optimizer binds the ps") {
   auto in = one_variable(1 << 20);
   in.servers = 4;
