@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,19 @@ def write_report(out, rows):
     lines.append("")
     lines.append(f"The planner within 20% of the measured samples/s in {len(good)} of "
                  f"{len(within)} cells.")
+    # Where it holds and where not, by rate, model and mode: the median error
+    # and the cells within 20%.
+    lines += ["", "| rate | model | mode | cells within 20% | median error |",
+              "|---|---|---|---|---|"]
+    groups = {}
+    for r in within:
+        groups.setdefault((r["rate"], r["model"], r["mode"]), []).append(
+            r["samples_per_s"] / r["predicted"] - 1)
+    for (rate, model, mode), errors in sorted(
+            groups.items(), key=lambda g: (netlab.parse_rate(g[0][0]), g[0][1], g[0][2])):
+        inside = sum(abs(e) <= 0.2 for e in errors)
+        lines.append(f"| {rate} | {model} | {mode} | {inside} of {len(errors)} | "
+                     f"{statistics.median(errors):+.0%} |")
     with open(os.path.join(out, "scaling.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:

@@ -73,8 +73,39 @@ os.execvp(sys.argv[3], sys.argv[3:])
 """
 
 
+# Runs in a lab's console beside tools/launch: scrapes every metrics URL of
+# RUN_DIR's prometheus_targets.json once, across the lab's links, and
+# writes {target: text} to OUT (what it could read within 120 s).
+SCRAPE = r"""
+import json, os, sys, time, urllib.request
+run_dir, out = sys.argv[1], sys.argv[2]
+path = os.path.join(run_dir, "prometheus_targets.json")
+scraped, targets, deadline = {}, None, time.time() + 120
+while time.time() < deadline and (targets is None or set(targets) - set(scraped)):
+    try:
+        with open(path) as f:
+            targets = [t for group in json.load(f) for t in group["targets"]]
+    except (OSError, ValueError):
+        pass
+    for target in set(targets or ()) - set(scraped):
+        try:
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=2) as r:
+                scraped[target] = r.read().decode()
+        except OSError:
+            pass
+    time.sleep(0.2)
+with open(out, "w") as f:
+    json.dump(scraped, f)
+"""
+
+
 def lab_namespaces(name):
     return {ns for ns in netlab.namespaces() if ns.startswith(name + "-")}
+
+
+def p_host(record, name):
+    """The host launch.json gives process `name`."""
+    return next(p["host"] for p in record["processes"] if p["name"] == name)
 
 
 class PeaksTest(unittest.TestCase):
@@ -115,17 +146,24 @@ class NetlabTest(unittest.TestCase):
         self.assertEqual(lab_namespaces(self.name), set(), "namespaces left behind")
         self.assertFalse(os.path.exists(netlab.lab_dir(self.name)), "the lab's record is left")
 
-    def launch_in_lab(self, doc, run_dir, hosts, rate, *options):
-        """tools/launch of `doc` (hosts written @h1@, @h2@, ...) in a lab."""
+    def launch_in_lab(self, doc, run_dir, hosts, rate, *options, scrape_to=None):
+        """tools/launch of `doc` (hosts written @h1@, @h2@, ...) in a lab;
+        with `scrape_to`, SCRAPE beside it from the console."""
         template = os.path.join(self.tmp.name, "template.yaml")
         with open(template, "w") as f:
             yaml.safe_dump(doc, f)
+        cluster = os.path.join(self.tmp.name, "cluster.yaml")
+        launch = [sys.executable, os.path.join(support.TOOLS, "launch"), cluster, "--run-dir",
+                  run_dir, "--max-restarts", "0"]
+        if scrape_to:
+            scrape = os.path.join(self.tmp.name, "scrape.py")
+            with open(scrape, "w") as f:
+                f.write(SCRAPE)
+            launch = ["sh", "-c", f'{sys.executable} {scrape} {run_dir} {scrape_to} & exec "$@"',
+                      "sh"] + launch
         return self.netlab("run", "--hosts", str(hosts), "--rate", rate, "--name", self.name,
-                           *options, "--", sys.executable, self.in_lab, template,
-                           os.path.join(self.tmp.name, "cluster.yaml"), sys.executable,
-                           os.path.join(support.TOOLS, "launch"),
-                           os.path.join(self.tmp.name, "cluster.yaml"), "--run-dir", run_dir,
-                           "--max-restarts", "0")
+                           *options, "--", sys.executable, self.in_lab, template, cluster,
+                           *launch)
 
     def peaks(self, stderr):
         """{host: (sent, received)} Mbit/s, from the tool's summary."""
@@ -164,14 +202,20 @@ class NetlabTest(unittest.TestCase):
 
     def test_the_default_job_trains_across_hosts_through_sshd(self):
         # A ps on h1, both workers on h2: every byte of the model crosses
-        # the 200 Mbit link, through sshd in each namespace as users' ssh.
+        # the 200 Mbit link, through sshd in each namespace as users' ssh,
+        # under CURVE (each process's key handed over ssh), each process's
+        # metrics scraped from the console across the lab.
         with open(os.path.join(support.ROOT, "cluster.yaml")) as f:
             doc = yaml.safe_load(f)
         doc["ps"] = [{"host": "@h1@", "port": 7100}, {"host": "@h1@", "port": 7101}]
         doc["workers"] = {"count": 2, "host": "@h2@"}
+        doc["security"] = {"curve": True}
+        doc["metrics"] = {"enabled": True, "port_base": 9400}
         run_dir = os.path.join(self.tmp.name, "run")
+        scraped_file = os.path.join(self.tmp.name, "scraped.json")
         r = self.launch_in_lab(doc, run_dir, 2, LINK, "--ssh", "--stats",
-                               os.path.join(self.tmp.name, "stats.jsonl"))
+                               os.path.join(self.tmp.name, "stats.jsonl"),
+                               scrape_to=scraped_file)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         found = re.findall(r"final test accuracy (\d+\.\d+)", r.stdout + r.stderr)
         self.assertTrue(found, r.stdout[-3000:])
@@ -183,7 +227,20 @@ class NetlabTest(unittest.TestCase):
         record = support.read_json(os.path.join(run_dir, "launch.json"))
         h1 = {p["host"] for p in record["processes"] if p["name"].startswith("ps")}
         self.assertEqual(len(h1), 1)
-        self.assertIn(h1.pop(), support.read_text(os.path.join(run_dir, "ps0.log")))
+        h1 = h1.pop()
+        ps0_log = support.read_text(os.path.join(run_dir, "ps0.log"))
+        self.assertIn(h1, ps0_log)
+        self.assertIn(", CURVE)", ps0_log)
+        # Every process's metrics URL names its own host, and answered there.
+        urls = {p["name"]: p["metrics_url"] for p in record["processes"]}
+        self.assertEqual(len(urls), 4, record)
+        scraped = support.read_json(scraped_file)
+        for name, url in urls.items():
+            target = url.split("/")[2]
+            self.assertEqual(target.split(":")[0], p_host(record, name))
+            self.assertIn(target, scraped, f"{name} at {url} never answered: {scraped.keys()}")
+            self.assertIn("pstrain_", scraped[target])
+        self.assertNotEqual(p_host(record, "worker0"), h1)
         self.assert_link_rate_held(r.stderr, "h1")
         self.assert_nothing_left()
 
