@@ -27,9 +27,8 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from pstrain_tools import paths, report  # noqa: E402
+from pstrain_tools import netlab, paths, report  # noqa: E402
 
-NETLAB = os.path.join(paths.TOOLS, "netlab")
 HOSTS = 4  # ps 0 and 1, then workers 0 and 1, each on a host of its own
 
 
@@ -76,6 +75,7 @@ def run_variant(args, hosts, variant):
 
 def inside(args):
     """In a lab's console: every variant at one rate, each a line of rows.jsonl."""
+    args.rate = args.inside
     hosts = os.environ["NETLAB_HOSTS"].split()
     with open(os.path.join(args.out, "rows.jsonl"), "a") as rows:
         for variant in args.variants:
@@ -120,19 +120,13 @@ def main():
     args.variants = args.variants.split(",")
     args.out = os.path.abspath(args.out)
     if args.inside:
-        args.rate = args.inside
         return inside(args)
     if not args.report_only:
         os.makedirs(args.out, exist_ok=True)
-        for rate in args.rates.split(","):
-            inner = [sys.executable, os.path.abspath(__file__), "--inside", rate,
-                     "--variants", ",".join(args.variants), "--target", str(args.target),
-                     "--run-timeout", str(args.run_timeout), "--out", args.out]
-            r = subprocess.run([sys.executable, NETLAB, "run", "--hosts", str(HOSTS), "--rate",
-                                rate, "--"] + inner)
-            if r.returncode != 0:
-                print(f"bench_compression: the lab at {rate} ended with {r.returncode}",
-                      file=sys.stderr)
+        netlab.run_script_per_rate(
+            os.path.abspath(__file__), args.rates.split(","), HOSTS,
+            ["--variants", ",".join(args.variants), "--target", str(args.target),
+             "--run-timeout", str(args.run_timeout), "--out", args.out], "bench_compression")
     with open(os.path.join(args.out, "rows.jsonl")) as f:
         write_report(args.out, [json.loads(line) for line in f if line.strip()], args.target)
     print(open(os.path.join(args.out, "compression.md")).read())

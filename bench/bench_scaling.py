@@ -46,7 +46,6 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from pstrain_tools import netlab, paths  # noqa: E402
 
-NETLAB = os.path.join(paths.TOOLS, "netlab")
 # The forward and backward of a batch of 64 (ctr: 128), ms, measured with
 # bench_step (compute alone, 1 thread) on the 2-core machine of the README's
 # Benchmarks: the stand-in when --step-ms does not say.
@@ -254,20 +253,15 @@ def main():
         return inside(args)
     if not args.report_only:
         os.makedirs(args.out, exist_ok=True)
-        for rate in args.rates.split(","):
-            hosts = max(args.servers) + max(args.workers)
-            inner = [sys.executable, os.path.abspath(__file__), "--inside", rate,
-                     "--workers", ",".join(map(str, args.workers)),
-                     "--servers", ",".join(map(str, args.servers)),
-                     "--models", ",".join(args.models), "--modes", ",".join(args.modes),
-                     "--steps", str(args.steps), "--cell-timeout", str(args.cell_timeout),
-                     "--step-ms", ",".join(f"{m}={v}" for m, v in step_ms.items()),
-                     "--out", args.out]
-            r = subprocess.run([sys.executable, NETLAB, "run", "--hosts", str(hosts), "--rate",
-                                rate, "--"] + inner)
-            if r.returncode != 0:
-                print(f"bench_scaling: the lab at {rate} ended with {r.returncode}",
-                      file=sys.stderr)
+        netlab.run_script_per_rate(
+            os.path.abspath(__file__), args.rates.split(","),
+            max(args.servers) + max(args.workers),
+            ["--workers", ",".join(map(str, args.workers)),
+             "--servers", ",".join(map(str, args.servers)),
+             "--models", ",".join(args.models), "--modes", ",".join(args.modes),
+             "--steps", str(args.steps), "--cell-timeout", str(args.cell_timeout),
+             "--step-ms", ",".join(f"{m}={v}" for m, v in step_ms.items()), "--out", args.out],
+            "bench_scaling")
     rows = load_rows(args.out)
     if args.report_only:
         rows = repredict(rows, os.environ.get("PSTRAIN", paths.BINARY))

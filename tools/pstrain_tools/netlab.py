@@ -60,6 +60,9 @@ import sys
 import threading
 import time
 
+# tools/netlab, the command this module is the body of.
+TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "netlab")
+
 STATE_ROOT = "/run/pstrain-netlab"
 SUBNETS = ipaddress.ip_network("198.18.0.0/15")
 CONSOLE_HOST = 254
@@ -286,9 +289,7 @@ class Lab:
         if self.ssh:
             env["PSTRAIN_SSH"] = "ssh -F " + os.path.join(self.dir, "ssh", "ssh_config")
         else:
-            tool = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
-                                "netlab")
-            env["PSTRAIN_SSH"] = f"{shlex.quote(tool)} exec {self.name}"
+            env["PSTRAIN_SSH"] = f"{shlex.quote(TOOL)} exec {self.name}"
         return env
 
 
@@ -456,6 +457,18 @@ def check_run_args(args):
         raise NetlabError(f"--name {args.name!r} is taken: a network namespace of that name "
                           "exists")
     return rate_bits
+
+
+def run_script_per_rate(script, rates, hosts, args, tool):
+    """Runs `script --inside RATE ARGS...` in a lab of its own (`hosts`
+    hosts) at each rate in turn, as bench_scaling and bench_compression
+    measure; a lab that ends badly is reported by `tool`'s name and the
+    next rate still runs."""
+    for rate in rates:
+        r = subprocess.run([sys.executable, TOOL, "run", "--hosts", str(hosts), "--rate", rate,
+                            "--", sys.executable, script, "--inside", rate] + list(args))
+        if r.returncode != 0:
+            print(f"{tool}: the lab at {rate} ended with {r.returncode}", file=sys.stderr)
 
 
 def run(args):
