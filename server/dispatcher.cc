@@ -124,6 +124,7 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
     stats_.request(request.header.op);
     try {
       const TraceSpan span(wire::to_string(request.header.op), "ps");
+      recording_frames_ = frames.subspan(at, end - at);
       dispatch(coordinator, request, payloads, connection);
     } catch (const std::exception& e) {
       recording_ = nullptr;
@@ -143,20 +144,29 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   check_run(request.header);
   if (request.header.payload_frames >= 1) request.payload = payloads[0];
   if (request.header.payload_frames == 2) request.rows = payloads[1];
+  const bool forward = forwarded(request.from);
   if (options_.rights) {
-    if (const auto why = refusal_of(connection, request.header)) {
+    if (const auto why = refusal_of(connection, request.header, forward)) {
       stats_.refused();
       stats_.error();
       return send(request.from,
                   {wire::error_reply(request.header, prefix() + "refused: " + *why), {}});
     }
   }
-  if (!coordinator.admit(request)) return stats_.error();
-  const Handler* handler = handlers_.find(request.header.op);
-  if (!handler) throw wire::ProtocolError("this ps does not serve the op");
+  if (!forward && !coordinator.admit(request)) return stats_.error();
+  const Handlers& handlers = forward ? replica_handlers_ : handlers_;
+  const Handler* handler = handlers.find(request.header.op);
+  if (!handler)
+    throw wire::ProtocolError(forward ? "this ps does not serve the op on a shard's copy"
+                                      : "this ps does not serve the op");
   if (request.header.op == Op::hello) dedup_.hello(request.header);
   const auto seen = dedup_.find(request.header);
-  if (seen.verdict == Dedup::Verdict::resent) return answer_resend(request, seen.version);
+  if (seen.verdict == Dedup::Verdict::resent) {
+    // Its reply still waits for the backup: it goes to the resend's sender then.
+    if (!forward && replicator_ && replicator_->held(request.header, request.from))
+      return stats_.resend_answered();
+    return answer_resend(handlers, request, seen.version);
+  }
   if (seen.verdict == Dedup::Verdict::too_old) {
     stats_.too_old();
     throw std::runtime_error("request id " + std::to_string(request.header.request_id) +
@@ -166,13 +176,35 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   }
   recording_ = &request.header;
   recording_from_ = &request.from;
-  (*handler)(request);
+  recording_forward_ = forward;
+  // An update of this ps's own shard goes to the backup first, which applies
+  // it while this ps does; its reply waits for both (send()).
+  const bool replicate = replicator_ && !forward && Dedup::recorded(request.header.op);
+  if (replicate) replicator_->forward(recording_frames_, request.header);
+  try {
+    (*handler)(request);
+  } catch (...) {
+    if (replicate) replicator_->settle(request.header);
+    throw;
+  }
+  if (replicate) replicator_->settle(request.header);
   recording_ = nullptr;
+}
+
+bool Dispatcher::forwarded(const Peer& from) const {
+  if (!from.starts_with(Replicator::kPeerPrefix)) return false;
+  if (options_.replica_of && from == Replicator::peer_of(*options_.replica_of)) return true;
+  throw std::runtime_error(
+      "forwards from '" + from + "' are not served here: this ps keeps " +
+      (options_.replica_of
+           ? "the copy of ps " + std::to_string(*options_.replica_of) + "'s shard only"
+           : std::string("no shard's copy")));
 }
 
 // A resend of an update this ps applied already (server/dedup.h says what it
 // is answered with).
-void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
+void Dispatcher::answer_resend(const Handlers& handlers, const Request& request,
+                               std::uint64_t version) {
   stats_.resend_answered();
   if (request.header.op == Op::sparse_push_pull) {
     // The sparse pull handler answers its pull half: the ids without their
@@ -180,7 +212,7 @@ void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
     Request as_pull = request;
     as_pull.header.payload_frames = 1;
     as_pull.rows = {};
-    return (*handlers_.find(Op::sparse_pull))(as_pull);
+    return (*handlers.find(Op::sparse_pull))(as_pull);
   }
   if (request.header.op != Op::push_pull) {
     Reply reply{wire::reply_to(request.header), {}};
@@ -196,7 +228,7 @@ void Dispatcher::answer_resend(const Request& request, std::uint64_t version) {
   as_pull.payload = {};
   // A compressed push's values came back as float32 the first time too.
   if (wire::is_compressed(as_pull.header.dtype)) as_pull.header.dtype = wire::DType::f32;
-  (*handlers_.find(Op::pull))(as_pull);
+  (*handlers.find(Op::pull))(as_pull);
 }
 
 // What every request must satisfy before its handler sees it.
@@ -215,8 +247,8 @@ void Dispatcher::check(const Header& request, std::span<const Frame> payloads) c
 }
 
 std::optional<std::string> Dispatcher::refusal_of(const Connection& connection,
-                                                  const Header& request) {
-  auto why = connection.identity ? refusal(*connection.identity, request, *options_.rights)
+                                                  const Header& request, bool forward) {
+  auto why = connection.identity ? refusal(*connection.identity, request, *options_.rights, forward)
                                  : std::optional<std::string>("the connection has no identity");
   if (why && rights_refusals_logged_.size() < kMaxRightsRefusalsLogged) {
     const std::string address = connection.address.empty() ? "?" : connection.address;
@@ -259,8 +291,12 @@ void Dispatcher::check_run(const Header& request) {
 void Dispatcher::send(const Peer& to, Reply reply) {
   const Header& h = reply.header;
   if (recording_ && h.status == wire::Status::ok && h.request_id == recording_->request_id &&
-      to == *recording_from_)
-    accepted(*recording_, h.version);
+      to == *recording_from_) {
+    const Header& request = *recording_;
+    accepted(request, h.version);
+    // An update of this ps's own shard is acknowledged once the backup has it.
+    if (replicator_ && !recording_forward_ && replicator_->hold(request, to, reply)) return;
+  }
   wire_.send(to, std::move(reply));
 }
 

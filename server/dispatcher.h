@@ -24,6 +24,14 @@
 // resent update is answered from it (push_pull through the pull handler)
 // instead of reaching its handler, and a resend too old to tell is refused.
 //
+// With replication (server/replicator.h) the dispatcher forwards each
+// update of its own shard to the backup before its handler applies it, and
+// hands the handler's reply to the replicator, which holds it until the
+// backup has the update; and it serves the forwards of the
+// ps before it in the ring (the peer Replicator::peer_of names) with the
+// handlers of replica_handlers(), over the copy of that ps's shard, without
+// admission (the primary admitted them) and without forwarding them further.
+//
 // The request loop (server/request_loop.h) feeds it what its ROUTER socket
 // receives and sends what it passes on; the fuzzer (tests/fuzz) feeds it
 // made-up messages and records the replies, so both exercise one path.
@@ -43,6 +51,7 @@
 #include "server/coordinator.h"
 #include "server/dedup.h"
 #include "server/ps_stats.h"
+#include "server/replicator.h"
 #include "server/request.h"
 #include "server/rights.h"
 #include "shared/curve_keys.h"
@@ -60,6 +69,8 @@ struct DispatcherOptions {
   // Under CURVE: what each authenticated identity may do. None: nobody is
   // authenticated and nothing is checked.
   std::optional<RightsPolicy> rights;
+  // replication.replicas 2: the ps whose shard this one keeps a copy of.
+  std::optional<std::uint32_t> replica_of;
 };
 
 // What the socket knows of a message's sender.
@@ -78,6 +89,10 @@ class Dispatcher final : public ReplySink {
   Dispatcher(DispatcherOptions options, PsStats& stats, ReplySink& wire);
 
   Handlers& handlers() { return handlers_; }
+  // The handlers of the forwards of ps options.replica_of (its shard's copy).
+  Handlers& replica_handlers() { return replica_handlers_; }
+  // Applied updates go to `replicator` (none: they are answered at once).
+  void set_replicator(Replicator* replicator) { replicator_ = replicator; }
 
   // Handles one message: frames[0] is the sender's identity (where replies
   // go; a ROUTER socket always puts it there), then one or more requests,
@@ -102,8 +117,12 @@ class Dispatcher final : public ReplySink {
                 const Connection& connection);
   // Why `connection` may not send `request` (nullopt: it may); logs the
   // first refusal per peer address and op.
-  std::optional<std::string> refusal_of(const Connection& connection, const wire::Header& request);
-  void answer_resend(const Request& request, std::uint64_t version);
+  std::optional<std::string> refusal_of(const Connection& connection, const wire::Header& request,
+                                        bool forward);
+  void answer_resend(const Handlers& handlers, const Request& request, std::uint64_t version);
+  // Whether `from` is the replicator of options_.replica_of; throws for one
+  // that claims to be another ps's.
+  bool forwarded(const Peer& from) const;
   void check(const wire::Header& request, std::span<const Frame> payloads) const;
   void check_run(const wire::Header& request);
   std::string prefix() const;
@@ -112,12 +131,18 @@ class Dispatcher final : public ReplySink {
   PsStats& stats_;
   ReplySink& wire_;
   Handlers handlers_;
+  Handlers replica_handlers_;
+  Replicator* replicator_ = nullptr;
   Dedup dedup_;
   // While a recorded op's handler runs: its request and sender, whose reply
   // send() records in the dedup record (a held reply to another sender that
   // the handler releases may carry the same request id).
   const wire::Header* recording_ = nullptr;
   const Peer* recording_from_ = nullptr;
+  // The recorded request's frames (header, payloads), for the replicator;
+  // whether it is itself a forward (then not forwarded again).
+  std::span<const Frame> recording_frames_;
+  bool recording_forward_ = false;
   std::size_t refusals_logged_ = 0;  // check_run
   // (peer address, op) pairs whose refusal was logged; bounded, the count
   // (PsStats::refused) has the rest.

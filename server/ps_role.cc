@@ -8,6 +8,7 @@
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
+#include "server/replicator.h"
 #include "server/request_loop.h"
 #include "server/shard_file.h"
 #include "server/sparse_handlers.h"
@@ -39,7 +40,8 @@ std::optional<ps::CurveServerOptions> curve_options(const ClusterConfig& config,
       .own = read_key_pair(dir, {Identity::Role::ps, index}),
       .allowed = read_public_keys(dir),
       .rights = {.workers = static_cast<std::uint32_t>(config.workers.size()),
-                 .sync = traits(config.mode).allreduce()}};
+                 .sync = traits(config.mode).allreduce(),
+                 .replica_of = std::nullopt}};
   if (public_key_of(curve.allowed, {Identity::Role::ps, index}, dir) != curve.own.public_key)
     throw CurveKeyError((dir / kPublicKeysFile).string() +
                         ": the key listed for ps:" + std::to_string(index) + " is not the one of " +
@@ -94,6 +96,30 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   const std::uint64_t restored_from = restored ? restored->checkpoint_seq : 0;
   ps::PsStats stats(metrics.registry(), index);
   const auto generation = new_generation();
+  // replication.replicas 2: this ps forwards its shard's updates to the next
+  // ps of the ring and keeps the copy of the one before's (server/replicator.h).
+  const auto servers = static_cast<std::uint32_t>(config.ps.size());
+  const bool replicated = config.replication.replicas > 1;
+  const std::uint32_t backup = (index + 1) % servers;
+  const std::uint32_t replica_of = (index + servers - 1) % servers;
+  std::optional<ps::ReplicatorOptions> replication;
+  if (replicated) {
+    replication = ps::ReplicatorOptions{
+        .ps_index = index,
+        .backup_index = backup,
+        .backup_address = config.ps[backup].connect_address(),
+        .curve = std::nullopt,
+        .retry_interval = std::chrono::duration_cast<ps::Clock::duration>(
+            std::chrono::duration<double>(config.net.retry_interval)),
+        .backup_silence = std::chrono::duration_cast<ps::Clock::duration>(
+            std::chrono::duration<double>(config.replication.backup_silence))};
+    if (curve) {
+      curve->rights.replica_of = replica_of;
+      replication->curve.emplace(
+          curve->own,
+          public_key_of(curve->allowed, {Identity::Role::ps, backup}, keys_dir(config)));
+    }
+  }
   ps::RequestLoop loop({.ps_index = index,
                         .run_id = config.run_id(),
                         .config_hash = hash,
@@ -105,7 +131,9 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                                                  std::thread::hardware_concurrency()),
                         .fault = config.net.fault,
                         .fault_seed = config.train.seed ^ (0x9e3779b97f4a7c15ULL * (index + 1)),
-                        .curve = std::move(curve)},
+                        .curve = std::move(curve),
+                        .replication = std::move(replication),
+                        .replica_of = replicated ? std::optional(replica_of) : std::nullopt},
                        stats);
   ps::Coordinator coordinator(
       {"ps " + std::to_string(index), static_cast<std::uint32_t>(config.workers.size()),
@@ -123,6 +151,33 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                           .backup_workers = config.train.backup_workers,
                           .lr_scaling = config.train.lr_scaling,
                           .accumulate_steps = config.train.accumulate_steps});
+  // The copy of ps replica_of's shard: a store of its own, so that this
+  // ps's snapshots, checkpoints and figures stay its own shard's; its updates
+  // are counted by a coordinator of their own likewise.
+  std::optional<ChunkStore> replica_store;
+  std::optional<ps::Coordinator> replica_coordinator;
+  std::optional<ps::ChunkHandlers> replica_data;
+  if (replicated) {
+    replica_store.emplace(config.optimizer, store.apply_threads());
+    replica_coordinator.emplace(
+        ps::CoordinatorOptions{
+            "ps " + std::to_string(index) + " (copy of ps " + std::to_string(replica_of) + ")",
+            static_cast<std::uint32_t>(config.workers.size()),
+            std::chrono::duration<double>(config.net.worker_timeout), config.train.on_worker_loss,
+            std::chrono::duration<double>(takeover_silence(config.net))},
+        loop);
+    replica_data.emplace(
+        *replica_store, *replica_coordinator, loop, stats,
+        ps::shard_file(config.run_dir / "snapshot", index).replace_extension(".copy.bin"),
+        [&replica_store] {
+          ps::ShardCut cut;
+          cut.chunks = replica_store->refs();
+          return cut;
+        },
+        ps::Consistency{.mode = config.mode,
+                        .workers = static_cast<std::uint32_t>(config.workers.size())});
+    replica_data->add_handlers(loop.replica_handlers());
+  }
   ps::SparseHandlers sparse(tables, coordinator, loop, stats);
   coordinator.add_handlers(loop.handlers());
   data.add_handlers(loop.handlers());

@@ -148,6 +148,21 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                                    "Mode backup: gradients that arrived after their step was "
                                    "applied; never applied.")
                              .with()),
+      replica_forwards_(r.counter("pstrain_ps_replica_forwards_total",
+                                  "Updates forwarded to this ps's backup (replication.replicas 2).")
+                            .with()),
+      replication_lag_(r.histogram("pstrain_ps_replication_lag_seconds",
+                                   "Time from forwarding an update to the backup until the backup "
+                                   "had applied it (the acknowledgement's wait).",
+                                   kRequestSeconds)
+                           .with()),
+      replication_pending_(r.gauge("pstrain_ps_replication_pending",
+                                   "Replies held until the backup applies their updates.")
+                               .with()),
+      backup_losses_(r.counter("pstrain_ps_backup_losses_total",
+                               "Times this ps served on without its backup (silent for "
+                               "replication.backup_silence, or refusing a forwarded update).")
+                         .with()),
       updates_lost_(r.counter("pstrain_ps_updates_lost_total",
                               "Acknowledged updates of a worker that a restore of this ps lost.",
                               {"worker"})),
@@ -263,7 +278,10 @@ std::string PsStats::json(double now_unix) const {
     << ",\"parked_read\":" << whole(parked_read_.value())
     << ",\"parked_gradient\":" << whole(parked_gradient_.value())
     << ",\"ssp_staleness_max\":" << whole(ssp_staleness_max_.value())
-    << ",\"gradients_dropped\":" << whole(gradients_dropped_.value()) << ",\"updates_lost\":[";
+    << ",\"gradients_dropped\":" << whole(gradients_dropped_.value())
+    << ",\"replica_forwards\":" << whole(replica_forwards_.value())
+    << ",\"replication_pending\":" << whole(replication_pending_.value())
+    << ",\"backup_losses\":" << whole(backup_losses_.value()) << ",\"updates_lost\":[";
   for (std::size_t w = 0; w < workers_; ++w)
     j << (w ? "," : "") << whole(updates_lost_.with({std::to_string(w)}).value());
   j << "],\"tables\":{";

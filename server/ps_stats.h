@@ -16,7 +16,8 @@
 //   of this ps lost), ssp_staleness_max (mode ssp: the largest staleness in
 //   steps of an applied update, server/consistency/ssp_gate.h), gradients_dropped (mode
 //   backup: late gradients never applied, server/consistency/backup_aggregator.h),
-//   uptime_seconds, tables (an object per embedding table: rows, bytes,
+//   replica_forwards, replication_pending, backup_losses (replication.replicas 2,
+//   server/replicator.h), uptime_seconds, tables (an object per embedding table: rows, bytes,
 //   created, admission_dropped, evicted, expired, rows_pulled, rows_pushed;
 //   server/table_store.h).
 // `parked_*` count the requests waiting right now, so a test can see that a
@@ -39,18 +40,20 @@
 //   pstrain_ps_table_rows_evicted_total{table},
 //   pstrain_ps_table_rows_expired_total{table},
 //   pstrain_ps_table_rows_pulled_total{table},
-//   pstrain_ps_table_rows_pushed_total{table};
+//   pstrain_ps_table_rows_pushed_total{table},
+//   pstrain_ps_replica_forwards_total, pstrain_ps_backup_losses_total;
 //   the histograms pstrain_ps_request_seconds{op},
 //   pstrain_ps_sparse_ids_per_request,
 //   pstrain_ps_optimizer_apply_seconds, pstrain_ps_update_staleness,
-//   pstrain_ps_checkpoint_seconds, pstrain_ps_ssp_staleness_steps;
+//   pstrain_ps_checkpoint_seconds, pstrain_ps_ssp_staleness_steps,
+//   pstrain_ps_replication_lag_seconds;
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
 //   pstrain_ps_chunk_versions (not *_sum, which names a histogram's part),
 //   pstrain_ps_version_max, pstrain_ps_global_samples,
 //   pstrain_ps_parked_requests{wait}, pstrain_ps_workers{state},
 //   pstrain_ps_worker_heartbeat_age_seconds{worker},
 //   pstrain_ps_start_time_seconds, pstrain_ps_table_rows{table},
-//   pstrain_ps_table_bytes{table}.
+//   pstrain_ps_table_bytes{table}, pstrain_ps_replication_pending.
 // The request loop's counters move with every request; the store's and the
 // coordinator's figures are copied in by refresh(), because some of them
 // (elements, version sums) are loops over every chunk, too dear per request.
@@ -112,6 +115,13 @@ class PsStats {
   void ssp_staleness(std::uint64_t steps);
   // Mode backup: a late gradient dropped.
   void gradient_dropped() { gradients_dropped_.add(); }
+  // Replication (server/replicator.h): an update forwarded to the backup;
+  // the backup's answer to one after `seconds`; the replies held for it now;
+  // the backup given up on.
+  void replica_forwarded() { replica_forwards_.add(); }
+  void replica_acked(double seconds) { replication_lag_.observe(seconds); }
+  void replication_pending(std::size_t replies) { replication_pending_.set(double(replies)); }
+  void backup_lost() { backup_losses_.add(); }
   // A sparse request's ids (unique, sorted).
   void sparse_ids(std::size_t ids) { sparse_ids_.observe(double(ids)); }
   // Reads (ssp) and gradients' replies (backup) held right now.
@@ -177,6 +187,10 @@ class PsStats {
   Histogram& ssp_staleness_;
   Gauge& ssp_staleness_max_;
   Counter& gradients_dropped_;
+  Counter& replica_forwards_;
+  Histogram& replication_lag_;
+  Gauge& replication_pending_;
+  Counter& backup_losses_;
   MetricFamily<Counter>& updates_lost_;  // by worker
   std::size_t workers_ = 0;              // updates_lost_'s series, as of refresh()
   MetricFamily<Gauge>& workers_by_state_;

@@ -150,14 +150,20 @@ struct RequestLoop::Impl final : ReplySink {
   // Bound before the socket, so that no handshake is ever decided without it.
   std::optional<ZapHandler> zap;
   zmq::socket_t socket{context, zmq::socket_type::router};
+  std::optional<Replicator> replicator;  // replication.replicas 2
 
   Impl(RequestLoopOptions opts, PsStats& s)
       : options(std::move(opts)),
         stats(s),
         dispatcher({options.ps_index, options.run_id, options.config_hash, options.config_yaml,
-                    options.curve ? std::optional(options.curve->rights) : std::nullopt},
+                    options.curve ? std::optional(options.curve->rights) : std::nullopt,
+                    options.replica_of},
                    stats, *this),
         faults(options.fault, options.fault_seed) {
+    if (options.replication) {
+      replicator.emplace(context, *options.replication, stats, *this);
+      dispatcher.set_replicator(&*replicator);
+    }
     if (options.curve) {
       zap.emplace(context, options.curve->allowed,
                   "ps " + std::to_string(options.ps_index) + ": CURVE");
@@ -170,6 +176,10 @@ struct RequestLoop::Impl final : ReplySink {
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
     // Replies to `done` and `shutdown` are the last messages; let them leave.
     socket.set(zmq::sockopt::linger, 2000);
+    // A restarted primary's replicator comes back with its identity
+    // (Replicator::peer_of) while the old connection may linger: the new
+    // one takes the identity over.
+    socket.set(zmq::sockopt::router_handover, true);
   }
 
   std::chrono::milliseconds poll_timeout(const Coordinator& coordinator) const {
@@ -321,6 +331,7 @@ RequestLoop::RequestLoop(RequestLoopOptions options, PsStats& stats)
 RequestLoop::~RequestLoop() = default;
 
 Handlers& RequestLoop::handlers() { return impl_->dispatcher.handlers(); }
+Handlers& RequestLoop::replica_handlers() { return impl_->dispatcher.replica_handlers(); }
 
 void RequestLoop::bind() {
   try {
@@ -338,11 +349,19 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
         log("stopping on signal ", static_cast<int>(g_stop_signal));
         return 0;
       }
-      zmq::pollitem_t item{impl_->socket.handle(), 0, ZMQ_POLLIN, 0};
-      const auto rc =
-          zmq_poll(&item, 1, static_cast<long>(impl_->poll_timeout(coordinator).count()));
+      auto& replicator = impl_->replicator;
+      zmq::pollitem_t items[2] = {
+          {impl_->socket.handle(), 0, ZMQ_POLLIN, 0},
+          {replicator ? replicator->socket().handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+      const auto rc = zmq_poll(items, replicator ? 2 : 1,
+                               static_cast<long>(impl_->poll_timeout(coordinator).count()));
       if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
-      if (rc > 0) impl_->drain(coordinator);
+      if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) impl_->drain(coordinator);
+      if (replicator) {
+        // The backup's answers release held replies; then overdue forwards.
+        if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) replicator->receive(Clock::now());
+        replicator->tick(Clock::now());
+      }
       impl_->budget.forget_idle();
       const auto now = Clock::now();
       coordinator.tick(now);

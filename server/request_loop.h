@@ -26,6 +26,9 @@
 // and the missing right, is counted (PsStats::refused) and logged once per
 // peer address and op.
 //
+// With options.replication a second socket, the replicator's DEALER to the
+// backup, is polled beside the ROUTER (server/replicator.h).
+//
 // Thread rules: the ps is single-threaded and this is where that holds: run()
 // reads, dispatches and sends on its caller's thread, one request at a time,
 // so handlers need no locks. The other threads are ZeroMQ's I/O thread,
@@ -41,6 +44,7 @@
 
 #include "server/coordinator.h"
 #include "server/ps_stats.h"
+#include "server/replicator.h"
 #include "server/request.h"
 #include "server/rights.h"
 #include "shared/curve_keys.h"
@@ -75,6 +79,11 @@ struct RequestLoopOptions {
   FaultConfig fault;             // for tests: off by default
   std::uint64_t fault_seed = 0;
   std::optional<CurveServerOptions> curve;  // none: plain TCP, nobody authenticated
+  // replication.replicas 2 (server/replicator.h): where this ps forwards its
+  // shard's updates, and whose shard's copy it keeps. (Under CURVE the
+  // replicator's key pair is curve->own.)
+  std::optional<ReplicatorOptions> replication;
+  std::optional<std::uint32_t> replica_of;
 };
 
 class RequestLoop final : public ReplySink {
@@ -87,6 +96,8 @@ class RequestLoop final : public ReplySink {
   RequestLoop& operator=(const RequestLoop&) = delete;
 
   Handlers& handlers();
+  // The handlers of the forwards of ps options.replica_of (Dispatcher).
+  Handlers& replica_handlers();
   void bind();  // throws NetworkError
   // Tells the coordinator it starts serving, then serves until
   // coordinator.exit_code() is set (returns it) or a stop signal arrives

@@ -8,9 +8,15 @@ using wire::Op;
 using Role = Identity::Role;
 
 std::optional<std::string> refusal(const Identity& who, const wire::Header& request,
-                                   const RightsPolicy& policy) {
+                                   const RightsPolicy& policy, bool forward) {
   const std::string op(wire::to_string(request.op));
   const std::string key = "; this key is " + who.name();
+  if (forward) {
+    if (who.role != Role::ps || who.index != policy.replica_of)
+      return "forwarded " + op + " needs the key of the ps whose shard's copy this is" + key;
+    if (request.op == Op::init || wire::is_update(request.op)) return std::nullopt;
+    return op + " is not forwarded between ps" + key;
+  }
   const bool worker = who.role == Role::worker;
   // The sender index a worker's messages carry is its key's; anyone else
   // must not claim a worker's index.

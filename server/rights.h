@@ -17,6 +17,9 @@
 //   snapshot                             the tool, and worker 0 (it saves the
 //                                        servers' state at the end of a run)
 //   shutdown                             the tool
+//   init, push, push_pull, assign        forwarded (replication.replicas 2): the
+//                                        ps whose shard's copy this ps keeps
+//                                        (server/replicator.h), for any sender
 //
 // Without CURVE nobody is authenticated and none of this is checked.
 #include <cstdint>
@@ -31,11 +34,14 @@ namespace pstrain::ps {
 struct RightsPolicy {
   std::uint32_t workers = 0;  // worker indices are 0 .. workers-1; senders past them are tools
   bool sync = false;          // mode: sync or local (worker 0 assigns)
+  // replication.replicas 2: the ps whose forwards this ps serves.
+  std::optional<std::uint32_t> replica_of;
 };
 
-// nullopt when `who` may send `request`; else why not, e.g. "shutdown needs
-// the tool's key; this key is worker:1".
+// nullopt when `who` may send `request` (`forward`: as a primary's forward
+// of its worker's update, server/replicator.h); else why not, e.g. "shutdown
+// needs the tool's key; this key is worker:1".
 std::optional<std::string> refusal(const Identity& who, const wire::Header& request,
-                                   const RightsPolicy& policy);
+                                   const RightsPolicy& policy, bool forward = false);
 
 }  // namespace pstrain::ps

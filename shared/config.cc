@@ -332,6 +332,20 @@ const std::vector<Field<MetricsConfig>> kMetricsFields = {
     bounded("linger_s", &MetricsConfig::linger_s, kNonNegative),
 };
 
+const std::vector<Field<ReplicationConfig>> kReplicationFields = {
+    // With two ps at least, in modes async and sync: checked across sections.
+    bounded("replicas", &ReplicationConfig::replicas, between(1, 2)),
+    bounded("backup_silence", &ReplicationConfig::backup_silence, kPositive),
+};
+
+// Left out of the canonical file (and so of the config hash) while off, so
+// that runs without replication keep their run ids and checkpoints.
+Field<ClusterConfig> replication_field() {
+  auto field = section("replication", &ClusterConfig::replication, kReplicationFields);
+  field.omitted = [](const ClusterConfig& c) { return c.replication.replicas == 1; };
+  return field;
+}
+
 const std::vector<Field<PsEndpoint>> kPsFields = {
     required(text("host", &PsEndpoint::host), "the address others dial"),
     required(bounded("port", &PsEndpoint::port, between(1, 65535)), ""),
@@ -770,6 +784,7 @@ const std::vector<Field<ClusterConfig>> kRootFields = {
     section("checkpoint", &ClusterConfig::checkpoint, kCheckpointFields),
     section("security", &ClusterConfig::security, kSecurityFields),
     section("metrics", &ClusterConfig::metrics, kMetricsFields),
+    replication_field(),
 };
 
 const std::string kRootWhat = "a map of settings (job, ps, workers, ...)";
@@ -804,6 +819,23 @@ void check_data(const Reader& r, const DataConfig& d) {
            "that fraction of data.train's line blocks; docs/ctr.md)");
 }
 
+// Replicas are forwarded by each ps to the next: there must be one, and
+// what is forwarded must be all the shard holds (modes ssp and backup hold
+// and aggregate on the primary; tables are not forwarded yet).
+void check_replication(const Reader& r, const ClusterConfig& c) {
+  if (c.replication.replicas == 1) return;
+  if (c.ps.size() < 2)
+    r.fail("replication.replicas",
+           "2 needs two ps at least (the cluster has " + std::to_string(c.ps.size()) + ")");
+  if (c.mode != Mode::async && c.mode != Mode::sync)
+    r.fail("replication.replicas",
+           "2 applies to modes async and sync, not to mode " + std::string(to_string(c.mode)));
+  if (!c.tables.empty())
+    r.fail("replication.replicas",
+           "2 replicates dense variables only; this config has tables (their rows are not "
+           "replicated yet)");
+}
+
 // Constraints between sections, checked once every section is read.
 void check_across(const Reader& r, const ClusterConfig& c) {
   check_data(r, c.data);
@@ -813,6 +845,7 @@ void check_across(const Reader& r, const ClusterConfig& c) {
                                 " s), or every ps would time out live workers");
   }
   check_metrics_ports(r, c);
+  check_replication(r, c);
   if (c.workers_auto) {
     if (c.hosts_pending)
       r.fail("workers",

@@ -259,6 +259,16 @@ struct MetricsConfig {
   double linger_s = 0;
 };
 
+// Each ps's shard also kept by the next ps of the ring (docs/failures.md,
+// "Replicated shards"): the primary acknowledges an update once its backup
+// has applied it too.
+struct ReplicationConfig {
+  std::uint32_t replicas = 1;  // copies of every shard: 1 (none besides the ps's own) or 2
+  // s a backup may leave a forwarded update unanswered before its primary
+  // serves on without it (the shard then has one copy).
+  double backup_silence = 2;
+};
+
 struct ClusterConfig {
   std::string job = "pstrain";
   std::filesystem::path run_dir;  // default runs/<job>
@@ -282,6 +292,7 @@ struct ClusterConfig {
   CheckpointConfig checkpoint;
   SecurityConfig security;
   MetricsConfig metrics;
+  ReplicationConfig replication;
   // Not a config key and not part of hash() or to_yaml(): the nonce of this
   // launch (`pstrain --run-id`, which tools/launch draws afresh for every
   // launch and gives every process of it, restarts included). 0: none given.

@@ -291,6 +291,10 @@ Header reply_to(const Header& request) {
   Header h;
   h.op = request.op;
   h.request_id = request.request_id;
+  // Whose request it was: a primary matches its backup's replies to the
+  // forwarded requests by both (server/replicator.h).
+  h.sender = request.sender;
+  h.incarnation = request.incarnation;
   h.name = request.name;
   h.chunk = request.chunk;
   return h;

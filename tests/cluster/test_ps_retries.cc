@@ -25,13 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// A figure of the stats op's JSON (server/ps_stats.h names the keys).
-std::uint64_t stat(const std::string& json, const std::string& key) {
-  const auto at = json.find("\"" + key + "\":");
-  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + json);
-  return std::stoull(json.substr(at + key.size() + 3));
-}
-
 std::uint64_t stat_sum(PsClient& ps, std::uint32_t servers, const std::string& key) {
   std::uint64_t sum = 0;
   for (std::uint32_t s = 0; s < servers; ++s) sum += stat(ps.stats(s), key);

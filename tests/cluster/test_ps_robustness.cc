@@ -468,13 +468,6 @@ class DeafPeer {
   zmq::socket_t socket_{context_, zmq::socket_type::dealer};
 };
 
-// A figure of the ps's stats JSON ("requests" counts by op name too).
-std::uint64_t stat(const std::string& json, const std::string& key) {
-  const auto at = json.find("\"" + key + "\":");
-  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + json);
-  return std::stoull(json.substr(at + key.size() + 3));
-}
-
 // Waits until the ps has counted `n` requests of `op` (they come over
 // another connection than the stats, so in no set order with it).
 void wait_for_requests(PsClient& client, const std::string& op, std::uint64_t n) {

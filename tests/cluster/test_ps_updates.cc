@@ -340,16 +340,6 @@ TEST_CASE("ps: requests found queued together are served in priority order") {
   CHECK(served == std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6});
 }
 
-namespace {
-// A whole-number field of the stats op's JSON (ps_stats.h); nested keys
-// ("push" inside "requests") are found by their first occurrence.
-std::uint64_t stat(const std::string& json, const std::string& key) {
-  const auto at = json.find("\"" + key + "\":");
-  REQUIRE_MESSAGE(at != std::string::npos, "stats lack " << key << ": " << json);
-  return std::stoull(json.substr(at + key.size() + 3));
-}
-}  // namespace
-
 TEST_CASE("ps client: a call's chunks to one ps share messages each way, up to 256 KiB") {
   PsCluster cluster({.ps = 1, .workers = 1, .optimizer = "sgd", .lr = 1});
   cluster.start_all();

@@ -53,9 +53,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   MetricsRegistry metrics;
   ps::PsStats stats(metrics, 0);
   EncodingSink wire_sink;
-  ps::Dispatcher dispatcher(
-      {.ps_index = 0, .run_id = fuzz::kPsRunId, .config_yaml = config_yaml, .rights = std::nullopt},
-      stats, wire_sink);
+  ps::Dispatcher dispatcher({.ps_index = 0,
+                             .run_id = fuzz::kPsRunId,
+                             .config_yaml = config_yaml,
+                             .rights = std::nullopt,
+                             .replica_of = std::nullopt},
+                            stats, wire_sink);
   ps::Coordinator coordinator(
       {"ps 0", fuzz::kPsWorkers, std::chrono::seconds(1), WorkerLoss::continue_}, dispatcher);
   // One table of the one ps: every id is homed here. Its rows are capped

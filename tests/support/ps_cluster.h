@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,7 +51,17 @@ struct ClusterSpec {
   bool curve = false;
   std::string tables = {};            // `tables:` as a YAML list; empty: none
   std::string sparse_optimizer = {};  // optimizer.sparse as a YAML map; empty: the default
+  std::string replication = {};       // `replication:` as a YAML map; empty: none
 };
+
+// A whole-number figure of the stats op's JSON (server/ps_stats.h names the
+// keys; a nested key, "push" inside "requests", is found by its first
+// occurrence); throws naming the key when the JSON lacks it.
+inline std::uint64_t stat(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\":");
+  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + json);
+  return std::stoull(json.substr(at + key.size() + 3));
+}
 
 class PsCluster {
  public:
@@ -64,6 +75,7 @@ class PsCluster {
       << (spec.sparse_optimizer.empty() ? "" : ", sparse: " + spec.sparse_optimizer) << "}\n"
       << "data: {name: synthetic}\n";
     if (!spec.tables.empty()) y << "tables: " << spec.tables << "\n";
+    if (!spec.replication.empty()) y << "replication: " << spec.replication << "\n";
     if (!spec.mode.empty()) y << "mode: " << spec.mode << "\n";
     if (!spec.model.empty()) y << "model: " << spec.model << "\n";
     std::vector<std::string> train;

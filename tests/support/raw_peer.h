@@ -27,10 +27,13 @@ class RawPeer {
  public:
   // `curve`: speak CURVE with this key pair to a ps whose public key is
   // `server_key` (security.curve).
+  // `routing_id`: the identity the ps sees (none: ZeroMQ's own).
   explicit RawPeer(const std::string& address,
-                   const std::optional<std::pair<CurveKeyPair, std::string>>& curve = {})
+                   const std::optional<std::pair<CurveKeyPair, std::string>>& curve = {},
+                   const std::string& routing_id = {})
       : socket_(context_, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
+    if (!routing_id.empty()) socket_.set(zmq::sockopt::routing_id, routing_id);
     socket_.set(zmq::sockopt::rcvtimeo, 5000);
     if (curve) {
       socket_.set(zmq::sockopt::curve_serverkey, curve->second);

@@ -106,6 +106,36 @@ TEST_CASE("config: train.pipeline, train.trace_* and optimizer.staleness_lr") {
                        doctest::Contains("train.trace_steps"), ConfigError);
 }
 
+TEST_CASE("config: replication.replicas, and what it needs") {
+  const auto base = parse(kMinimal);
+  CHECK(base.replication.replicas == 1);
+  // Off, it is left out of the canonical file, so the config hash of a run
+  // without it is what it was before the section existed.
+  CHECK(base.to_yaml().find("replication") == std::string::npos);
+  const auto& two_ps = kMinimal;
+  for (const char* mode : {"async", "sync"}) {
+    const auto c = parse(two_ps, {std::string("mode=") + mode, "replication.replicas=2",
+                                  "replication.backup_silence=0.5"});
+    CHECK(c.replication.replicas == 2);
+    CHECK(parse(c.to_yaml()).replication.backup_silence == 0.5);
+    CHECK(c.hash() != parse(two_ps, {std::string("mode=") + mode}).hash());
+  }
+  for (const char* mode : {"ssp", "backup", "local"}) {
+    const std::string why =
+        "replication.replicas: 2 applies to modes async and sync, not to mode " + std::string(mode);
+    CHECK_THROWS_WITH_AS(parse(two_ps, {std::string("mode=") + mode, "replication.replicas=2"}),
+                         doctest::Contains(why.c_str()), ConfigError);
+  }
+  CHECK_THROWS_WITH_AS(parse("ps: [{host: 127.0.0.1, port: 7000}]\nworkers: {count: 2}\n",
+                             {"replication.replicas=2"}),
+                       doctest::Contains("2 needs two ps at least (the cluster has 1)"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse(two_ps, {"replication.replicas=3"}),
+                       doctest::Contains("replication.replicas"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse(two_ps, {"replication.replicas=2", "model=dlrm"}),
+                       doctest::Contains("replicates dense variables only"), ConfigError);
+}
+
 TEST_CASE("config: emulated workers need train.emulated_step_ms, which needs them") {
   const auto c = parse(kMinimal, {"workers.device=emulated", "train.emulated_step_ms=12.5"});
   CHECK(c.workers.at(1).device == Device::emulated);

@@ -85,7 +85,8 @@ TEST_CASE("identity: names round-trip; anything else is no identity") {
 
 TEST_CASE("rights: each identity may do only what its role needs, as itself") {
   using wire::Op;
-  const ps::RightsPolicy async{.workers = 2, .sync = false}, sync{.workers = 2, .sync = true};
+  const ps::RightsPolicy async{.workers = 2, .sync = false, .replica_of = std::nullopt},
+      sync{.workers = 2, .sync = true, .replica_of = std::nullopt};
   const Identity w0{Role::worker, 0}, w1{Role::worker, 1}, tool{}, ps0{Role::ps, 0};
   const auto allowed = [](const Identity& who, const wire::Header& h,
                           const ps::RightsPolicy& policy) { return !ps::refusal(who, h, policy); };
@@ -115,4 +116,22 @@ TEST_CASE("rights: each identity may do only what its role needs, as itself") {
         "kv_set of 'w0/k' writes outside the key's namespace 'w1/'; this key is worker:1");
   CHECK(!allowed(w1, header(Op::kv_set, 1, "k"), async));
   CHECK(!allowed(tool, header(Op::kv_set, 1000, wire::kv_key(1000, "k")), async));
+}
+
+TEST_CASE("rights: a backup admits forwarded updates from its primary's key only") {
+  using wire::Op;
+  // This ps keeps the copy of ps 0's shard (replication.replicas 2).
+  const ps::RightsPolicy policy{.workers = 2, .sync = false, .replica_of = 0};
+  const Identity ps0{Role::ps, 0}, ps2{Role::ps, 2}, w1{Role::worker, 1};
+  for (const auto op : {Op::init, Op::push, Op::push_pull, Op::assign}) {
+    CAPTURE(wire::to_string(op));
+    CHECK(!ps::refusal(ps0, header(op, 1), policy, /*forward=*/true));  // a worker's update
+    CHECK(ps::refusal(ps2, header(op, 1), policy, true));
+    CHECK(ps::refusal(w1, header(op, 1), policy, true));
+    CHECK(ps::refusal(ps0, header(op, 1), policy, false));  // not as a forward
+  }
+  CHECK(*ps::refusal(ps0, header(Op::pull, 1), policy, true) ==
+        "pull is not forwarded between ps; this key is ps:0");
+  CHECK(*ps::refusal(ps2, header(Op::push, 1), policy, true) ==
+        "forwarded push needs the key of the ps whose shard's copy this is; this key is ps:2");
 }

@@ -1,0 +1,209 @@
+#include "server/replicator.h"
+
+#include <cstdio>
+#include <iterator>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "shared/log.h"
+#include "shared/messages.h"
+#include "shared/tsan.h"
+
+namespace pstrain::ps {
+
+namespace {
+
+using SharedFrame = std::shared_ptr<const std::vector<std::uint8_t>>;
+
+// A frame ZeroMQ sends from `bytes` without a copy, holding a reference
+// until its I/O thread has sent it: a forward sent again while the first
+// send is still queued shares the bytes. (The reference crosses to that
+// thread inside libzmq: shared/tsan.h.)
+zmq::message_t shared_frame(const SharedFrame& bytes) {
+  auto keep = std::make_unique<SharedFrame>(bytes);
+  tsan::handed_over(keep.get());
+  zmq::message_t msg(
+      const_cast<std::uint8_t*>(bytes->data()), bytes->size(),
+      [](void*, void* hint) {
+        tsan::taken_over(hint);
+        std::unique_ptr<SharedFrame> owned(static_cast<SharedFrame*>(hint));
+      },
+      keep.get());
+  keep.release();  // the message's free function owns it from here
+  return msg;
+}
+
+}  // namespace
+
+struct Replicator::Held {
+  std::vector<SharedFrame> frames;  // the forward, as the worker sent it
+  Peer to;
+  std::optional<Reply> reply;     // once this ps has handled the request
+  bool acked = false;             // the backup answered before that
+  Clock::time_point forwarded{};  // first sent
+  Clock::time_point resend_at{};
+};
+
+std::string Replicator::peer_of(std::uint32_t primary) {
+  return std::string(kPeerPrefix) + std::to_string(primary);
+}
+
+Replicator::Replicator(zmq::context_t& context, ReplicatorOptions options, PsStats& stats,
+                       ReplySink& wire)
+    : options_(std::move(options)),
+      stats_(stats),
+      wire_(wire),
+      socket_(std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer)),
+      last_heard_(Clock::now()) {
+  socket_->set(zmq::sockopt::linger, 0);
+  socket_->set(zmq::sockopt::sndhwm, 0);
+  socket_->set(zmq::sockopt::rcvhwm, 0);
+  socket_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
+  socket_->set(zmq::sockopt::routing_id, peer_of(options_.ps_index));
+  if (options_.curve) {
+    socket_->set(zmq::sockopt::curve_serverkey, options_.curve->second);
+    socket_->set(zmq::sockopt::curve_publickey, options_.curve->first.public_key);
+    socket_->set(zmq::sockopt::curve_secretkey, options_.curve->first.secret_key);
+  }
+  socket_->connect(options_.backup_address);
+}
+
+Replicator::~Replicator() = default;
+
+void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
+                         const wire::Header& request) {
+  if (!active_) return;
+  const auto now = Clock::now();
+  Held held;
+  held.forwarded = now;
+  held.resend_at = now + resend_interval();
+  // One copy: the received frames are gone once the request is handled.
+  for (const auto& f : frames)
+    held.frames.push_back(std::make_shared<const std::vector<std::uint8_t>>(f.begin(), f.end()));
+  // The backup answers a push_pull forwarded as a push: its acknowledgement
+  // without the chunk's values, which only the worker reads (from here).
+  if (request.op == wire::Op::push_pull) {
+    wire::Header as_push = request;
+    as_push.op = wire::Op::push;
+    held.frames.front() =
+        std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(as_push));
+  }
+  stats_.replica_forwarded();
+  send(held);
+  if (request.incarnation == 0) return;
+  // A request is forwarded once: the dispatcher answers a resend of one
+  // whose reply is held through held() before any handler.
+  held_.insert_or_assign({request.incarnation, request.request_id}, std::move(held));
+  count_pending();
+}
+
+bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply) {
+  const auto it = held_.find({request.incarnation, request.request_id});
+  if (it == held_.end()) return false;
+  if (it->second.acked) {  // the backup was quicker
+    wire_.send(to, std::move(reply));
+    held_.erase(it);
+    count_pending();
+    return true;
+  }
+  it->second.to = to;
+  it->second.reply = std::move(reply);
+  return true;
+}
+
+void Replicator::settle(const wire::Header& request) {
+  const auto it = held_.find({request.incarnation, request.request_id});
+  if (it == held_.end() || it->second.reply) return;
+  held_.erase(it);
+  count_pending();
+}
+
+bool Replicator::held(const wire::Header& request, const Peer& to) {
+  const auto it = held_.find({request.incarnation, request.request_id});
+  if (it == held_.end()) return false;
+  it->second.to = to;  // a resend may come on a new connection
+  return true;
+}
+
+Clock::duration Replicator::resend_interval() const {
+  return std::min(options_.retry_interval, options_.backup_silence / 4);
+}
+
+void Replicator::send(const Held& held) {
+  for (std::size_t i = 0; i < held.frames.size(); ++i) {
+    const auto more = i + 1 < held.frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    // Never blocks (no high-water mark); a forward the socket does not take
+    // goes out again at its resend.
+    if (!socket_->send(shared_frame(held.frames[i]), more | zmq::send_flags::dontwait)) return;
+  }
+}
+
+void Replicator::receive(Clock::time_point now) {
+  std::vector<zmq::message_t> frames;
+  while (zmq::recv_multipart(*socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+    last_heard_ = now;
+    // The answers in a message, each a header and its payload frames
+    // (shared/protocol.h); only the headers matter here.
+    for (std::size_t at = 0; at < frames.size();) {
+      wire::Header h;
+      try {
+        h = wire::decode_header({frames[at].data<std::uint8_t>(), frames[at].size()});
+      } catch (const wire::ProtocolError& e) {
+        give_up(std::string("its answer does not decode: ") + e.what());
+        break;
+      }
+      at += 1 + h.payload_frames;
+      const auto it = held_.find({h.incarnation, h.request_id});
+      if (it == held_.end()) continue;  // an answer to a forward sent again, or given up
+      if (h.status == wire::Status::error) {
+        give_up("it refused a forwarded " + std::string(wire::to_string(h.op)) + ": " + h.text);
+        break;
+      }
+      if (it->second.acked) continue;  // a second answer, to a forward sent again
+      stats_.replica_acked(std::chrono::duration<double>(now - it->second.forwarded).count());
+      it->second.acked = true;
+      if (!it->second.reply) continue;  // hold() sends it
+      wire_.send(it->second.to, std::move(*it->second.reply));
+      held_.erase(it);
+    }
+    frames.clear();
+  }
+  count_pending();
+}
+
+void Replicator::tick(Clock::time_point now) {
+  if (held_.empty()) return;
+  const auto interval = resend_interval();
+  for (auto& [key, held] : held_) {
+    if (held.acked) continue;
+    // Silent: nothing heard since before this forward's silence began (an
+    // answer to another forward shows it alive, its answers to this one lost).
+    if (now - held.forwarded >= options_.backup_silence &&
+        now - last_heard_ >= options_.backup_silence) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f",
+                    std::chrono::duration<double>(now - held.forwarded).count());
+      return give_up(std::string("a forwarded update has been unanswered for ") + secs + " s");
+    }
+    if (held.resend_at <= now) {
+      send(held);
+      held.resend_at = now + interval;
+    }
+  }
+}
+
+void Replicator::give_up(const std::string& why) {
+  log("ps ", options_.ps_index, ": serving on without backup ps ", options_.backup_index, " (",
+      options_.backup_address, "): ", why, "; its ", held_.size(),
+      " forwards in flight are not waited for, and the shard has one copy from here on");
+  stats_.backup_lost();
+  active_ = false;
+  for (auto& [key, held] : held_)
+    if (held.reply) wire_.send(held.to, std::move(*held.reply));
+  held_.clear();
+  count_pending();
+}
+
+void Replicator::count_pending() { stats_.replication_pending(held_.size()); }
+
+}  // namespace pstrain::ps

@@ -1,0 +1,129 @@
+#pragma once
+// Chain replication of a ps's shard (replication.replicas: 2;
+// docs/failures.md, "Replicated shards"), after the parameter server of Li
+// et al. (OSDI 2014): every update this ps applies to its shard (init, push,
+// push_pull, assign) is forwarded, as the frames it arrived in, to the next
+// ps of the ring, its backup, which applies it to its copy of the shard while
+// this ps applies it to the shard; the reply to the worker is held until the
+// backup has answered. So every update
+// a worker saw acknowledged is held by two processes.
+//
+//   Replicator replicator(context, {.ps_index = 0, .backup_address = ...}, stats, wire);
+//   dispatcher.set_replicator(&replicator);  // forwards updates, holds their replies
+//   poll replicator.socket(); on input: replicator.receive(now); each pass: tick(now)
+//
+// The backup keeps the copy apart from its own shard (its own chunk store,
+// served by the handlers Dispatcher::replica_handlers() holds) and forwards
+// nothing further. A forward carries the worker's sender, incarnation and
+// request id, so the backup's record of applied requests (server/dedup.h)
+// holds it as the primary's does: a forward sent again (its answer lost) is
+// answered from the record, not applied twice; and a resend of the worker
+// that arrives while its reply is held here is answered once the backup has
+// the update.
+//
+// Order: forwards leave on one connection in the order their updates are
+// applied, and the backup serves one connection's requests of a chunk in
+// order (a chunk's requests share a priority), so each chunk goes through
+// the same sequence of updates on both and ends bit-equal. The checks that
+// refuse an update (its size, a NaN) are the same on both, so the backup
+// refuses what this ps refuses; its refusal of an update this ps refused too
+// is not waited for. Updates of
+// senders that never resend (incarnation 0: tools speaking the wire by hand)
+// are forwarded once and answered at once: without an id the backup records,
+// a second forward could apply twice.
+//
+// A backup that leaves a forward unanswered for replication.backup_silence,
+// or refuses one (it restarted without the copy), is given up: the held
+// replies are released, the loss is logged and counted, and this ps serves on
+// without a backup (the shard then has one copy).
+//
+// Thread rules: the ps thread only, like the whole ps (server/request.h); the
+// socket lives in the request loop's ZeroMQ context.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "server/ps_stats.h"
+#include "server/request.h"
+#include "shared/curve_keys.h"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace pstrain::ps {
+
+struct ReplicatorOptions {
+  std::uint32_t ps_index = 0;
+  std::uint32_t backup_index = 1;
+  std::string backup_address;  // "tcp://host:port", where the backup serves
+  // Under security.curve: this ps's key pair and the backup's public key.
+  std::optional<std::pair<CurveKeyPair, std::string>> curve;
+  Clock::duration retry_interval = std::chrono::seconds(1);  // a forward unanswered: sent again
+  Clock::duration backup_silence = std::chrono::seconds(2);  // then the backup is given up
+};
+
+class Replicator {
+ public:
+  // The identity the forwards of ps `primary` arrive from at its backup:
+  // kPeerPrefix and the index.
+  static constexpr std::string_view kPeerPrefix = "pstrain-replica-of-ps-";
+  static std::string peer_of(std::uint32_t primary);
+
+  Replicator(zmq::context_t& context, ReplicatorOptions options, PsStats& stats, ReplySink& wire);
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // Whether updates are forwarded: until the backup is given up.
+  bool active() const { return active_; }
+  // Forwards the update `request` (its header frame and payload frames, as
+  // received) that this ps is about to apply: the backup applies it while
+  // this ps does, and the two keep the order of their forwards.
+  void forward(std::span<const std::span<const std::uint8_t>> frames, const wire::Header& request);
+  // The reply to a forwarded `request`, due to `to`: taken (true) and held
+  // until the backup has applied the update; false when nothing is waited
+  // for (not forwarded, or from a sender that never resends) and the caller
+  // sends it.
+  bool hold(const wire::Header& request, const Peer& to, Reply& reply);
+  // `request` was handled without a reply to hold (this ps refused it): its
+  // forward is not waited for.
+  void settle(const wire::Header& request);
+  // A resend of `request` arrived from `to`: true when its reply is held
+  // here (it then goes to `to` once released); false when the caller
+  // answers it.
+  bool held(const wire::Header& request, const Peer& to);
+
+  zmq::socket_t& socket() { return *socket_; }
+  // Reads the backup's answers and releases the replies they free.
+  void receive(Clock::time_point now);
+  // Forwards unanswered for a retry interval go out again; a backup silent
+  // for backup_silence is given up.
+  void tick(Clock::time_point now);
+
+ private:
+  struct Held;
+  using Key = std::pair<std::uint64_t, std::uint64_t>;  // (incarnation, request id)
+  void send(const Held& held);
+  Clock::duration resend_interval() const;
+  void give_up(const std::string& why);
+  void count_pending();
+
+  ReplicatorOptions options_;
+  PsStats& stats_;
+  ReplySink& wire_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  std::map<Key, Held> held_;
+  bool active_ = true;
+  Clock::time_point last_heard_;  // the backup's last answer (or the start)
+};
+
+}  // namespace pstrain::ps
