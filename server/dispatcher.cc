@@ -160,7 +160,10 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
     throw wire::ProtocolError(forward ? "this ps does not serve the op on a shard's copy"
                                       : "this ps does not serve the op");
   if (request.header.op == Op::hello) dedup_.hello(request.header);
-  const auto seen = dedup_.find(request.header);
+  // Forwards have a record of their own: a worker's hello here (it
+  // restarted) must not forget the updates its primary still forwards.
+  Dedup& dedup = forward ? replica_dedup_ : dedup_;
+  const auto seen = dedup.find(request.header);
   if (seen.verdict == Dedup::Verdict::resent) {
     // Its reply still waits for the backup: it goes to the resend's sender then.
     if (!forward && replicator_ && replicator_->held(request.header, request.from))
@@ -179,7 +182,8 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   recording_forward_ = forward;
   // An update of this ps's own shard goes to the backup first, which applies
   // it while this ps does; its reply waits for both (send()).
-  const bool replicate = replicator_ && !forward && Dedup::recorded(request.header.op);
+  const bool replicate = replicator_ && !forward && Dedup::recorded(request.header.op) &&
+                         !wire::is_sparse(request.header.op);  // rows are not replicated yet
   if (replicate) replicator_->forward(recording_frames_, request.header);
   try {
     (*handler)(request);
@@ -193,7 +197,8 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
 
 bool Dispatcher::forwarded(const Peer& from) const {
   if (!from.starts_with(Replicator::kPeerPrefix)) return false;
-  if (options_.replica_of && from == Replicator::peer_of(*options_.replica_of)) return true;
+  if (options_.replica_of && from.starts_with(Replicator::peer_of(*options_.replica_of)))
+    return true;
   throw std::runtime_error(
       "forwards from '" + from + "' are not served here: this ps keeps " +
       (options_.replica_of
@@ -302,7 +307,7 @@ void Dispatcher::send(const Peer& to, Reply reply) {
 
 void Dispatcher::accepted(const Header& request, std::uint64_t version) {
   if (recording_ != &request) return;
-  dedup_.record(request, version);
+  (recording_forward_ ? replica_dedup_ : dedup_).record(request, version);
   recording_ = nullptr;  // recorded once; the held reply, when sent, is not
 }
 

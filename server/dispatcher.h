@@ -28,7 +28,7 @@
 // update of its own shard to the backup before its handler applies it, and
 // hands the handler's reply to the replicator, which holds it until the
 // backup has the update; and it serves the forwards of the
-// ps before it in the ring (the peer Replicator::peer_of names) with the
+// ps before it in the ring (peers Replicator::peer_of names) with the
 // handlers of replica_handlers(), over the copy of that ps's shard, without
 // admission (the primary admitted them) and without forwarding them further.
 //
@@ -134,6 +134,7 @@ class Dispatcher final : public ReplySink {
   Handlers replica_handlers_;
   Replicator* replicator_ = nullptr;
   Dedup dedup_;
+  Dedup replica_dedup_;  // of the forwards served (their own ids' window)
   // While a recorded op's handler runs: its request and sender, whose reply
   // send() records in the dedup record (a held reply to another sender that
   // the handler releases may carry the same request id).

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iterator>
+#include <random>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -42,10 +43,11 @@ struct Replicator::Held {
   bool acked = false;             // the backup answered before that
   Clock::time_point forwarded{};  // first sent
   Clock::time_point resend_at{};
+  Clock::duration interval{};  // until the next resend; doubles
 };
 
 std::string Replicator::peer_of(std::uint32_t primary) {
-  return std::string(kPeerPrefix) + std::to_string(primary);
+  return std::string(kPeerPrefix) + std::to_string(primary) + "/";
 }
 
 Replicator::Replicator(zmq::context_t& context, ReplicatorOptions options, PsStats& stats,
@@ -59,7 +61,10 @@ Replicator::Replicator(zmq::context_t& context, ReplicatorOptions options, PsSta
   socket_->set(zmq::sockopt::sndhwm, 0);
   socket_->set(zmq::sockopt::rcvhwm, 0);
   socket_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
-  socket_->set(zmq::sockopt::routing_id, peer_of(options_.ps_index));
+  std::random_device random;
+  socket_->set(
+      zmq::sockopt::routing_id,
+      peer_of(options_.ps_index) + std::to_string(std::uint64_t{random()} << 32 | random()));
   if (options_.curve) {
     socket_->set(zmq::sockopt::curve_serverkey, options_.curve->second);
     socket_->set(zmq::sockopt::curve_publickey, options_.curve->first.public_key);
@@ -76,18 +81,20 @@ void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
   const auto now = Clock::now();
   Held held;
   held.forwarded = now;
-  held.resend_at = now + resend_interval();
+  held.interval = resend_interval();
+  held.resend_at = now + held.interval;
   // One copy: the received frames are gone once the request is handled.
   for (const auto& f : frames)
     held.frames.push_back(std::make_shared<const std::vector<std::uint8_t>>(f.begin(), f.end()));
-  // The backup answers a push_pull forwarded as a push: its acknowledgement
-  // without the chunk's values, which only the worker reads (from here).
-  if (request.op == wire::Op::push_pull) {
-    wire::Header as_push = request;
-    as_push.op = wire::Op::push;
-    held.frames.front() =
-        std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(as_push));
-  }
+  // Every forward at one priority: the backup serves requests of one
+  // priority in their order of arrival (server/request_loop.h). A push_pull
+  // goes as a push: the backup acknowledges it without the chunk's values,
+  // which only the worker reads (from here).
+  wire::Header forwarded = request;
+  forwarded.priority = 0;
+  if (forwarded.op == wire::Op::push_pull) forwarded.op = wire::Op::push;
+  held.frames.front() =
+      std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(forwarded));
   stats_.replica_forwarded();
   send(held);
   if (request.incarnation == 0) return;
@@ -173,7 +180,6 @@ void Replicator::receive(Clock::time_point now) {
 
 void Replicator::tick(Clock::time_point now) {
   if (held_.empty()) return;
-  const auto interval = resend_interval();
   for (auto& [key, held] : held_) {
     if (held.acked) continue;
     // Silent: nothing heard since before this forward's silence began (an
@@ -187,7 +193,8 @@ void Replicator::tick(Clock::time_point now) {
     }
     if (held.resend_at <= now) {
       send(held);
-      held.resend_at = now + interval;
+      held.interval = std::min(held.interval * 2, options_.backup_silence / 4);
+      held.resend_at = now + held.interval;
     }
   }
 }

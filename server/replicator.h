@@ -22,8 +22,8 @@
 // the update.
 //
 // Order: forwards leave on one connection in the order their updates are
-// applied, and the backup serves one connection's requests of a chunk in
-// order (a chunk's requests share a priority), so each chunk goes through
+// applied, all at one priority, and the backup serves one connection's
+// requests of one priority in order, so each chunk goes through
 // the same sequence of updates on both and ends bit-equal. The checks that
 // refuse an update (its size, a NaN) are the same on both, so the backup
 // refuses what this ps refuses; its refusal of an update this ps refused too
@@ -32,7 +32,10 @@
 // are forwarded once and answered at once: without an id the backup records,
 // a second forward could apply twice.
 //
-// A backup that leaves a forward unanswered for replication.backup_silence,
+// A forward unanswered is sent again after min(net.retry_interval,
+// backup_silence / 4), then after twice as long each time, up to
+// backup_silence / 4. A backup that leaves a forward unanswered for
+// replication.backup_silence,
 // or refuses one (it restarted without the copy), is given up: the held
 // replies are released, the loss is logged and counted, and this ps serves on
 // without a backup (the shard then has one copy).
@@ -73,8 +76,12 @@ struct ReplicatorOptions {
 
 class Replicator {
  public:
-  // The identity the forwards of ps `primary` arrive from at its backup:
-  // kPeerPrefix and the index.
+  // The identities the forwards of ps `primary` arrive from at its backup
+  // begin with peer_of(primary) (kPeerPrefix, the index and a slash); each
+  // replicator adds a random part, so that a restarted primary's connection
+  // never competes with its predecessor's for one identity. Under CURVE the
+  // backup admits forwards only from the primary's key (server/rights.h),
+  // whatever identity a peer claims.
   static constexpr std::string_view kPeerPrefix = "pstrain-replica-of-ps-";
   static std::string peer_of(std::uint32_t primary);
 

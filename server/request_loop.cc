@@ -176,10 +176,6 @@ struct RequestLoop::Impl final : ReplySink {
     socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
     // Replies to `done` and `shutdown` are the last messages; let them leave.
     socket.set(zmq::sockopt::linger, 2000);
-    // A restarted primary's replicator comes back with its identity
-    // (Replicator::peer_of) while the old connection may linger: the new
-    // one takes the identity over.
-    socket.set(zmq::sockopt::router_handover, true);
   }
 
   std::chrono::milliseconds poll_timeout(const Coordinator& coordinator) const {
@@ -358,8 +354,10 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
       if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
       if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) impl_->drain(coordinator);
       if (replicator) {
-        // The backup's answers release held replies; then overdue forwards.
-        if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) replicator->receive(Clock::now());
+        // The backup's answers release held replies, those that came while
+        // the requests were served too (so a long batch does not make a
+        // live backup look silent); then overdue forwards.
+        replicator->receive(Clock::now());
         replicator->tick(Clock::now());
       }
       impl_->budget.forget_idle();

@@ -830,6 +830,10 @@ void check_replication(const Reader& r, const ClusterConfig& c) {
   if (c.mode != Mode::async && c.mode != Mode::sync)
     r.fail("replication.replicas",
            "2 applies to modes async and sync, not to mode " + std::string(to_string(c.mode)));
+  if (!(c.replication.backup_silence < c.net.request_timeout))
+    r.fail("replication.backup_silence",
+           "must be shorter than net.request_timeout (" + number(c.net.request_timeout) +
+               " s): replies wait for a silent backup that long before the primary serves on");
   if (!c.tables.empty())
     r.fail("replication.replicas",
            "2 replicates dense variables only; this config has tables (their rows are not "

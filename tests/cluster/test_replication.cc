@@ -94,7 +94,7 @@ TEST_CASE("replication: every acknowledged update is on the backup, bit for bit"
                      .lr = 1,
                      .retry_interval = 0.05,
                      .fault_drop = 0.1,
-                     .replication = "{replicas: 2, backup_silence: 10}"});
+                     .replication = "{replicas: 2, backup_silence: 5}"});
   cluster.start_all();
   const auto& config = cluster.config();
   check_exact_pushes(config, 3, 60);
@@ -105,7 +105,7 @@ TEST_CASE("replication: every acknowledged update is on the backup, bit for bit"
 
 TEST_CASE("replication: under CURVE a primary's forwards are admitted by its backup") {
   PsCluster cluster(
-      {.ps = 2, .workers = 1, .curve = true, .replication = "{replicas: 2, backup_silence: 10}"});
+      {.ps = 2, .workers = 1, .curve = true, .replication = "{replicas: 2, backup_silence: 5}"});
   cluster.start_all();
   const auto& config = cluster.config();
   const auto map = shard_map_for(config, exact_push_variables());

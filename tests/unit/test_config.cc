@@ -130,6 +130,10 @@ TEST_CASE("config: replication.replicas, and what it needs") {
                              {"replication.replicas=2"}),
                        doctest::Contains("2 needs two ps at least (the cluster has 1)"),
                        ConfigError);
+  CHECK_THROWS_WITH_AS(
+      parse(two_ps, {"replication.replicas=2", "replication.backup_silence=30"}),
+      doctest::Contains("replication.backup_silence: must be shorter than net.request_timeout"),
+      ConfigError);
   CHECK_THROWS_WITH_AS(parse(two_ps, {"replication.replicas=3"}),
                        doctest::Contains("replication.replicas"), ConfigError);
   CHECK_THROWS_WITH_AS(parse(two_ps, {"replication.replicas=2", "model=dlrm"}),
