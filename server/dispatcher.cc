@@ -145,6 +145,7 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   if (request.header.payload_frames >= 1) request.payload = payloads[0];
   if (request.header.payload_frames == 2) request.rows = payloads[1];
   const bool forward = forwarded(request.from);
+  const bool failover = !forward && failing_over(request.from);
   if (options_.rights) {
     if (const auto why = refusal_of(connection, request.header, forward)) {
       stats_.refused();
@@ -153,20 +154,30 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
                   {wire::error_reply(request.header, prefix() + "refused: " + *why), {}});
     }
   }
-  if (!forward && !coordinator.admit(request)) return stats_.error();
-  const Handlers& handlers = forward ? replica_handlers_ : handlers_;
+  if (forward && heard_primary(request)) return;
+  // Unanswered, as by a dead ps: the worker's resends find the ps that may
+  // serve it (server/replicator.h, "Fail-over and the lease").
+  if (failover && !take_over(request)) return stats_.unserved();
+  // Forwards and fail-over requests both work on the copy of the
+  // primary's shard.
+  const bool on_copy = forward || failover;
+  if (!on_copy && replicator_ && wire::is_data_op(request.header.op) &&
+      !replicator_->serving(request.received))
+    return stats_.unserved();
+  if (!on_copy && !coordinator.admit(request)) return stats_.error();
+  const Handlers& handlers = on_copy ? replica_handlers_ : handlers_;
   const Handler* handler = handlers.find(request.header.op);
   if (!handler)
-    throw wire::ProtocolError(forward ? "this ps does not serve the op on a shard's copy"
+    throw wire::ProtocolError(on_copy ? "this ps does not serve the op on a shard's copy"
                                       : "this ps does not serve the op");
   if (request.header.op == Op::hello) dedup_.hello(request.header);
   // Forwards have a record of their own: a worker's hello here (it
   // restarted) must not forget the updates its primary still forwards.
-  Dedup& dedup = forward ? replica_dedup_ : dedup_;
+  Dedup& dedup = on_copy ? replica_dedup_ : dedup_;
   const auto seen = dedup.find(request.header);
   if (seen.verdict == Dedup::Verdict::resent) {
     // Its reply still waits for the backup: it goes to the resend's sender then.
-    if (!forward && replicator_ && replicator_->held(request.header, request.from))
+    if (!on_copy && replicator_ && replicator_->held(request.header, request.from))
       return stats_.resend_answered();
     return answer_resend(handlers, request, seen.version);
   }
@@ -179,10 +190,11 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   }
   recording_ = &request.header;
   recording_from_ = &request.from;
-  recording_forward_ = forward;
+  recording_forward_ = on_copy;
   // An update of this ps's own shard goes to the backup first, which applies
-  // it while this ps does; its reply waits for both (send()).
-  const bool replicate = replicator_ && !forward && Dedup::recorded(request.header.op) &&
+  // it while this ps does; its reply waits for both (send()). The copy's
+  // updates, taken over, have no backup.
+  const bool replicate = replicator_ && !on_copy && Dedup::recorded(request.header.op) &&
                          !wire::is_sparse(request.header.op);  // rows are not replicated yet
   if (replicate) replicator_->forward(recording_frames_, request.header);
   try {
@@ -204,6 +216,75 @@ bool Dispatcher::forwarded(const Peer& from) const {
       (options_.replica_of
            ? "the copy of ps " + std::to_string(*options_.replica_of) + "'s shard only"
            : std::string("no shard's copy")));
+}
+
+bool Dispatcher::failing_over(const Peer& from) const {
+  if (!from.starts_with(wire::kFailoverPeerPrefix)) return false;
+  if (options_.replica_of && from.starts_with(wire::failover_peer(*options_.replica_of)))
+    return true;
+  throw std::runtime_error(
+      "requests for another ps's shard from '" + from + "' are not served here: this ps keeps " +
+      (options_.replica_of
+           ? "the copy of ps " + std::to_string(*options_.replica_of) + "'s shard only"
+           : std::string("no shard's copy")));
+}
+
+void Dispatcher::watch(Clock::time_point now) {
+  if (now - last_watch_ > options_.backup_silence / 4)
+    primary_heard_ = std::max(primary_heard_, now);
+  last_watch_ = now;
+}
+
+bool Dispatcher::heard_primary(const Request& request) {
+  if (took_over_) {
+    stats_.error();
+    send(request.from,
+         {wire::error_reply(request.header, std::string(Replicator::kTakenOver) + "ps " +
+                                                std::to_string(options_.ps_index) + " serves ps " +
+                                                std::to_string(*options_.replica_of) +
+                                                "'s shard since it fell silent"),
+          {}});
+    return true;
+  }
+  primary_heard_ = std::max(primary_heard_, request.received);
+  primary_seen_ = true;
+  if (request.header.op != Op::heartbeat) return false;
+  if (request.header.operand == Replicator::kGivenUp && !copy_given_up_) {
+    copy_given_up_ = true;
+    log(prefix(), "ps ", *options_.replica_of,
+        " serves on without this copy of its shard; it will not be taken over");
+  }
+  send(request.from, {wire::reply_to(request.header), {}});
+  return true;
+}
+
+bool Dispatcher::take_over(const Request& request) {
+  const auto primary = std::to_string(*options_.replica_of);
+  // And its end-of-run snapshot, once taken over (worker 0 asks every ps).
+  if (request.header.op == Op::snapshot && took_over_) return true;
+  if (!wire::is_data_op(request.header.op) || wire::is_sparse(request.header.op))
+    throw wire::ProtocolError("only data requests for ps " + primary +
+                              "'s chunks, and its snapshot once taken over, are served on a "
+                              "fail-over connection");
+  if (took_over_) return true;
+  if (copy_given_up_)
+    throw std::runtime_error("cannot serve ps " + primary + "'s shard: ps " + primary +
+                             " gave up this copy (it misses updates since)");
+  const auto silent = std::chrono::duration<double>(request.received - primary_heard_).count();
+  if (!primary_seen_ || request.received - primary_heard_ < options_.backup_silence) {
+    if (!waiting_logged_)
+      log(prefix(), "a worker asks for ps ", primary, "'s shard, which ",
+          primary_seen_ ? "was heard " + std::to_string(silent) + " s ago"
+                        : std::string("has not been heard yet"),
+          "; not taking it over before it was silent for replication.backup_silence");
+    waiting_logged_ = true;
+    return false;
+  }
+  took_over_ = true;
+  stats_.took_over();
+  log(prefix(), "takes over ps ", primary, "'s shard: heard nothing from it for ", silent,
+      " s; serving it from the copy, without a backup");
+  return true;
 }
 
 // A resend of an update this ps applied already (server/dedup.h says what it

@@ -32,6 +32,20 @@
 // handlers of replica_handlers(), over the copy of that ps's shard, without
 // admission (the primary admitted them) and without forwarding them further.
 //
+// Fail-over (server/replicator.h, "Fail-over and the lease"): a primary
+// without a valid lease leaves its shard's data requests unanswered. The
+// backup answers the primary's pings, notes when it last heard the primary
+// (measured only while it runs: watch()), and takes the shard over when a
+// worker's data request for it arrives (from a socket named
+// wire::failover_peer) after the primary has been silent for
+// replication.backup_silence; until then such requests go unanswered. From
+// then on it serves them (and the snapshot op, which writes the copy as that
+// ps's snapshot file) over the copy, with the copy's record of applied
+// requests (which holds every forwarded one, so a resend of an update the
+// primary forwarded is answered, not applied again), and refuses the
+// primary's forwards and pings (Replicator::kTakenOver). A copy its primary
+// gave up (a ping said so) misses updates: it is never taken over.
+//
 // The request loop (server/request_loop.h) feeds it what its ROUTER socket
 // receives and sends what it passes on; the fuzzer (tests/fuzz) feeds it
 // made-up messages and records the replies, so both exercise one path.
@@ -69,8 +83,10 @@ struct DispatcherOptions {
   // Under CURVE: what each authenticated identity may do. None: nobody is
   // authenticated and nothing is checked.
   std::optional<RightsPolicy> rights;
-  // replication.replicas 2: the ps whose shard this one keeps a copy of.
+  // replication.replicas 2: the ps whose shard this one keeps a copy of,
+  // and how long that ps must be silent before this one takes the shard over.
   std::optional<std::uint32_t> replica_of;
+  Clock::duration backup_silence = std::chrono::seconds(2);
 };
 
 // What the socket knows of a message's sender.
@@ -93,6 +109,11 @@ class Dispatcher final : public ReplySink {
   Handlers& replica_handlers() { return replica_handlers_; }
   // Applied updates go to `replicator` (none: they are answered at once).
   void set_replicator(Replicator* replicator) { replicator_ = replicator; }
+  // Called on every pass of the request loop: a pass long after the
+  // previous one (the process was stopped) starts the primary's silence
+  // afresh, since this ps did not listen meanwhile.
+  void watch(Clock::time_point now);
+  bool took_over() const { return took_over_; }
 
   // Handles one message: frames[0] is the sender's identity (where replies
   // go; a ROUTER socket always puts it there), then one or more requests,
@@ -123,6 +144,15 @@ class Dispatcher final : public ReplySink {
   // Whether `from` is the replicator of options_.replica_of; throws for one
   // that claims to be another ps's.
   bool forwarded(const Peer& from) const;
+  // Whether `from` is a worker's socket for options_.replica_of's shard
+  // (wire::failover_peer); throws for one of another ps's shard.
+  bool failing_over(const Peer& from) const;
+  // A request from the primary (a forward or a ping): refused once this ps
+  // took over; true when it was a ping, answered here.
+  bool heard_primary(const Request& request);
+  // A worker's request for the primary's shard: whether this ps serves it,
+  // taking the shard over if the primary has been silent long enough.
+  bool take_over(const Request& request);
   void check(const wire::Header& request, std::span<const Frame> payloads) const;
   void check_run(const wire::Header& request);
   std::string prefix() const;
@@ -145,6 +175,13 @@ class Dispatcher final : public ReplySink {
   std::span<const Frame> recording_frames_;
   bool recording_forward_ = false;
   std::size_t refusals_logged_ = 0;  // check_run
+  // Fail-over, as the backup of options_.replica_of.
+  Clock::time_point primary_heard_ = Clock::now();
+  Clock::time_point last_watch_ = primary_heard_;
+  bool primary_seen_ = false;  // a shard is taken over only from a primary that served
+  bool took_over_ = false;
+  bool copy_given_up_ = false;
+  bool waiting_logged_ = false;
   // (peer address, op) pairs whose refusal was logged; bounded, the count
   // (PsStats::refused) has the rest.
   std::set<std::pair<std::string, wire::Op>> rights_refusals_logged_;

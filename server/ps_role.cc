@@ -106,6 +106,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   if (replicated) {
     replication = ps::ReplicatorOptions{
         .ps_index = index,
+        .run_id = config.run_id(),
         .backup_index = backup,
         .backup_address = config.ps[backup].connect_address(),
         .curve = std::nullopt,
@@ -168,9 +169,14 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
         loop);
     replica_data.emplace(
         *replica_store, *replica_coordinator, loop, stats,
-        ps::shard_file(config.run_dir / "snapshot", index).replace_extension(".copy.bin"),
-        [&replica_store] {
+        // Written only once this ps took the shard over (server/dispatcher.h):
+        // then as that ps's own end-of-run snapshot.
+        ps::shard_file(config.run_dir / "snapshot", replica_of),
+        [&replica_store, &replica_coordinator, hash] {
           ps::ShardCut cut;
+          cut.info.config_hash = hash;
+          cut.info.optimizer = to_string(replica_store->optimizer().kind);
+          replica_coordinator->fill_progress(cut.info);
           cut.chunks = replica_store->refs();
           return cut;
         },
@@ -212,6 +218,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   try {
     code = loop.run(coordinator, [&](ps::Clock::time_point now) {
       data.tick();
+      if (replica_data) replica_data->tick();
       tables.tick(static_cast<std::uint32_t>(unix_time()));
       if (checkpointer) checkpointer->tick(now);
       if (metrics.serving() && now >= next_refresh) {

@@ -163,6 +163,15 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                                "Times this ps served on without its backup (silent for "
                                "replication.backup_silence, or refusing a forwarded update).")
                          .with()),
+      takeovers_(r.counter("pstrain_ps_takeovers_total",
+                           "Times this ps took over the shard of the ps it backs up (its "
+                           "primary silent for replication.backup_silence).")
+                     .with()),
+      unserved_(r.counter("pstrain_ps_unserved_requests_total",
+                          "Data requests left unanswered because this ps may not serve them "
+                          "now (replication: a primary without its backup's lease, or whose "
+                          "backup took over; a backup whose primary lives).")
+                    .with()),
       updates_lost_(r.counter("pstrain_ps_updates_lost_total",
                               "Acknowledged updates of a worker that a restore of this ps lost.",
                               {"worker"})),
@@ -281,7 +290,9 @@ std::string PsStats::json(double now_unix) const {
     << ",\"gradients_dropped\":" << whole(gradients_dropped_.value())
     << ",\"replica_forwards\":" << whole(replica_forwards_.value())
     << ",\"replication_pending\":" << whole(replication_pending_.value())
-    << ",\"backup_losses\":" << whole(backup_losses_.value()) << ",\"updates_lost\":[";
+    << ",\"backup_losses\":" << whole(backup_losses_.value())
+    << ",\"takeovers\":" << whole(takeovers_.value())
+    << ",\"unserved\":" << whole(unserved_.value()) << ",\"updates_lost\":[";
   for (std::size_t w = 0; w < workers_; ++w)
     j << (w ? "," : "") << whole(updates_lost_.with({std::to_string(w)}).value());
   j << "],\"tables\":{";

@@ -16,9 +16,9 @@
 //   of this ps lost), ssp_staleness_max (mode ssp: the largest staleness in
 //   steps of an applied update, server/consistency/ssp_gate.h), gradients_dropped (mode
 //   backup: late gradients never applied, server/consistency/backup_aggregator.h),
-//   replica_forwards, replication_pending, backup_losses (replication.replicas 2,
-//   server/replicator.h), uptime_seconds, tables (an object per embedding table: rows, bytes,
-//   created, admission_dropped, evicted, expired, rows_pulled, rows_pushed;
+//   replica_forwards, replication_pending, backup_losses, takeovers, unserved
+//   (replication.replicas 2, server/replicator.h), uptime_seconds, tables (an object per embedding
+//   table: rows, bytes, created, admission_dropped, evicted, expired, rows_pulled, rows_pushed;
 //   server/table_store.h).
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
@@ -41,7 +41,8 @@
 //   pstrain_ps_table_rows_expired_total{table},
 //   pstrain_ps_table_rows_pulled_total{table},
 //   pstrain_ps_table_rows_pushed_total{table},
-//   pstrain_ps_replica_forwards_total, pstrain_ps_backup_losses_total;
+//   pstrain_ps_replica_forwards_total, pstrain_ps_backup_losses_total,
+//   pstrain_ps_takeovers_total, pstrain_ps_unserved_requests_total;
 //   the histograms pstrain_ps_request_seconds{op},
 //   pstrain_ps_sparse_ids_per_request,
 //   pstrain_ps_optimizer_apply_seconds, pstrain_ps_update_staleness,
@@ -122,6 +123,12 @@ class PsStats {
   void replica_acked(double seconds) { replication_lag_.observe(seconds); }
   void replication_pending(std::size_t replies) { replication_pending_.set(double(replies)); }
   void backup_lost() { backup_losses_.add(); }
+  // Fail-over: this ps took over its primary's shard; a data request left
+  // unanswered because this ps may not serve it now (a primary without a
+  // lease from its backup, one whose backup took over, a backup whose
+  // primary still lives).
+  void took_over() { takeovers_.add(); }
+  void unserved() { unserved_.add(); }
   // A sparse request's ids (unique, sorted).
   void sparse_ids(std::size_t ids) { sparse_ids_.observe(double(ids)); }
   // Reads (ssp) and gradients' replies (backup) held right now.
@@ -191,6 +198,8 @@ class PsStats {
   Histogram& replication_lag_;
   Gauge& replication_pending_;
   Counter& backup_losses_;
+  Counter& takeovers_;
+  Counter& unserved_;
   MetricFamily<Counter>& updates_lost_;  // by worker
   std::size_t workers_ = 0;              // updates_lost_'s series, as of refresh()
   MetricFamily<Gauge>& workers_by_state_;

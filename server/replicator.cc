@@ -56,8 +56,13 @@ Replicator::Replicator(zmq::context_t& context, ReplicatorOptions options, PsSta
       stats_(stats),
       wire_(wire),
       socket_(std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer)),
-      last_heard_(Clock::now()) {
+      last_heard_(Clock::now()),
+      last_tick_(last_heard_) {
   socket_->set(zmq::sockopt::linger, 0);
+  // Nothing queues for a backup not connected (down, restarting): its
+  // forwards go out again at their resends, and pings to a lost backup do
+  // not pile up.
+  socket_->set(zmq::sockopt::immediate, true);
   socket_->set(zmq::sockopt::sndhwm, 0);
   socket_->set(zmq::sockopt::rcvhwm, 0);
   socket_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
@@ -149,9 +154,10 @@ void Replicator::receive(Clock::time_point now) {
   std::vector<zmq::message_t> frames;
   while (zmq::recv_multipart(*socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
     last_heard_ = now;
+    backup_seen_ = true;
     // The answers in a message, each a header and its payload frames
     // (shared/protocol.h); only the headers matter here.
-    for (std::size_t at = 0; at < frames.size();) {
+    for (std::size_t at = 0; at < frames.size() && !fenced_;) {
       wire::Header h;
       try {
         h = wire::decode_header({frames[at].data<std::uint8_t>(), frames[at].size()});
@@ -160,12 +166,34 @@ void Replicator::receive(Clock::time_point now) {
         break;
       }
       at += 1 + h.payload_frames;
+      const bool error = h.status == wire::Status::error;
+      if (error && h.text.starts_with(kTakenOver)) {
+        fence(h.text);
+        break;
+      }
+      if (h.op == wire::Op::heartbeat && h.incarnation == 0) {  // a ping's answer
+        const auto ping = pings_.find(h.request_id);
+        if (ping == pings_.end()) continue;
+        if (error) {
+          give_up("it refused a ping: " + h.text);
+          break;
+        }
+        if (ping->second.notice) {
+          notice_due_ = false;
+          log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
+              " was told it is given up");
+        }
+        renew(ping->second.sent);
+        pings_.erase(pings_.begin(), std::next(ping));  // older ones are answered by this
+        continue;
+      }
       const auto it = held_.find({h.incarnation, h.request_id});
       if (it == held_.end()) continue;  // an answer to a forward sent again, or given up
-      if (h.status == wire::Status::error) {
+      if (error) {
         give_up("it refused a forwarded " + std::string(wire::to_string(h.op)) + ": " + h.text);
         break;
       }
+      renew(it->second.forwarded);
       if (it->second.acked) continue;  // a second answer, to a forward sent again
       stats_.replica_acked(std::chrono::duration<double>(now - it->second.forwarded).count());
       it->second.acked = true;
@@ -178,24 +206,54 @@ void Replicator::receive(Clock::time_point now) {
   count_pending();
 }
 
+void Replicator::renew(Clock::time_point sent) {
+  lease_until_ = std::max(lease_until_, sent + options_.backup_silence / 2);
+}
+
+void Replicator::ping(Clock::time_point now) {
+  wire::Header h;
+  h.op = wire::Op::heartbeat;
+  h.sender = options_.ps_index;
+  h.run_id = options_.run_id;
+  h.request_id = next_ping_id_++;
+  h.operand = notice_due_ ? kGivenUp : 0;
+  const auto header = wire::encode_header(h);
+  pings_[h.request_id] = {now, notice_due_};
+  next_ping_at_ = now + options_.backup_silence / 8;
+  zmq::message_t frame(header.data(), header.size());
+  (void)socket_->send(frame, zmq::send_flags::dontwait);  // a ping not taken is not missed
+}
+
 void Replicator::tick(Clock::time_point now) {
-  if (held_.empty()) return;
+  // Long since the last tick: this process was stopped or starved, and did
+  // not hear the backup meanwhile because it did not listen.
+  if (now - last_tick_ > options_.backup_silence / 4) last_heard_ = now;
+  last_tick_ = now;
+  if (fenced_) return;
+  std::erase_if(pings_,
+                [&](const auto& p) { return now - p.second.sent >= options_.backup_silence; });
+  if (active_ && now - last_heard_ >= options_.backup_silence) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f",
+                  std::chrono::duration<double>(now - last_heard_).count());
+    // A backup that never answered may still be starting: this ps waits for
+    // it (serving nothing meanwhile) rather than run unreplicated from the
+    // start.
+    if (backup_seen_)
+      return give_up(std::string("nothing heard from it for ") + secs +
+                     " s (pings and forwards unanswered)");
+    if (!waiting_logged_)
+      log("ps ", options_.ps_index, ": waiting for backup ps ", options_.backup_index, " (",
+          options_.backup_address, ") to answer (", secs,
+          " s so far); this ps serves its shard once it has");
+    waiting_logged_ = true;
+  }
+  if ((active_ || notice_due_) && now >= next_ping_at_) ping(now);
   for (auto& [key, held] : held_) {
-    if (held.acked) continue;
-    // Silent: nothing heard since before this forward's silence began (an
-    // answer to another forward shows it alive, its answers to this one lost).
-    if (now - held.forwarded >= options_.backup_silence &&
-        now - last_heard_ >= options_.backup_silence) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%.1f",
-                    std::chrono::duration<double>(now - held.forwarded).count());
-      return give_up(std::string("a forwarded update has been unanswered for ") + secs + " s");
-    }
-    if (held.resend_at <= now) {
-      send(held);
-      held.interval = std::min(held.interval * 2, options_.backup_silence / 4);
-      held.resend_at = now + held.interval;
-    }
+    if (held.acked || held.resend_at > now) continue;
+    send(held);
+    held.interval = std::min(held.interval * 2, options_.backup_silence / 4);
+    held.resend_at = now + held.interval;
   }
 }
 
@@ -205,9 +263,29 @@ void Replicator::give_up(const std::string& why) {
       " forwards in flight are not waited for, and the shard has one copy from here on");
   stats_.backup_lost();
   active_ = false;
+  notice_due_ = true;
   for (auto& [key, held] : held_)
     if (held.reply) wire_.send(held.to, std::move(*held.reply));
   held_.clear();
+  count_pending();
+}
+
+void Replicator::fence(const std::string& why) {
+  log("ps ", options_.ps_index, ": backup ps ", options_.backup_index, " (",
+      options_.backup_address, ") serves this ps's shard now (", why,
+      "); this ps no longer "
+      "serves it, and the ",
+      held_.size(),
+      " replies it held are dropped (their workers resend "
+      "them to ps ",
+      options_.backup_index, ")",
+      notice_due_ ? "; it took over after this ps had given it up: updates this ps "
+                    "acknowledged alone since are not in its copy"
+                  : "");
+  fenced_ = true;
+  active_ = false;
+  held_.clear();
+  pings_.clear();
   count_pending();
 }
 

@@ -34,11 +34,31 @@
 //
 // A forward unanswered is sent again after min(net.retry_interval,
 // backup_silence / 4), then after twice as long each time, up to
-// backup_silence / 4. A backup that leaves a forward unanswered for
-// replication.backup_silence,
-// or refuses one (it restarted without the copy), is given up: the held
-// replies are released, the loss is logged and counted, and this ps serves on
-// without a backup (the shard then has one copy).
+// backup_silence / 4. A backup that answered once and then nothing (neither
+// pings nor forwards) for replication.backup_silence, or refuses a forward
+// (it restarted without the copy), is given up (one that never answered is
+// waited for, this ps serving nothing meanwhile): the held replies are released, the loss is logged
+// and counted, and this ps serves on without a backup (the shard then has one copy). It keeps
+// telling the backup so (a ping marked "given up") until the backup has heard it, so that a backup
+// that was only stopped never takes over with a copy that misses updates.
+//
+// Fail-over and the lease (docs/failures.md, "Fail-over"). Every
+// backup_silence / 8 this ps pings its backup; an answer to a ping or a
+// forward sent at time t lets this ps serve its shard until t +
+// backup_silence / 2 (its lease). Without a valid lease (at start, or when
+// the backup has not answered for a while) this ps leaves data requests
+// unanswered, as a dead one would, and workers try the backup. The backup
+// takes the shard over only after it has heard nothing from this ps for
+// backup_silence: since it heard the last ping at or after t, this ps's lease
+// has run out before the backup serves, so two never serve one shard at
+// once, whether this ps died or was only stopped (SIGSTOP) or starved. Once
+// it took over, the backup refuses this ps's forwards and pings as
+// kTakenOver, and this ps stops serving the shard for good (fenced): the
+// replies it held are dropped, their workers resend them to the backup,
+// whose record of the forwarded requests applies each once. Silences are
+// measured only while this ps runs: a tick long after the previous one (the
+// process was stopped) starts the backup's silence afresh instead of giving
+// it up.
 //
 // Thread rules: the ps thread only, like the whole ps (server/request.h); the
 // socket lives in the request loop's ZeroMQ context.
@@ -66,6 +86,7 @@ namespace pstrain::ps {
 
 struct ReplicatorOptions {
   std::uint32_t ps_index = 0;
+  std::uint64_t run_id = 0;  // pings carry it (ClusterConfig::run_id)
   std::uint32_t backup_index = 1;
   std::string backup_address;  // "tcp://host:port", where the backup serves
   // Under security.curve: this ps's key pair and the backup's public key.
@@ -84,6 +105,12 @@ class Replicator {
   // whatever identity a peer claims.
   static constexpr std::string_view kPeerPrefix = "pstrain-replica-of-ps-";
   static std::string peer_of(std::uint32_t primary);
+  // The beginning of the error a backup that took over answers forwards
+  // and pings with.
+  static constexpr std::string_view kTakenOver = "taken over: ";
+  // A ping's operand when this ps gave its backup up: the backup's copy
+  // misses updates from then on, and it must never take over with it.
+  static constexpr std::uint64_t kGivenUp = 1;
 
   Replicator(zmq::context_t& context, ReplicatorOptions options, PsStats& stats, ReplySink& wire);
   ~Replicator();
@@ -92,6 +119,13 @@ class Replicator {
 
   // Whether updates are forwarded: until the backup is given up.
   bool active() const { return active_; }
+  // Whether the backup took this ps's shard over: this ps has nothing left
+  // to serve of it (the request loop ends).
+  bool fenced() const { return fenced_; }
+  // Whether this ps may serve its shard's data requests at `now`: with a
+  // backup, while its lease lasts; without one (given up), always; never
+  // once the backup took over.
+  bool serving(Clock::time_point now) const { return !fenced_ && (!active_ || now < lease_until_); }
   // Forwards the update `request` (its header frame and payload frames, as
   // received) that this ps is about to apply: the backup applies it while
   // this ps does, and the two keep the order of their forwards.
@@ -113,7 +147,7 @@ class Replicator {
   // Reads the backup's answers and releases the replies they free.
   void receive(Clock::time_point now);
   // Forwards unanswered for a retry interval go out again; a backup silent
-  // for backup_silence is given up.
+  // for backup_silence is given up; pings that are due go out.
   void tick(Clock::time_point now);
 
  private:
@@ -122,6 +156,10 @@ class Replicator {
   void send(const Held& held);
   Clock::duration resend_interval() const;
   void give_up(const std::string& why);
+  void fence(const std::string& why);
+  void ping(Clock::time_point now);
+  // An answer (ok) to what was sent at `sent`: the lease runs from there.
+  void renew(Clock::time_point sent);
   void count_pending();
 
   ReplicatorOptions options_;
@@ -130,7 +168,23 @@ class Replicator {
   std::unique_ptr<zmq::socket_t> socket_;
   std::map<Key, Held> held_;
   bool active_ = true;
+  bool fenced_ = false;       // the backup took the shard over
+  bool backup_seen_ = false;  // the backup answered once
+  bool waiting_logged_ = false;
   Clock::time_point last_heard_;  // the backup's last answer (or the start)
+  Clock::time_point last_tick_;
+  Clock::time_point lease_until_{};  // none at start
+  // Pings in flight by request id (incarnation 0): when sent, and whether
+  // they said the backup is given up; bounded by dropping those older than
+  // backup_silence.
+  struct Ping {
+    Clock::time_point sent;
+    bool notice = false;
+  };
+  std::map<std::uint64_t, Ping> pings_;
+  std::uint64_t next_ping_id_ = 1;
+  Clock::time_point next_ping_at_{};
+  bool notice_due_ = false;  // given up: the backup has not yet heard so
 };
 
 }  // namespace pstrain::ps

@@ -155,10 +155,12 @@ struct RequestLoop::Impl final : ReplySink {
   Impl(RequestLoopOptions opts, PsStats& s)
       : options(std::move(opts)),
         stats(s),
-        dispatcher({options.ps_index, options.run_id, options.config_hash, options.config_yaml,
-                    options.curve ? std::optional(options.curve->rights) : std::nullopt,
-                    options.replica_of},
-                   stats, *this),
+        dispatcher(
+            {options.ps_index, options.run_id, options.config_hash, options.config_yaml,
+             options.curve ? std::optional(options.curve->rights) : std::nullopt,
+             options.replica_of,
+             options.replication ? options.replication->backup_silence : std::chrono::seconds(2)},
+            stats, *this),
         faults(options.fault, options.fault_seed) {
     if (options.replication) {
       replicator.emplace(context, *options.replication, stats, *this);
@@ -352,6 +354,8 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
       const auto rc = zmq_poll(items, replicator ? 2 : 1,
                                static_cast<long>(impl_->poll_timeout(coordinator).count()));
       if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+      // Before the requests: after a stop, the primary's silence starts afresh.
+      impl_->dispatcher.watch(Clock::now());
       if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) impl_->drain(coordinator);
       if (replicator) {
         // The backup's answers release held replies, those that came while
@@ -359,6 +363,15 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
         // live backup look silent); then overdue forwards.
         replicator->receive(Clock::now());
         replicator->tick(Clock::now());
+        // Its shard served by its backup, this ps has nothing of its own to
+        // serve; the shard it keeps a copy of has been given up by its
+        // primary too, which heard nothing from this ps as long. It ends
+        // with 0, so that a launcher does not restart it into the same spot.
+        if (replicator->fenced()) {
+          log("ps ", impl_->options.ps_index,
+              ": exiting, its shard is served by its backup (re-join is not built)");
+          return 0;
+        }
       }
       impl_->budget.forget_idle();
       const auto now = Clock::now();

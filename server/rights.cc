@@ -14,7 +14,9 @@ std::optional<std::string> refusal(const Identity& who, const wire::Header& requ
   if (forward) {
     if (who.role != Role::ps || who.index != policy.replica_of)
       return "forwarded " + op + " needs the key of the ps whose shard's copy this is" + key;
-    if (request.op == Op::init || wire::is_update(request.op)) return std::nullopt;
+    // Updates, and the primary's pings (its lease, server/replicator.h).
+    if (request.op == Op::init || request.op == Op::heartbeat || wire::is_update(request.op))
+      return std::nullopt;
     return op + " is not forwarded between ps" + key;
   }
   const bool worker = who.role == Role::worker;

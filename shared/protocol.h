@@ -68,6 +68,16 @@ inline constexpr std::size_t kMaxRequestsPerMessage = 256;
 // allocated for it.
 inline constexpr std::size_t kMaxFrameBytes = std::max(kMaxHeaderBytes, kMaxPayloadBytes);
 
+// Fail-over (replication.replicas 2, server/replicator.h): a worker sends the
+// requests of ps `primary`'s shard to that ps's backup from a socket whose
+// routing identity begins with failover_peer(primary) (this prefix, the
+// index and a slash; a random part follows), which is how the backup tells
+// them from requests for its own shard.
+inline constexpr std::string_view kFailoverPeerPrefix = "pstrain-failover-of-ps-";
+inline std::string failover_peer(std::uint32_t primary) {
+  return std::string(kFailoverPeerPrefix) + std::to_string(primary) + "/";
+}
+
 // Each op's request and reply are described by its view in shared/messages.h.
 enum class Op : std::uint8_t {
   hello = 1,         // protocol version, run id and config hash; refused on mismatch

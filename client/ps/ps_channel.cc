@@ -10,6 +10,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "shared/log.h"
 #include "shared/messages.h"
 
 namespace pstrain {
@@ -99,6 +100,8 @@ PsChannel::PsChannel(std::vector<std::string> addresses, std::uint64_t run_id,
     throw std::invalid_argument(
         "ps client: " + std::to_string(addresses_.size()) + " ps addresses but " +
         std::to_string(options_.curve->server_keys.size()) + " CURVE server keys");
+  for (std::uint32_t s = 0; s < addresses_.size(); ++s) serving_.push_back(s);
+  trials_.resize(addresses_.size());
   for (std::uint32_t s = 0; s < addresses_.size(); ++s) sockets_.push_back(make_socket(s));
   batched_.resize(addresses_.size());
   batched_bytes_.resize(addresses_.size());
@@ -108,27 +111,42 @@ PsChannel::PsChannel(std::vector<std::string> addresses, std::uint64_t run_id,
 PsChannel::~PsChannel() = default;
 
 std::unique_ptr<zmq::socket_t> PsChannel::make_socket(std::uint32_t server) {
+  return make_socket(server, serving_[server]);
+}
+
+std::unique_ptr<zmq::socket_t> PsChannel::make_socket(std::uint32_t server, std::uint32_t to) {
   auto socket = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
   socket->set(zmq::sockopt::linger, 0);
   socket->set(zmq::sockopt::sndhwm, 0);
   socket->set(zmq::sockopt::rcvhwm, 0);
   socket->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(wire::kMaxFrameBytes));
   if (options_.curve) {
-    socket->set(zmq::sockopt::curve_serverkey, options_.curve->server_keys.at(server));
+    socket->set(zmq::sockopt::curve_serverkey, options_.curve->server_keys.at(to));
     socket->set(zmq::sockopt::curve_publickey, options_.curve->own.public_key);
     socket->set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
   }
-  socket->connect(addresses_[server]);
+  if (to != server) {
+    // Random per socket: a new trial never competes with an old one's
+    // identity at the backup.
+    std::random_device random;
+    socket->set(
+        zmq::sockopt::routing_id,
+        wire::failover_peer(server) + std::to_string(std::uint64_t{random()} << 32 | random()));
+  }
+  socket->connect(addresses_[to]);
   return socket;
 }
 
 std::string PsChannel::where(std::uint32_t server) const {
-  return "ps " + std::to_string(server) + " (" + addresses_[server] + ")";
+  const auto to = serving_[server];
+  return (to == server ? "ps " : "ps " + std::to_string(server) + "'s shard at ps ") +
+         std::to_string(to) + " (" + addresses_[to] + ")";
 }
 
 std::vector<std::uint32_t> PsChannel::all_servers() const {
-  std::vector<std::uint32_t> s(addresses_.size());
-  for (std::uint32_t i = 0; i < s.size(); ++i) s[i] = i;
+  std::vector<std::uint32_t> s;
+  for (std::uint32_t i = 0; i < addresses_.size(); ++i)
+    if (serving_[i] == i) s.push_back(i);
   return s;
 }
 
@@ -188,7 +206,8 @@ void PsChannel::send(Ticket ticket, std::uint32_t server, Header h,
 // one whose handshake the ps refused, or has not finished) takes nothing,
 // and the request goes unanswered like a lost one (resent or timed out).
 // Once the header is taken the payload is too (no high-water mark).
-void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy) {
+void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy,
+                         zmq::socket_t* to) {
   if (faults_.drop(r.op)) return;
   const bool batched = batching_ && zero_copy;
   auto& frames = batched ? batched_[r.server] : unbatched_;
@@ -210,7 +229,7 @@ void PsChannel::transmit(const Request& r, std::span<const std::uint8_t> bytes, 
   } else if (r.payload_frame) {
     frames.emplace_back(bytes.data(), bytes.size());
   }
-  if (!batched) send_frames(r.server, unbatched_);
+  if (!batched) send_frames(to ? *to : *sockets_[r.server], unbatched_);
 }
 
 zmq::message_t PsChannel::payload_frame(std::uint32_t server, std::span<const std::uint8_t> frame,
@@ -221,18 +240,18 @@ zmq::message_t PsChannel::payload_frame(std::uint32_t server, std::span<const st
   return zmq::message_t(data, frame.size(), &release_send, &frames_held_[server]);
 }
 
-// One message of `frames` to ps `server`; frames the socket does not take
+// One message of `frames` on `socket`; frames the socket does not take
 // are dropped (a zero-copy one released), as a lost message would be.
-void PsChannel::send_frames(std::uint32_t server, std::vector<zmq::message_t>& frames) {
+void PsChannel::send_frames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames) {
   for (std::size_t i = 0; i < frames.size(); ++i) {
     const auto more = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-    if (!sockets_[server]->send(frames[i], more | zmq::send_flags::dontwait)) break;
+    if (!socket.send(frames[i], more | zmq::send_flags::dontwait)) break;
   }
   frames.clear();
 }
 
 void PsChannel::send_batch(std::uint32_t server) {
-  send_frames(server, batched_[server]);
+  send_frames(*sockets_[server], batched_[server]);
   batched_bytes_[server] = 0;
   batched_requests_[server] = 0;
 }
@@ -284,6 +303,9 @@ void PsChannel::resend_due() {
   for (const auto& [rid, r] : requests_) due[r.server] = due[r.server] || r.resend_at <= now;
   for (std::uint32_t s = 0; s < due.size(); ++s) {
     if (!due[s]) continue;
+    if (options_.failover_after_s > 0 && serving_[s] == s && !trials_[s] &&
+        now - last_heard_[s] >= seconds(options_.failover_after_s))
+      try_backup(s);
     const bool replace =
         frames_held_[s].load() > 0 && now - last_heard_[s] >= seconds(options_.retry_interval_s);
     if (replace) sockets_[s] = make_socket(s);
@@ -292,10 +314,34 @@ void PsChannel::resend_due() {
       const bool overdue = r.resend_at <= now;
       if (!overdue && !replace) continue;
       transmit(r, {}, /*zero_copy=*/false);
+      if (trials_[s]) transmit(r, {}, /*zero_copy=*/false, trials_[s].get());
       if (overdue) r.interval = std::min(r.interval * 2, max_interval);
       r.resend_at = now + r.interval;
     }
   }
+}
+
+void PsChannel::try_backup(std::uint32_t server) {
+  const auto backup = (server + 1) % servers();
+  log("ps client: ", where(server), " has not answered for ",
+      std::chrono::duration<double>(Clock::now() - last_heard_[server]).count(),
+      " s; its requests go to its backup ps ", backup, " too");
+  trials_[server] = make_socket(server, backup);
+  const auto now = Clock::now();
+  for (auto& [rid, r] : requests_) {
+    if (r.server != server || r.header.empty()) continue;
+    r.interval = seconds(options_.retry_interval_s);
+    r.resend_at = now;
+  }
+}
+
+void PsChannel::fail_over(std::uint32_t server) {
+  serving_[server] = (server + 1) % servers();
+  sockets_[server] = std::move(trials_[server]);
+  // The backup's generation is its own, not a restart of the shard.
+  generations_[server] = 0;
+  generation_changed_[server] = false;
+  log("ps client: ps ", server, "'s shard is served by its backup from here on: ", where(server));
 }
 
 PsChannel::Clock::time_point PsChannel::next_resend() const {
@@ -435,8 +481,19 @@ void PsChannel::abandon_all() {
 
 void PsChannel::poll(Clock::duration timeout) {
   send_batches();  // a caller waiting while a Batch lives waits for these too
+  // Every ps's socket, then the backups on trial; a socket an earlier
+  // reply replaced or moved (fail-over) is read no more this time.
   std::vector<zmq::pollitem_t> items;
-  for (auto& s : sockets_) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+  std::vector<std::pair<std::uint32_t, bool>> of;  // (server, trial), by item
+  for (std::uint32_t s = 0; s < sockets_.size(); ++s) {
+    items.push_back({sockets_[s]->handle(), 0, ZMQ_POLLIN, 0});
+    of.emplace_back(s, false);
+  }
+  for (std::uint32_t s = 0; s < trials_.size(); ++s) {
+    if (!trials_[s]) continue;
+    items.push_back({trials_[s]->handle(), 0, ZMQ_POLLIN, 0});
+    of.emplace_back(s, true);
+  }
   const auto ms =
       std::chrono::ceil<std::chrono::milliseconds>(std::max(timeout, Clock::duration::zero()));
   if (zmq_poll(items.data(), static_cast<int>(items.size()), static_cast<long>(ms.count())) < 0) {
@@ -445,22 +502,31 @@ void PsChannel::poll(Clock::duration timeout) {
   }
   std::vector<zmq::message_t> frames;
   std::vector<std::span<const std::uint8_t>> views;
-  for (std::uint32_t s = 0; s < items.size(); ++s) {
-    if (!(items[s].revents & ZMQ_POLLIN)) continue;
-    while (true) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!(items[i].revents & ZMQ_POLLIN)) continue;
+    const auto [s, trial] = of[i];
+    const auto& socket = trial ? trials_[s] : sockets_[s];
+    while (socket && socket->handle() == items[i].socket) {
       frames.clear();
-      if (!zmq::recv_multipart(*sockets_[s], std::back_inserter(frames), zmq::recv_flags::dontwait))
+      if (!zmq::recv_multipart(*socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
         break;
       views.clear();
       for (const auto& f : frames) views.emplace_back(f.data<std::uint8_t>(), f.size());
-      dispatch_message(s, views);
+      dispatch_message(s, trial, views);
     }
   }
   resend_due();
 }
 
-void PsChannel::dispatch_message(std::uint32_t server,
+void PsChannel::dispatch_message(std::uint32_t server, bool trial,
                                  std::span<const std::span<const std::uint8_t>> frames) {
+  // Whichever answers first serves the shard: the backup took it over, or
+  // the ps itself lives.
+  if (trial) {
+    fail_over(server);
+  } else {
+    trials_[server].reset();
+  }
   for (std::size_t at = 0; at < frames.size();) {
     Header h;
     try {

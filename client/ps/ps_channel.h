@@ -27,6 +27,17 @@
 // is applied there, once). Calls do not fail on a change: the caller asks
 // take_generation_change() between steps and decides.
 //
+// Fail-over (replication.replicas 2, options.failover_after_s): when ps s
+// has data requests in flight and has not answered for failover_after_s,
+// their resends go to its backup, ps (s + 1) % servers, too, from a socket
+// named wire::failover_peer(s). The backup answers them only once it took
+// the shard over (server/replicator.h, "Fail-over and the lease"); its
+// first answer moves shard s there for good: every later request for ps s
+// goes to the backup, whose record of the forwarded updates applies each
+// resent one once. An answer of ps s itself first ends the trial. A ps whose
+// shard moved leaves all_servers() (it no longer takes control requests)
+// and its generation starts afresh from the backup's (not a restart).
+//
 // Thread rules: a channel is used by one thread (ZeroMQ sockets are not
 // thread-safe); only ZeroMQ's I/O thread touches frames_held_, which is
 // atomic for it.
@@ -140,7 +151,11 @@ class PsChannel {
   // Sends a control request to each of `servers` and waits for the replies.
   std::vector<Reply> call(wire::Op op, const std::vector<std::uint32_t>& servers, wire::Header h,
                           double timeout_s, std::span<const std::uint8_t> bytes = {});
+  // The servers still serving their own shard (all but those failed over).
   std::vector<std::uint32_t> all_servers() const;
+  // The ps serving ps `server`'s shard: itself, or its backup after a
+  // fail-over.
+  std::uint32_t serving(std::uint32_t server) const { return serving_.at(server); }
   // Gives up on every ticket without waiting for its replies, for a caller
   // leaving on an error: replies still to come are ignored, the sockets of
   // servers still holding zero-copy frames are replaced (which makes ZeroMQ
@@ -164,11 +179,21 @@ class PsChannel {
  private:
   struct TicketState;
   struct Request;
+  // A socket for ps `server`'s requests, to the ps serving its shard (or to
+  // `to`), named wire::failover_peer(server) when that is another ps.
   std::unique_ptr<zmq::socket_t> make_socket(std::uint32_t server);
-  void transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy);
+  std::unique_ptr<zmq::socket_t> make_socket(std::uint32_t server, std::uint32_t to);
+  // `to`: a socket other than r.server's (the backup on trial); only for
+  // sends that copy.
+  void transmit(const Request& r, std::span<const std::uint8_t> bytes, bool zero_copy,
+                zmq::socket_t* to = nullptr);
   zmq::message_t payload_frame(std::uint32_t server, std::span<const std::uint8_t> frame,
                                bool zero_copy);
-  void send_frames(std::uint32_t server, std::vector<zmq::message_t>& frames);
+  static void send_frames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames);
+  // Fail-over: starts sending ps `server`'s requests to its backup too; its
+  // backup answered, so the shard moves there.
+  void try_backup(std::uint32_t server);
+  void fail_over(std::uint32_t server);
   void send_batch(std::uint32_t server);
   void send_batches();
   void resend_due();
@@ -179,7 +204,8 @@ class PsChannel {
   void replace_socket(std::uint32_t server);
   [[noreturn]] void timed_out(Ticket id, TicketState& t);
   // A received message: each reply in it to dispatch().
-  void dispatch_message(std::uint32_t server,
+  // `trial`: from the socket trying server's backup.
+  void dispatch_message(std::uint32_t server, bool trial,
                         std::span<const std::span<const std::uint8_t>> frames);
   void dispatch(std::uint32_t server, wire::Header h,
                 std::span<const std::span<const std::uint8_t>> payloads);
@@ -204,7 +230,11 @@ class PsChannel {
   FaultInjector faults_;
   Ticket next_ticket_ = 1;
   std::unique_ptr<zmq::context_t> context_;
-  std::vector<std::unique_ptr<zmq::socket_t>> sockets_;
+  std::vector<std::unique_ptr<zmq::socket_t>> sockets_;  // per shard's ps: where its requests go
+  // Fail-over: per ps, who serves its shard, and the socket trying its
+  // backup while it is silent (null otherwise).
+  std::vector<std::uint32_t> serving_;
+  std::vector<std::unique_ptr<zmq::socket_t>> trials_;
   // While a Batch lives: the frames of the requests sent meanwhile, per ps,
   // their bytes and their number; a batch that would pass kMaxBatchBytes or
   // wire::kMaxRequestsPerMessage leaves first.

@@ -47,6 +47,10 @@ class PsClient : private detail::ChannelHolder, public PsDataClient, public PsCo
            PsClientOptions options = {});
   // Addresses, run id (ClusterConfig::run_id) and client_options() from the config.
   PsClient(const ClusterConfig& config, std::uint32_t sender, ShardMap map);
+
+  // The ps serving ps `server`'s shard (PsChannel::serving): itself, or its
+  // backup after a fail-over.
+  std::uint32_t serving(std::uint32_t server) const { return channel->serving(server); }
 };
 
 }  // namespace pstrain

@@ -29,6 +29,10 @@ PsClientOptions client_options(const ClusterConfig& config, std::uint32_t sender
       .takeover_grace_s = 2 * takeover_silence(config.net),
       .wire_dtype = config.net.wire_dtype,
       .compression = config.net.compression,
+      // Half the backup's wait before it takes over: the worker is asking
+      // by the time the backup may answer.
+      .failover_after_s =
+          config.replication.replicas > 1 ? config.replication.backup_silence / 2 : 0,
       .io_threads = io_threads(config.net.io_threads, static_cast<std::uint32_t>(config.ps.size()),
                                std::thread::hardware_concurrency()),
       .fault = config.net.fault,

@@ -36,6 +36,10 @@ struct PsClientOptions {
   // net.compression: how push and push_pull send gradients instead (their
   // replies' values come as float32 then); none: as wire_dtype says.
   Compression compression = {};
+  // replication.replicas 2 (fail-over, client/ps/ps_channel.h): a ps silent
+  // this long with data requests in flight gets them sent to its backup too;
+  // 0: no fail-over.
+  double failover_after_s = 0;
   std::uint32_t io_threads = 1;  // of the channel's ZeroMQ context (net.io_threads)
   FaultConfig fault;             // for tests (net.fault): off by default
   std::uint64_t fault_seed = 0;

@@ -7,7 +7,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cstring>
+#include <thread>
 
 #include "client/ps/ps_client.h"
 #include "server/replicator.h"
@@ -74,6 +76,38 @@ std::string copy_mismatches(const ClusterConfig& config) {
   return out;
 }
 
+// Polls `ready` until it holds or `timeout` passes.
+bool eventually(const std::function<bool()>& ready, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// A request of `op` for chunk 0 of "w" held by ps `server`, as a tool
+// speaking the wire by hand sends it (incarnation 0).
+std::vector<std::uint8_t> chunk_request(const ClusterConfig& config, wire::Op op,
+                                        std::uint32_t server, std::uint32_t elements) {
+  const auto map = shard_map_for(config, exact_push_variables());
+  for (const auto& c : map.all_chunks()) {
+    if (c.server != server || map.variables()[c.variable].name != "w") continue;
+    wire::Header h;
+    h.op = op;
+    h.request_id = 7;
+    h.run_id = config.hash();
+    wire::ChunkRequest{"w", c.index}.write(h);
+    if (op == wire::Op::push) {
+      h.dtype = wire::DType::f32;
+      h.payload_frames = 1;
+      h.elements = elements == 0 ? c.count : elements;
+    }
+    return wire::encode_header(h);
+  }
+  throw std::runtime_error("ps " + std::to_string(server) + " holds no chunk of w");
+}
+
 void check_forwarded(PsClient& ps, std::uint32_t servers, std::uint64_t at_least) {
   for (std::uint32_t s = 0; s < servers; ++s) {
     const auto json = ps.stats(s);
@@ -119,4 +153,79 @@ TEST_CASE("replication: under CURVE a primary's forwards are admitted by its bac
   }
   // Every chunk's init and five pushes, on both ps.
   check_forwarded(worker, 2, 6);
+}
+
+TEST_CASE("fail-over: a primary killed mid-run loses no acknowledged update") {
+  PsCluster cluster({.ps = 3,
+                     .workers = 3,
+                     .optimizer = "sgd",
+                     .lr = 1,
+                     .retry_interval = 0.05,
+                     .fault_drop = 0.1,
+                     .replication = "{replicas: 2, backup_silence: 1}"});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  PsClient watch(config, kTool, shard_map_for(config, exact_push_variables()));
+  // The clients' updates of ps 1's shard were acknowledged by ps 1 (and its
+  // backup ps 2) before the kill, and by ps 2 alone after it; the final
+  // values (pulled through ps 2 for ps 1's shard) count each exactly once.
+  check_exact_pushes(config, 3, 150, [&] {
+    REQUIRE(
+        eventually([&] { return stat(watch.stats(1), "push") >= 100; }, std::chrono::seconds(60)));
+    cluster.ps(1).kill(SIGKILL);
+  });
+  const auto json = watch.stats(2);
+  CAPTURE(json);
+  CHECK(stat(json, "takeovers") == 1);
+  CHECK(cluster.ps(2).log_text().find("takes over ps 1's shard") != std::string::npos);
+  // The end-of-run snapshot worker 0 asks of every ps: ps 1's shard is
+  // written by ps 2, which serves it, once the asking client moved it there.
+  const auto map = shard_map_for(config, exact_push_variables());
+  PsClient last(config, kTool, map);
+  std::vector<float> w(40000);
+  last.wait(last.pull("w", w));
+  REQUIRE(last.serving(1) == 2);
+  const auto file = config.run_dir / "snapshot" / "ps1.bin";
+  std::filesystem::remove(file);
+  last.snapshot(1);
+  CHECK(std::filesystem::exists(file));
+}
+
+TEST_CASE("fail-over: a primary stopped and continued after its backup took over serves nothing") {
+  PsCluster cluster({.ps = 3,
+                     .workers = 2,
+                     .optimizer = "sgd",
+                     .lr = 1,
+                     .retry_interval = 0.05,
+                     .replication = "{replicas: 2, backup_silence: 1}"});
+  cluster.start_all();
+  const auto& config = cluster.config();
+  PsClient watch(config, kTool, shard_map_for(config, exact_push_variables()));
+  std::optional<RawReply> stale_pull, stale_push;
+  check_exact_pushes(config, 2, 150, [&] {
+    REQUIRE(
+        eventually([&] { return stat(watch.stats(1), "push") >= 100; }, std::chrono::seconds(60)));
+    cluster.ps(1).kill(SIGSTOP);
+    REQUIRE(eventually([&] { return stat(watch.stats(2), "takeovers") == 1; },
+                       std::chrono::seconds(30)));
+    // Continued: at once it must neither serve its (now stale) values nor
+    // take an update, before and after it learns of the take-over.
+    RawPeer old(config.ps[1].connect_address());
+    cluster.ps(1).kill(SIGCONT);
+    stale_pull = old.exchange({chunk_request(config, wire::Op::pull, 1, 0)});
+    const auto push = chunk_request(config, wire::Op::push, 1, 0);
+    const auto count = wire::decode_header(push).elements;
+    std::vector<float> grad(count, 1000.0f);
+    std::vector<std::uint8_t> bytes(count * sizeof(float));
+    std::memcpy(bytes.data(), grad.data(), bytes.size());
+    stale_push = old.exchange({push, bytes});
+    REQUIRE(eventually(
+        [&] { return cluster.ps(1).log_text().find("no longer serves it") != std::string::npos; },
+        std::chrono::seconds(10)));
+  });
+  CHECK_FALSE(stale_pull.has_value());
+  CHECK_FALSE(stale_push.has_value());
+  // Fenced, it has nothing of its own to serve: it ends, with 0.
+  CHECK(cluster.ps(1).wait_for(std::chrono::seconds(10)) == 0);
+  CHECK(stat(watch.stats(2), "takeovers") == 1);
 }

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,9 +27,11 @@ inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) 
 }
 
 // Runs `clients` processes of `steps` steps each against `config`'s servers
-// (SGD, lr 1) and CHECKs the final values.
+// (SGD, lr 1) and CHECKs the final values; `meanwhile` (a failure to
+// inflict) runs in this process while the clients push.
 inline void check_exact_pushes(const ClusterConfig& config, std::uint32_t clients,
-                               std::uint32_t steps) {
+                               std::uint32_t steps,
+                               const std::function<void()>& meanwhile = nullptr) {
   const auto vars = exact_push_variables();
   // Gradient of client k at step s for element i: an integer in [-1, 3], so
   // the sums do not cancel.
@@ -71,6 +74,7 @@ inline void check_exact_pushes(const ClusterConfig& config, std::uint32_t client
       ps.wait_all();
     }));
   }
+  if (meanwhile) meanwhile();
   for (auto& c : children) REQUIRE(c->wait_for(std::chrono::seconds(120)) == 0);
 
   std::vector<float> w_expect = w0, b_expect = b0;
