@@ -236,22 +236,47 @@ void Dispatcher::watch(Clock::time_point now) {
 }
 
 bool Dispatcher::heard_primary(const Request& request) {
+  const auto primary = std::to_string(*options_.replica_of);
+  const Op op = request.header.op;
+  // A new process of the primary (its replicator's identity is new at every
+  // start) restored at best a checkpoint older than this copy: the copy
+  // serves the shard from now on, unless it was given up (it misses
+  // updates), when the new process must serve alone.
+  const bool writes = op == Op::heartbeat || op == Op::init || wire::is_update(op);
+  if (!took_over_ && primary_seen_ && writes && request.from != primary_peer_) {
+    if (copy_given_up_) {
+      stats_.error();
+      send(request.from,
+           {wire::error_reply(request.header, prefix() + "this copy of ps " + primary +
+                                                  "'s shard was given up and misses updates; it "
+                                                  "is no backup again (re-join is not built)"),
+            {}});
+      return true;
+    }
+    took_over_ = true;
+    stats_.took_over();
+    log(prefix(), "takes over ps ", primary, "'s shard: a new process of ps ", primary,
+        " speaks, and this copy holds every update "
+        "it acknowledged; serving it from the copy, without a backup");
+  }
   if (took_over_) {
     stats_.error();
     send(request.from,
          {wire::error_reply(request.header, std::string(Replicator::kTakenOver) + "ps " +
                                                 std::to_string(options_.ps_index) + " serves ps " +
-                                                std::to_string(*options_.replica_of) +
-                                                "'s shard since it fell silent"),
+                                                primary + "'s shard from its copy"),
           {}});
     return true;
   }
   primary_heard_ = std::max(primary_heard_, request.received);
-  primary_seen_ = true;
-  if (request.header.op != Op::heartbeat) return false;
+  if (writes) {
+    primary_seen_ = true;
+    primary_peer_ = request.from;
+  }
+  if (op != Op::heartbeat) return false;
   if (request.header.operand == Replicator::kGivenUp && !copy_given_up_) {
     copy_given_up_ = true;
-    log(prefix(), "ps ", *options_.replica_of,
+    log(prefix(), "ps ", primary,
         " serves on without this copy of its shard; it will not be taken over");
   }
   send(request.from, {wire::reply_to(request.header), {}});

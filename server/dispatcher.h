@@ -43,8 +43,12 @@
 // ps's snapshot file) over the copy, with the copy's record of applied
 // requests (which holds every forwarded one, so a resend of an update the
 // primary forwarded is answered, not applied again), and refuses the
-// primary's forwards and pings (Replicator::kTakenOver). A copy its primary
-// gave up (a ping said so) misses updates: it is never taken over.
+// primary's forwards and pings (Replicator::kTakenOver). A new process of the
+// primary (a restart: its replicator's identity changes) makes this ps take
+// the shard over at once, since the copy holds every acknowledged update and
+// the restarted primary at best an older checkpoint. A copy its primary gave
+// up (a ping said so) misses updates: it is never taken over, and a new
+// process of the primary is refused as its primary (it then serves alone).
 //
 // The request loop (server/request_loop.h) feeds it what its ROUTER socket
 // receives and sends what it passes on; the fuzzer (tests/fuzz) feeds it
@@ -179,6 +183,7 @@ class Dispatcher final : public ReplySink {
   Clock::time_point primary_heard_ = Clock::now();
   Clock::time_point last_watch_ = primary_heard_;
   bool primary_seen_ = false;  // a shard is taken over only from a primary that served
+  Peer primary_peer_;          // the identity of the primary's replicator
   bool took_over_ = false;
   bool copy_given_up_ = false;
   bool waiting_logged_ = false;

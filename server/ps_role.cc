@@ -229,10 +229,11 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   } catch (const ps::NetworkError& e) {
     log(e.what());
   }
-  // Whatever ended the serving, what was applied is saved.
+  // Whatever ended the serving, what was applied is saved; but not the
+  // shard of a ps fenced by its backup, which serves the current one.
   data.finish();
   data.log_summary();
-  if (checkpointer) checkpointer->finish();
+  if (checkpointer && !loop.fenced()) checkpointer->finish();
   stats.refresh(store, tables, coordinator.figures(), ps::Clock::now());
   metrics.finish();
   return code;

@@ -385,6 +385,8 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
   }
 }
 
+bool RequestLoop::fenced() const { return impl_->replicator && impl_->replicator->fenced(); }
+
 void RequestLoop::send(const Peer& to, Reply reply) {
   impl_->dispatcher.send(to, std::move(reply));
 }

@@ -102,8 +102,12 @@ class RequestLoop final : public ReplySink {
   // Tells the coordinator it starts serving, then serves until
   // coordinator.exit_code() is set (returns it) or a stop signal arrives
   // (returns 0). Calls `tick` between batches of requests, at least every
-  // 100 ms, like coordinator.tick(). Throws NetworkError.
+  // 100 ms, like coordinator.tick(); returns 0 when the backup took this
+  // ps's shard over (fenced()). Throws NetworkError.
   int run(Coordinator& coordinator, const std::function<void(Clock::time_point)>& tick = {});
+  // Whether run() ended because the backup took this ps's shard over
+  // (server/replicator.h): nothing this ps holds of its shard is current.
+  bool fenced() const;
 
   // Fills the reply's payload description and run id, and sends it.
   void send(const Peer& to, Reply reply) override;

@@ -17,6 +17,11 @@ PsClientOptions heartbeat_options(const ClusterConfig& config, std::uint32_t wor
   // this worker up. (A ps counts a heartbeat when it arrives, so a slow
   // answer costs nothing but a logged failure.)
   options.timeout_s = std::min(config.net.request_timeout, config.net.worker_timeout / 2);
+  // With replicated shards a ps silent for backup_silence has its shard
+  // taken over and is likely gone: the worker's last heartbeat, which its
+  // exit waits for, must not wait on it longer than that.
+  if (config.replication.replicas > 1)
+    options.timeout_s = std::min(options.timeout_s, config.replication.backup_silence);
   return options;
 }
 

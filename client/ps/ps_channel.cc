@@ -315,7 +315,8 @@ void PsChannel::resend_due() {
       if (!overdue && !replace) continue;
       transmit(r, {}, /*zero_copy=*/false);
       if (trials_[s]) transmit(r, {}, /*zero_copy=*/false, trials_[s].get());
-      if (overdue) r.interval = std::min(r.interval * 2, max_interval);
+      if (overdue)
+        r.interval = std::min(r.interval * 2, trials_[s] ? trial_interval() : max_interval);
       r.resend_at = now + r.interval;
     }
   }
@@ -330,9 +331,15 @@ void PsChannel::try_backup(std::uint32_t server) {
   const auto now = Clock::now();
   for (auto& [rid, r] : requests_) {
     if (r.server != server || r.header.empty()) continue;
-    r.interval = seconds(options_.retry_interval_s);
+    r.interval = trial_interval();
     r.resend_at = now;
   }
+}
+
+// While a backup is on trial its answer is awaited often: it may take the
+// shard over any moment after the ps fell silent.
+PsChannel::Clock::duration PsChannel::trial_interval() const {
+  return std::min(seconds(options_.retry_interval_s), seconds(options_.failover_after_s / 4));
 }
 
 void PsChannel::fail_over(std::uint32_t server) {
@@ -544,7 +551,11 @@ void PsChannel::dispatch_message(std::uint32_t server, bool trial,
 
 void PsChannel::dispatch(std::uint32_t server, Header h,
                          std::span<const std::span<const std::uint8_t>> payloads) {
-  note_generation(server, h.generation);
+  // With fail-over, a restarted ps may answer control requests before its
+  // backup takes its shard over (and fences it); only the data it serves
+  // tells that it restarted and serves the shard itself.
+  if (options_.failover_after_s == 0 || wire::is_data_op(h.op))
+    note_generation(server, h.generation);
   last_heard_[server] = Clock::now();
   const auto it = requests_.find(h.request_id);
   if (it == requests_.end()) return;  // given up on after a timeout, or a resend's twin

@@ -29,14 +29,18 @@
 //
 // Fail-over (replication.replicas 2, options.failover_after_s): when ps s
 // has data requests in flight and has not answered for failover_after_s,
-// their resends go to its backup, ps (s + 1) % servers, too, from a socket
+// their resends (every min(retry_interval_s, failover_after_s / 4)
+// meanwhile) go to its backup, ps (s + 1) % servers, too, from a socket
 // named wire::failover_peer(s). The backup answers them only once it took
 // the shard over (server/replicator.h, "Fail-over and the lease"); its
 // first answer moves shard s there for good: every later request for ps s
 // goes to the backup, whose record of the forwarded updates applies each
 // resent one once. An answer of ps s itself first ends the trial. A ps whose
 // shard moved leaves all_servers() (it no longer takes control requests)
-// and its generation starts afresh from the backup's (not a restart).
+// and its generation starts afresh from the backup's (not a restart). With
+// fail-over only data replies tell a ps's generation: a restarted ps
+// answers control requests before its backup fences it, and serves data
+// only if it serves its shard itself.
 //
 // Thread rules: a channel is used by one thread (ZeroMQ sockets are not
 // thread-safe); only ZeroMQ's I/O thread touches frames_held_, which is
@@ -193,6 +197,7 @@ class PsChannel {
   // Fail-over: starts sending ps `server`'s requests to its backup too; its
   // backup answered, so the shard moves there.
   void try_backup(std::uint32_t server);
+  Clock::duration trial_interval() const;
   void fail_over(std::uint32_t server);
   void send_batch(std::uint32_t server);
   void send_batches();

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 #include <thread>
+#include <fstream>
 
 #include "client/ps/ps_client.h"
 #include "server/replicator.h"
@@ -169,11 +170,17 @@ TEST_CASE("fail-over: a primary killed mid-run loses no acknowledged update") {
   // The clients' updates of ps 1's shard were acknowledged by ps 1 (and its
   // backup ps 2) before the kill, and by ps 2 alone after it; the final
   // values (pulled through ps 2 for ps 1's shard) count each exactly once.
+  // ps 1 is started again at once without its state, as a launcher would
+  // (its last checkpoint would be older than the copy too): it must not
+  // serve, and ends.
   check_exact_pushes(config, 3, 150, [&] {
     REQUIRE(
         eventually([&] { return stat(watch.stats(1), "push") >= 100; }, std::chrono::seconds(60)));
     cluster.ps(1).kill(SIGKILL);
+    REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
+    cluster.start_ps(1);
   });
+  CHECK(cluster.ps(1).wait_for(std::chrono::seconds(10)) == 0);
   const auto json = watch.stats(2);
   CAPTURE(json);
   CHECK(stat(json, "takeovers") == 1);
