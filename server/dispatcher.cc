@@ -160,7 +160,7 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   if (failover && !take_over(request)) return stats_.unserved();
   // Forwards and fail-over requests both work on the copy of the
   // primary's shard.
-  const bool on_copy = forward || failover;
+  const bool on_copy = forward || (failover && request.header.op != Op::hello);
   if (!on_copy && replicator_ && wire::is_data_op(request.header.op) &&
       !replicator_->serving(request.received))
     return stats_.unserved();
@@ -285,12 +285,15 @@ bool Dispatcher::heard_primary(const Request& request) {
 
 bool Dispatcher::take_over(const Request& request) {
   const auto primary = std::to_string(*options_.replica_of);
-  // And its end-of-run snapshot, once taken over (worker 0 asks every ps).
-  if (request.header.op == Op::snapshot && took_over_) return true;
+  // And, once taken over, its end-of-run snapshot (worker 0 asks every ps)
+  // and the hello of a worker started since (answered by this ps's own
+  // coordinator: the worker is this ps's too).
+  if ((request.header.op == Op::snapshot || request.header.op == Op::hello) && took_over_)
+    return true;
   if (!wire::is_data_op(request.header.op) || wire::is_sparse(request.header.op))
     throw wire::ProtocolError("only data requests for ps " + primary +
-                              "'s chunks, and its snapshot once taken over, are served on a "
-                              "fail-over connection");
+                              "'s chunks, its snapshot and hello once taken over, are served on "
+                              "a fail-over connection");
   if (took_over_) return true;
   if (copy_given_up_)
     throw std::runtime_error("cannot serve ps " + primary + "'s shard: ps " + primary +

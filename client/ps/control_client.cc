@@ -5,6 +5,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "shared/log.h"
 #include "shared/messages.h"
 
 namespace pstrain {
@@ -36,6 +37,14 @@ std::uint64_t PsControlClient::hello(std::uint32_t server) {
       if (now >= *give_up) throw;
       const auto until = std::min<Clock::time_point>(*give_up, now + refused.after);
       while (Clock::now() < until) channel_.poll(until - Clock::now());
+    } catch (const PsSilent& e) {
+      // Replicated shards: a ps that does not answer may have been failed
+      // over before this process started; its backup then answers (and
+      // serves the shard), else this fails as well.
+      if (options.failover_after_s == 0 || channel_.serving(server) != server) throw;
+      log("ps client: ", e.what(),
+          "; asking its backup, which serves its shard if it took it over");
+      channel_.route_to_backup(server);
     }
   }
 }

@@ -342,6 +342,12 @@ PsChannel::Clock::duration PsChannel::trial_interval() const {
   return std::min(seconds(options_.retry_interval_s), seconds(options_.failover_after_s / 4));
 }
 
+void PsChannel::route_to_backup(std::uint32_t server) {
+  if (serving_[server] != server) return;
+  trials_[server] = make_socket(server, (server + 1) % servers());
+  fail_over(server);
+}
+
 void PsChannel::fail_over(std::uint32_t server) {
   serving_[server] = (server + 1) % servers();
   sockets_[server] = std::move(trials_[server]);
@@ -475,7 +481,7 @@ void PsChannel::timed_out(Ticket id, TicketState& t) {
   for (auto s : silent) replace_socket(s);
   wait_for_releases(Clock::now() + seconds(t.timeout_s));
   tickets_.erase(id);
-  throw PsError(msg);
+  throw PsSilent(msg);
 }
 
 void PsChannel::abandon_all() {

@@ -14,7 +14,7 @@
 // push_pull, assign) unanswered after retry_interval_s is resent, then after
 // twice as long, and so on up to timeout_s / 4; the ps answers a resent
 // update from its record instead of applying it twice (server/dedup.h). A
-// ticket fails with PsError naming the ps when that ps has not answered for
+// ticket fails with PsSilent (a PsError) naming the ps when that ps has not answered for
 // its timeout. A ps that does not read what was sent to it (stalled: it
 // holds frames and sent no reply for retry_interval_s) keeps ZeroMQ from
 // releasing the caller's buffers; its socket is then replaced, which frees
@@ -72,6 +72,11 @@ struct PsRetryLater : PsError {
   PsRetryLater(const std::string& what, std::chrono::milliseconds wait)
       : PsError(what), after(wait) {}
   std::chrono::milliseconds after;
+};
+
+// A ps that did not answer within the ticket's timeout.
+struct PsSilent : PsError {
+  using PsError::PsError;
 };
 
 class PsChannel {
@@ -160,6 +165,10 @@ class PsChannel {
   // The ps serving ps `server`'s shard: itself, or its backup after a
   // fail-over.
   std::uint32_t serving(std::uint32_t server) const { return serving_.at(server); }
+  // Sends ps `server`'s requests to its backup from here on, as a fail-over
+  // does (a ps that does not answer a new worker's hello: its backup may
+  // have taken its shard over before this process started).
+  void route_to_backup(std::uint32_t server);
   // Gives up on every ticket without waiting for its replies, for a caller
   // leaving on an error: replies still to come are ignored, the sockets of
   // servers still holding zero-copy frames are replaced (which makes ZeroMQ

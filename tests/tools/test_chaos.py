@@ -18,6 +18,13 @@ What must hold: the launcher exits 0; worker 0's final accuracy is within one
 point of the clean run's; every kill is in launch.json and on the launcher's
 console as a restart of that process; a killed ps logs the checkpoint it
 restored (`restored_from <seq>`); and no process of the run is left alive.
+
+With `replication: {replicas: 2}` (the second test) the same kills, the ps
+one always of ps 1 (ps 0 also holds the run's control state, which is not
+replicated), and without waiting for a checkpoint: ps 0 takes ps 1's shard
+over (docs/failures.md, "Fail-over") as ps 1's restarted process speaks,
+which finds its shard taken over and exits 0, and no acknowledged update is
+lost, so the accuracy holds as well.
 """
 
 import glob
@@ -44,9 +51,9 @@ ACCURACY_TOLERANCE = 0.01
 RUN_TIMEOUT = 75
 
 
-def chaos_cluster():
+def chaos_cluster(**sections):
     """The job both runs share: about 15 s of training on 2 cores."""
-    return support.cluster(
+    return support.cluster(**sections,
         ps_hosts=("127.0.0.1",) * SERVERS, worker_hosts=("127.0.0.1",) * WORKERS,
         job="chaos", mode="async", model="mlp",
         data={"name": "synthetic", "synthetic_train": 6000, "synthetic_test": 1000},
@@ -58,6 +65,9 @@ def chaos_cluster():
         train={"batch_size": 32, "epochs": 36, "eval_every": 0, "seed": 7,
                "on_worker_loss": "continue"},
         checkpoint={"every_s": 1, "keep": 3})
+
+
+REPLICATED = {"replication": {"replicas": 2, "backup_silence": 1}}
 
 
 class Run:
@@ -147,7 +157,8 @@ def has_checkpoint(run_dir, ps):
 class ChaosTest(unittest.TestCase):
     def setUp(self):
         support.require_binary(self)
-        self.w = support.Workspace(chaos_cluster())
+        self.replicated = "replicated" in self._testMethodName
+        self.w = support.Workspace(chaos_cluster(**(REPLICATED if self.replicated else {})))
         self.addCleanup(self.w.cleanup)
         # The run directories: CHAOS_KEEP=DIR keeps them in DIR.
         self.base = os.environ.get("CHAOS_KEEP") or self.w.path
@@ -157,6 +168,12 @@ class ChaosTest(unittest.TestCase):
         print(f"chaos: {text}", file=sys.stderr, flush=True)
 
     def test_async_run_survives_kills_of_workers_and_a_ps(self):
+        self.chaos()
+
+    def test_replicated_run_survives_kills_of_workers_and_a_ps_without_a_restore(self):
+        self.chaos()
+
+    def chaos(self):
         clean = Run(self, self.w, self.base, "clean")
         code = clean.wait(RUN_TIMEOUT)
         self.assertEqual(code, 0, "the clean run failed\n" + clean.tail())
@@ -216,7 +233,13 @@ class ChaosTest(unittest.TestCase):
                           chaos.stderr, context)
             self.assertIn(f"launch: {name} restarted (attempt {a['attempt'] + 1}, "
                           f"PID {restart['pid']})", chaos.stderr, context)
-            if name.startswith("ps"):
+            if name.startswith("ps") and self.replicated:
+                # Its backup serves its shard; the new process found it so.
+                self.assertIn(f"takes over {name[:2]} {name[2:]}'s shard",
+                              support.read_text(os.path.join(chaos.run_dir, "ps0.log")), context)
+                self.assertIn("exiting, its shard is served by its backup", support.read_text(
+                    os.path.join(chaos.run_dir, f"{name}.log")), context)
+            elif name.startswith("ps"):
                 self.assertEqual(restart["command"][-2:], ["--restore", "latest"], context)
                 # The restarted ps restored a checkpoint; it did not start fresh.
                 restored = re.findall(rf"^\[{name}\] .*restored_from (\d+)", chaos.stdout, re.M)
@@ -255,6 +278,8 @@ class ChaosTest(unittest.TestCase):
             time.sleep(0.05)
         count = SERVERS if role == "ps" else WORKERS
         order = [(int(pick * count) + k) % count for k in range(count)]
+        if role == "ps" and self.replicated:
+            order = [1]
 
         def target():
             if run.proc.poll() is not None:
@@ -262,7 +287,7 @@ class ChaosTest(unittest.TestCase):
             record = run.record()
             for index in order:
                 name = f"{role}{index}"
-                if role == "ps" and not has_checkpoint(run.run_dir, index):
+                if role == "ps" and not self.replicated and not has_checkpoint(run.run_dir, index):
                     continue
                 current = current_attempt(record, name)
                 if current:
