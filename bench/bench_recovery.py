@@ -8,6 +8,17 @@
 
     PSTRAIN=build/pstrain bench/bench_recovery.py [--out FILE.json]
         [--restart-backoff 0.2] [--epochs 30] [--seed 1] [--keep DIR]
+        [--servers 2] [--replicas 1] [--backup-silence 1]
+
+With --replicas 2 (replicated shards, docs/failures.md "Fail-over"; give
+--servers 4) every run is replicated, the ps kills are of ps1 and ps3 (two
+shards whose backups live; ps 0 also holds the run's control state, which is
+not replicated) and need no checkpoint, since a killed ps's backup takes its
+shard over and its restarted process exits; a fifth run, replicas 1 and no
+failure, gives the steady-state cost of replication (its wall time over the
+replicated clean runs'). Updates lost are then 0 by construction (nothing is
+restored; the exactness tests check that none is lost): the bench reports
+the take-overs instead.
 
 Four runs of the same job (2 ps + 3 CPU workers, synthetic data, the MLP,
 checkpoint.every_s 1, fixed train.seed) on loopback ports:
@@ -71,13 +82,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 import support  # noqa: E402  (free ports, process checks, small cluster files)
 
-SERVERS, WORKERS = 2, 3
+WORKERS = 3
 TRAIN = 6000
 
 
-def job(args):
+def job(args, replicas=None):
+    replicas = args.replicas if replicas is None else replicas
+    extra = {"replication": {"replicas": replicas, "backup_silence": args.backup_silence}} \
+        if replicas > 1 else {}
     return support.cluster(
-        ps_hosts=("127.0.0.1",) * SERVERS, worker_hosts=("127.0.0.1",) * WORKERS,
+        **extra,
+        ps_hosts=("127.0.0.1",) * args.servers, worker_hosts=("127.0.0.1",) * WORKERS,
         job="recovery", mode="async", model="mlp",
         data={"name": "synthetic", "synthetic_train": TRAIN, "synthetic_test": 1000},
         net={"heartbeat": 0.1, "worker_timeout": 10, "request_timeout": 10,
@@ -89,13 +104,14 @@ def job(args):
 
 class Run:
     def __init__(self, base, name, doc, args):
+        self.servers = args.servers
         self.name = name
         self.dir = os.path.join(base, name)
         os.makedirs(self.dir)
         self.cluster = os.path.join(self.dir, "cluster.in.yaml")
         # Fresh ports per run: the previous run's may linger in TIME_WAIT.
         doc = dict(doc, ps=[{"host": "127.0.0.1", "port": support.free_port()}
-                            for _ in range(SERVERS)])
+                            for _ in range(self.servers)])
         import yaml
         with open(self.cluster, "w") as f:
             yaml.safe_dump(doc, f)
@@ -323,7 +339,15 @@ def main():
                     help="a gap between a worker's metrics records longer than this is a "
                          "stall (default 0.5 s)")
     ap.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
+    ap.add_argument("--servers", type=int, default=2, help="ps count (default 2)")
+    ap.add_argument("--replicas", type=int, default=1, choices=(1, 2),
+                    help="replication.replicas (default 1)")
+    ap.add_argument("--backup-silence", type=float, default=1.0,
+                    help="replication.backup_silence with --replicas 2 (default 1 s)")
     args = ap.parse_args()
+    if args.replicas > 1 and args.servers < 4:
+        sys.exit("bench_recovery: --replicas 2 wants --servers 4 (kills of ps1 and ps3)")
+    replicated = args.replicas > 1
     if not os.access(support.PSTRAIN, os.X_OK):
         sys.exit(f"bench_recovery: no pstrain binary at {support.PSTRAIN}; set $PSTRAIN")
 
@@ -331,7 +355,8 @@ def main():
     os.makedirs(base, exist_ok=True)
     doc = job(args)
     planned = args.epochs * TRAIN  # each worker trains epochs x its third
-    result = {"config": {"servers": SERVERS, "workers": WORKERS, "epochs": args.epochs,
+    result = {"config": {"servers": args.servers, "replicas": args.replicas,
+                         "workers": WORKERS, "epochs": args.epochs,
                          "train_samples": TRAIN, "planned_samples": planned,
                          "restart_backoff_s": args.restart_backoff,
                          "retry_interval_s": args.retry_interval, "checkpoint_every_s": 1,
@@ -347,10 +372,12 @@ def main():
             sys.exit(f"bench_recovery: the clean run failed (exit {code}); see {clean.dir}")
         wall = clean.wall()
 
-        print("run with three ps kills ...", file=sys.stderr, flush=True)
+        plan = ((0.2, "ps1"), (0.6, "ps3")) if replicated else \
+            ((0.2, "ps1"), (0.45, "ps0"), (0.7, "ps1"))
+        print(f"run with {len(plan)} ps kills ...", file=sys.stderr, flush=True)
         ps_run = Run(base, "ps", doc, args)
-        for frac, name in ((0.2, "ps1"), (0.45, "ps0"), (0.7, "ps1")):
-            ps_run.kill(frac * planned, name, ps_checkpoint=True)
+        for frac, name in plan:
+            ps_run.kill(frac * planned, name, ps_checkpoint=not replicated)
         code = ps_run.wait(300)
         rec = [recovery(ps_run, k, args.stall) for k in ps_run.kills]
         # Whether this binary reports lost updates at all (the worker side of
@@ -360,19 +387,26 @@ def main():
         lost = [lost_updates(ps_run, k, reported) for k in ps_run.kills]
         for r, l, k in zip(rec, lost, ps_run.kills):
             r["lost"] = l
-            r["steps_rolled_back_est"] = steps_rolled_back(ps_run, k, 32)
+            # Replicated: nothing is restored, so nothing rolled back.
+            r["steps_rolled_back_est"] = None if replicated else steps_rolled_back(ps_run, k, 32)
         result["runs"]["ps"] = {"exit": code, "wall_s": ps_run.wall(),
                                 "accuracy": ps_run.accuracy(), "kills": ps_run.kills,
                                 "recoveries": rec}
+        if replicated:
+            takeovers = [line for name in (f"ps{i}" for i in range(args.servers))
+                         for line in ps_run.log_lines(name) if "takes over ps" in line]
+            result["runs"]["ps"]["takeovers"] = takeovers
 
         print("run with mixed kills ...", file=sys.stderr, flush=True)
         rng = random.Random(args.seed)
         roles = ["worker", "ps", "worker"]
         mixed = Run(base, "mixed", doc, args)
         for frac, role in zip((0.2, 0.45, 0.7), roles):
-            name = f"ps{rng.randrange(SERVERS)}" if role == "ps" else \
-                f"worker{rng.randrange(WORKERS)}"
-            mixed.kill(frac * planned, name, ps_checkpoint=role == "ps")
+            if role == "ps":
+                name = "ps1" if replicated else f"ps{rng.randrange(args.servers)}"
+            else:
+                name = f"worker{rng.randrange(WORKERS)}"
+            mixed.kill(frac * planned, name, ps_checkpoint=role == "ps" and not replicated)
         code = mixed.wait(300)
         result["runs"]["mixed"] = {"exit": code, "wall_s": mixed.wall(),
                                    "accuracy": mixed.accuracy(), "kills": mixed.kills}
@@ -387,6 +421,15 @@ def main():
         if code == 0 and clean2.wall():
             wall = (wall + clean2.wall()) / 2
         result["clean_wall_s"] = wall
+        if replicated:
+            print("clean run with replicas 1 ...", file=sys.stderr, flush=True)
+            single = Run(base, "clean_r1", job(args, replicas=1), args)
+            code = single.wait(300)
+            result["runs"]["clean_r1"] = {"exit": code, "wall_s": single.wall(),
+                                          "accuracy": single.accuracy()}
+            if code == 0 and single.wall():
+                # Samples/s with replicas 2 over replicas 1: wall times inverted.
+                result["replicas2_over_replicas1"] = single.wall() / wall
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -408,7 +451,12 @@ def main():
         "goodput_mixed_kills": result["runs"]["mixed"]["goodput"],
     }
 
-    print(f"\n2 ps + 3 CPU workers, synthetic {TRAIN} x {args.epochs:g} epochs, "
+    if replicated:
+        result["summary"]["updates_lost_per_ps_restart"] = "0 (no restore: taken over)"
+        result["summary"]["takeovers"] = len(result["runs"]["ps"].get("takeovers", []))
+        result["summary"]["replicas2_over_replicas1"] = result.get("replicas2_over_replicas1")
+    print(f"\n{args.servers} ps (replicas {args.replicas}) + 3 CPU workers, synthetic "
+          f"{TRAIN} x {args.epochs:g} epochs, "
           f"checkpoint.every_s 1, net.retry_interval {args.retry_interval:g} s, "
           f"--restart-backoff {args.restart_backoff:g} s\n")
     print(f"{'ps kill':<10} {'seen dead':>9} {'backoff':>8} {'restarted':>9} {'serving':>8} "
@@ -425,20 +473,25 @@ def main():
           "the ps reports them; rolled back: global samples before the kill less those "
           "restored, in worker steps)\n")
     print(f"{'run':<8} {'exit':>4} {'wall (s)':>9} {'accuracy':>9} {'goodput':>8}  kills")
-    for key in ("clean", "clean2", "ps", "mixed"):
-        r = result["runs"][key]
+    for key in ("clean", "clean2", "ps", "mixed", "clean_r1"):
+        r = result["runs"].get(key)
+        if r is None:
+            continue
         kills = ", ".join(f"{k['name']}@{k['at']:.1f}s" for k in r.get("kills", [])) or "-"
         print(f"{key:<8} {r['exit']:>4} {fmt(r['wall_s'], '', 1):>9} "
               f"{fmt(r['accuracy'], '', 4):>9} {fmt(r.get('goodput', 1.0 if key.startswith('clean') else None)):>8}  {kills}")
     s = result["summary"]
     print(f"\nps kill -> training resumed (max): {fmt(s['ps_kill_to_resume_max_s'], ' s')} "
-          f"(target <= 5 s; backoff {args.restart_backoff:g} s of it)")
+          f"(target <= {2 if replicated else 5} s; backoff {args.restart_backoff:g} s of it)")
     print(f"updates lost per ps restart: {s['updates_lost_per_ps_restart']}"
           + ("  (no ps log line reports lost updates)" if s['updates_lost_per_ps_restart'] == "n/a"
              else ""))
     print("ps restore rolled back (est.): " + ", ".join(
         fmt(v, " steps", 0) for v in s["steps_rolled_back_per_ps_restart_est"]))
-    print(f"goodput: {fmt(s['goodput_ps_kills'])} (3 ps kills), "
+    if replicated:
+        print(f"take-overs: {s['takeovers']}; samples/s with replicas 2 over replicas 1: "
+              f"{fmt(s['replicas2_over_replicas1'])} (target >= 0.85)")
+    print(f"goodput: {fmt(s['goodput_ps_kills'])} ({len(plan)} ps kills), "
           f"{fmt(s['goodput_mixed_kills'])} (2 workers + 1 ps)  (target >= 0.8)")
     if args.out:
         with open(args.out, "w") as f:

@@ -161,8 +161,11 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   // Forwards and fail-over requests both work on the copy of the
   // primary's shard.
   const bool on_copy = forward || (failover && request.header.op != Op::hello);
-  if (!on_copy && replicator_ && wire::is_data_op(request.header.op) &&
-      !replicator_->serving(request.received))
+  // The shard's values, read or written, only under the lease (a snapshot
+  // of a primary continued after a stop would save a stale shard).
+  if (!on_copy && replicator_ &&
+      (wire::is_data_op(request.header.op) || request.header.op == Op::snapshot) &&
+      !replicator_->serving(Clock::now()))
     return stats_.unserved();
   if (!on_copy && !coordinator.admit(request)) return stats_.error();
   const Handlers& handlers = on_copy ? replica_handlers_ : handlers_;
@@ -287,9 +290,9 @@ bool Dispatcher::take_over(const Request& request) {
   const auto primary = std::to_string(*options_.replica_of);
   // And, once taken over, its end-of-run snapshot (worker 0 asks every ps)
   // and the hello of a worker started since (answered by this ps's own
-  // coordinator: the worker is this ps's too).
-  if ((request.header.op == Op::snapshot || request.header.op == Op::hello) && took_over_)
-    return true;
+  // coordinator: the worker is this ps's too); before, they go unanswered,
+  // so that a worker asks the primary again.
+  if (request.header.op == Op::snapshot || request.header.op == Op::hello) return took_over_;
   if (!wire::is_data_op(request.header.op) || wire::is_sparse(request.header.op))
     throw wire::ProtocolError("only data requests for ps " + primary +
                               "'s chunks, its snapshot and hello once taken over, are served on "
@@ -298,8 +301,12 @@ bool Dispatcher::take_over(const Request& request) {
   if (copy_given_up_)
     throw std::runtime_error("cannot serve ps " + primary + "'s shard: ps " + primary +
                              " gave up this copy (it misses updates since)");
-  const auto silent = std::chrono::duration<double>(request.received - primary_heard_).count();
-  if (!primary_seen_ || request.received - primary_heard_ < options_.backup_silence) {
+  const auto silent = std::chrono::duration<double>(Clock::now() - primary_heard_).count();
+  // Judged now, and only while this loop runs on time: a pass long enough
+  // for the primary to seem silent may have kept its messages unread.
+  const auto now = Clock::now();
+  if (!primary_seen_ || now - primary_heard_ < options_.backup_silence ||
+      now - last_watch_ > options_.backup_silence / 4) {
     if (!waiting_logged_)
       log(prefix(), "a worker asks for ps ", primary, "'s shard, which ",
           primary_seen_ ? "was heard " + std::to_string(silent) + " s ago"

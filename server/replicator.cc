@@ -166,6 +166,13 @@ void Replicator::receive(Clock::time_point now) {
         break;
       }
       at += 1 + h.payload_frames;
+      // A new process of the backup holds an empty copy: it is no backup.
+      if (h.generation != 0 && backup_generation_ != 0 && h.generation != backup_generation_ &&
+          active_) {
+        give_up("it restarted (a new process answers), so its copy misses this shard");
+        break;
+      }
+      if (h.generation != 0) backup_generation_ = h.generation;
       const bool error = h.status == wire::Status::error;
       if (error && h.text.starts_with(kTakenOver)) {
         fence(h.text);
@@ -175,6 +182,8 @@ void Replicator::receive(Clock::time_point now) {
         const auto ping = pings_.find(h.request_id);
         if (ping == pings_.end()) continue;
         if (error) {
+          // Refusing the notice that it is given up says as much.
+          if (!active_) notice_due_ = false;
           give_up("it refused a ping: " + h.text);
           break;
         }
@@ -258,6 +267,7 @@ void Replicator::tick(Clock::time_point now) {
 }
 
 void Replicator::give_up(const std::string& why) {
+  if (!active_) return;
   log("ps ", options_.ps_index, ": serving on without backup ps ", options_.backup_index, " (",
       options_.backup_address, "): ", why, "; its ", held_.size(),
       " forwards in flight are not waited for, and the shard has one copy from here on");

@@ -35,8 +35,9 @@
 // A forward unanswered is sent again after min(net.retry_interval,
 // backup_silence / 4), then after twice as long each time, up to
 // backup_silence / 4. A backup that answered once and then nothing (neither
-// pings nor forwards) for replication.backup_silence, or refuses a forward
-// (it restarted without the copy), is given up (one that never answered is
+// pings nor forwards) for replication.backup_silence, refuses a forward, or
+// answers from a new process (it restarted without the copy: replies carry
+// their process's generation), is given up (one that never answered is
 // waited for, this ps serving nothing meanwhile): the held replies are released, the loss is logged
 // and counted, and this ps serves on without a backup (the shard then has one copy). It keeps
 // telling the backup so (a ping marked "given up") until the backup has heard it, so that a backup
@@ -170,6 +171,7 @@ class Replicator {
   bool active_ = true;
   bool fenced_ = false;       // the backup took the shard over
   bool backup_seen_ = false;  // the backup answered once
+  std::uint64_t backup_generation_ = 0;  // its process's (wire::Header::generation)
   bool waiting_logged_ = false;
   Clock::time_point last_heard_;  // the backup's last answer (or the start)
   Clock::time_point last_tick_;

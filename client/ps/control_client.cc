@@ -25,11 +25,18 @@ std::uint64_t PsControlClient::hello(std::uint32_t server) {
   using Clock = PsChannel::Clock;
   const auto& options = channel_.options();
   std::optional<Clock::time_point> give_up;  // from the first temporary refusal
+  // Replicated shards: a ps may have been failed over before this process
+  // started, and its backup then answers for it (only then). Each asked in
+  // turn for backup_silence (twice the fail-over wait), for timeout_s in all.
+  const bool failover = options.failover_after_s > 0;
+  const double attempt_s =
+      failover ? std::min(options.timeout_s, 2 * options.failover_after_s) : options.timeout_s;
+  const auto silent_until = Clock::now() + PsChannel::seconds(options.timeout_s);
   while (true) {
     Header h;
     wire::Hello{options.config_yaml, channel_.acked_updates(server)}.write(h);
     try {
-      const auto replies = channel_.call(Op::hello, {server}, std::move(h), options.timeout_s);
+      const auto replies = channel_.call(Op::hello, {server}, std::move(h), attempt_s);
       return wire::HelloReply::read(replies.front().header).state_updates;
     } catch (const PsRetryLater& refused) {
       const auto now = Clock::now();
@@ -38,13 +45,10 @@ std::uint64_t PsControlClient::hello(std::uint32_t server) {
       const auto until = std::min<Clock::time_point>(*give_up, now + refused.after);
       while (Clock::now() < until) channel_.poll(until - Clock::now());
     } catch (const PsSilent& e) {
-      // Replicated shards: a ps that does not answer may have been failed
-      // over before this process started; its backup then answers (and
-      // serves the shard), else this fails as well.
-      if (options.failover_after_s == 0 || channel_.serving(server) != server) throw;
-      log("ps client: ", e.what(),
-          "; asking its backup, which serves its shard if it took it over");
-      channel_.route_to_backup(server);
+      if (!failover || Clock::now() >= silent_until) throw;
+      const bool to_backup = channel_.serving(server) == server;
+      log("ps client: ", e.what(), "; asking ", to_backup ? "its backup" : "it again", " instead");
+      channel_.route(server, to_backup);
     }
   }
 }

@@ -342,10 +342,16 @@ PsChannel::Clock::duration PsChannel::trial_interval() const {
   return std::min(seconds(options_.retry_interval_s), seconds(options_.failover_after_s / 4));
 }
 
-void PsChannel::route_to_backup(std::uint32_t server) {
-  if (serving_[server] != server) return;
-  trials_[server] = make_socket(server, (server + 1) % servers());
-  fail_over(server);
+void PsChannel::route(std::uint32_t server, bool to_backup) {
+  if ((serving_[server] != server) == to_backup) return;
+  if (to_backup) {
+    trials_[server] = make_socket(server, (server + 1) % servers());
+    return fail_over(server);
+  }
+  serving_[server] = server;
+  sockets_[server] = make_socket(server);
+  generations_[server] = 0;
+  generation_changed_[server] = false;
 }
 
 void PsChannel::fail_over(std::uint32_t server) {
@@ -534,8 +540,14 @@ void PsChannel::poll(Clock::duration timeout) {
 void PsChannel::dispatch_message(std::uint32_t server, bool trial,
                                  std::span<const std::span<const std::uint8_t>> frames) {
   // Whichever answers first serves the shard: the backup took it over, or
-  // the ps itself lives.
+  // the ps itself lives. A backup's refusal (its copy given up) moves
+  // nothing: the trial ends, and the requests wait for the ps (or fail).
   if (trial) {
+    if (!answers_ok(frames)) {
+      log("ps client: ", where(server), "'s backup refuses its shard: ", first_error(frames));
+      trials_[server].reset();
+      return;
+    }
     fail_over(server);
   } else {
     trials_[server].reset();
@@ -553,6 +565,39 @@ void PsChannel::dispatch_message(std::uint32_t server, bool trial,
     at += 1 + payloads.size();
     dispatch(server, std::move(h), payloads);
   }
+}
+
+namespace {
+
+// The replies of a message (headers and their payload frames).
+template <class F>
+void for_each_reply(std::span<const std::span<const std::uint8_t>> frames, F f) {
+  for (std::size_t at = 0; at < frames.size();) {
+    Header h;
+    try {
+      h = wire::decode_header(frames[at]);
+    } catch (const wire::ProtocolError&) {
+      return;
+    }
+    at += 1 + h.payload_frames;
+    f(h);
+  }
+}
+
+}  // namespace
+
+bool PsChannel::answers_ok(std::span<const std::span<const std::uint8_t>> frames) {
+  bool ok = false;
+  for_each_reply(frames, [&](const Header& h) { ok = ok || h.status == wire::Status::ok; });
+  return ok;
+}
+
+std::string PsChannel::first_error(std::span<const std::span<const std::uint8_t>> frames) {
+  std::string text;
+  for_each_reply(frames, [&](const Header& h) {
+    if (text.empty() && h.status == wire::Status::error) text = wire::ErrorReply::read(h).text;
+  });
+  return text.empty() ? "no readable reply" : text;
 }
 
 void PsChannel::dispatch(std::uint32_t server, Header h,

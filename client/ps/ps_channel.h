@@ -166,9 +166,11 @@ class PsChannel {
   // fail-over.
   std::uint32_t serving(std::uint32_t server) const { return serving_.at(server); }
   // Sends ps `server`'s requests to its backup from here on, as a fail-over
-  // does (a ps that does not answer a new worker's hello: its backup may
-  // have taken its shard over before this process started).
-  void route_to_backup(std::uint32_t server);
+  // does, or (`to_backup` false) to the ps itself again: a new worker's
+  // hello finds out which serves the shard (its backup may have taken it
+  // over before this process started). Requests in flight to the other
+  // are not moved: call it between calls.
+  void route(std::uint32_t server, bool to_backup);
   // Gives up on every ticket without waiting for its replies, for a caller
   // leaving on an error: replies still to come are ignored, the sockets of
   // servers still holding zero-copy frames are replaced (which makes ZeroMQ
@@ -221,6 +223,9 @@ class PsChannel {
   // `trial`: from the socket trying server's backup.
   void dispatch_message(std::uint32_t server, bool trial,
                         std::span<const std::span<const std::uint8_t>> frames);
+  // Whether a received message holds an ok reply; the first error's text.
+  static bool answers_ok(std::span<const std::span<const std::uint8_t>> frames);
+  static std::string first_error(std::span<const std::span<const std::uint8_t>> frames);
   void dispatch(std::uint32_t server, wire::Header h,
                 std::span<const std::span<const std::uint8_t>> payloads);
   void note_generation(std::uint32_t server, std::uint64_t generation);

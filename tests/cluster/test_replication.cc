@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstring>
 #include <thread>
-#include <fstream>
 
 #include "client/ps/ps_client.h"
 #include "server/replicator.h"
