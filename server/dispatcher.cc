@@ -211,22 +211,21 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
 }
 
 bool Dispatcher::forwarded(const Peer& from) const {
-  if (!from.starts_with(Replicator::kPeerPrefix)) return false;
-  if (options_.replica_of && from.starts_with(Replicator::peer_of(*options_.replica_of)))
-    return true;
-  throw std::runtime_error(
-      "forwards from '" + from + "' are not served here: this ps keeps " +
-      (options_.replica_of
-           ? "the copy of ps " + std::to_string(*options_.replica_of) + "'s shard only"
-           : std::string("no shard's copy")));
+  return names_copy(from, Replicator::kPeerPrefix, "forwards");
 }
 
 bool Dispatcher::failing_over(const Peer& from) const {
-  if (!from.starts_with(wire::kFailoverPeerPrefix)) return false;
-  if (options_.replica_of && from.starts_with(wire::failover_peer(*options_.replica_of)))
+  return names_copy(from, wire::kFailoverPeerPrefix, "requests for another ps's shard");
+}
+
+bool Dispatcher::names_copy(const Peer& from, std::string_view prefix,
+                            const std::string& what) const {
+  if (!from.starts_with(prefix)) return false;
+  if (options_.replica_of &&
+      from.starts_with(std::string(prefix) + std::to_string(*options_.replica_of) + "/"))
     return true;
   throw std::runtime_error(
-      "requests for another ps's shard from '" + from + "' are not served here: this ps keeps " +
+      what + " from '" + from + "' are not served here: this ps keeps " +
       (options_.replica_of
            ? "the copy of ps " + std::to_string(*options_.replica_of) + "'s shard only"
            : std::string("no shard's copy")));

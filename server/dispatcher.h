@@ -64,6 +64,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "server/coordinator.h"
@@ -151,6 +152,9 @@ class Dispatcher final : public ReplySink {
   // Whether `from` is a worker's socket for options_.replica_of's shard
   // (wire::failover_peer); throws for one of another ps's shard.
   bool failing_over(const Peer& from) const;
+  // Whether `from`'s identity is `prefix`, options_.replica_of and a slash
+  // (then more); throws, naming `what`, for one of another ps.
+  bool names_copy(const Peer& from, std::string_view prefix, const std::string& what) const;
   // A request from the primary (a forward or a ping): refused once this ps
   // took over; true when it was a ping, answered here.
   bool heard_primary(const Request& request);

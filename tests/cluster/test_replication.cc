@@ -86,6 +86,24 @@ bool eventually(const std::function<bool()>& ready, std::chrono::seconds timeout
   return true;
 }
 
+// Three ps with replicas 2 and a short backup_silence, for `workers`
+// clients of the exactness workload, a `drop` fraction of messages lost.
+ClusterSpec failover_spec(std::uint32_t workers, double drop) {
+  return {.ps = 3,
+          .workers = workers,
+          .optimizer = "sgd",
+          .lr = 1,
+          .retry_interval = 0.05,
+          .fault_drop = drop,
+          .replication = "{replicas: 2, backup_silence: 1}"};
+}
+
+// Until ps `server` has served 100 pushes: the run is well under way.
+void wait_for_pushes(PsClient& watch, std::uint32_t server) {
+  REQUIRE(eventually([&] { return stat(watch.stats(server), "push") >= 100; },
+                     std::chrono::seconds(60)));
+}
+
 // A request of `op` for chunk 0 of "w" held by ps `server`, as a tool
 // speaking the wire by hand sends it (incarnation 0).
 std::vector<std::uint8_t> chunk_request(const ClusterConfig& config, wire::Op op,
@@ -156,13 +174,7 @@ TEST_CASE("replication: under CURVE a primary's forwards are admitted by its bac
 }
 
 TEST_CASE("fail-over: a primary killed mid-run loses no acknowledged update") {
-  PsCluster cluster({.ps = 3,
-                     .workers = 3,
-                     .optimizer = "sgd",
-                     .lr = 1,
-                     .retry_interval = 0.05,
-                     .fault_drop = 0.1,
-                     .replication = "{replicas: 2, backup_silence: 1}"});
+  PsCluster cluster(failover_spec(3, 0.1));
   cluster.start_all();
   const auto& config = cluster.config();
   PsClient watch(config, kTool, shard_map_for(config, exact_push_variables()));
@@ -173,8 +185,7 @@ TEST_CASE("fail-over: a primary killed mid-run loses no acknowledged update") {
   // (its last checkpoint would be older than the copy too): it must not
   // serve, and ends.
   check_exact_pushes(config, 3, 150, [&] {
-    REQUIRE(
-        eventually([&] { return stat(watch.stats(1), "push") >= 100; }, std::chrono::seconds(60)));
+    wait_for_pushes(watch, 1);
     cluster.ps(1).kill(SIGKILL);
     REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
     cluster.start_ps(1);
@@ -198,19 +209,13 @@ TEST_CASE("fail-over: a primary killed mid-run loses no acknowledged update") {
 }
 
 TEST_CASE("fail-over: a primary stopped and continued after its backup took over serves nothing") {
-  PsCluster cluster({.ps = 3,
-                     .workers = 2,
-                     .optimizer = "sgd",
-                     .lr = 1,
-                     .retry_interval = 0.05,
-                     .replication = "{replicas: 2, backup_silence: 1}"});
+  PsCluster cluster(failover_spec(2, 0));
   cluster.start_all();
   const auto& config = cluster.config();
   PsClient watch(config, kTool, shard_map_for(config, exact_push_variables()));
   std::optional<RawReply> stale_pull, stale_push;
   check_exact_pushes(config, 2, 150, [&] {
-    REQUIRE(
-        eventually([&] { return stat(watch.stats(1), "push") >= 100; }, std::chrono::seconds(60)));
+    wait_for_pushes(watch, 1);
     cluster.ps(1).kill(SIGSTOP);
     REQUIRE(eventually([&] { return stat(watch.stats(2), "takeovers") == 1; },
                        std::chrono::seconds(30)));
