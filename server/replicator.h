@@ -169,8 +169,8 @@ class Replicator {
   std::unique_ptr<zmq::socket_t> socket_;
   std::map<Key, Held> held_;
   bool active_ = true;
-  bool fenced_ = false;       // the backup took the shard over
-  bool backup_seen_ = false;  // the backup answered once
+  bool fenced_ = false;                  // the backup took the shard over
+  bool backup_seen_ = false;             // the backup answered once
   std::uint64_t backup_generation_ = 0;  // its process's (wire::Header::generation)
   bool waiting_logged_ = false;
   Clock::time_point last_heard_;  // the backup's last answer (or the start)
