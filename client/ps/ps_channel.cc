@@ -537,39 +537,12 @@ void PsChannel::poll(Clock::duration timeout) {
   resend_due();
 }
 
-void PsChannel::dispatch_message(std::uint32_t server, bool trial,
-                                 std::span<const std::span<const std::uint8_t>> frames) {
-  // Whichever answers first serves the shard: the backup took it over, or
-  // the ps itself lives. A backup's refusal (its copy given up) moves
-  // nothing: the trial ends, and the requests wait for the ps (or fail).
-  if (trial) {
-    if (!answers_ok(frames)) {
-      log("ps client: ", where(server), "'s backup refuses its shard: ", first_error(frames));
-      trials_[server].reset();
-      return;
-    }
-    fail_over(server);
-  } else {
-    trials_[server].reset();
-  }
-  for (std::size_t at = 0; at < frames.size();) {
-    Header h;
-    try {
-      h = wire::decode_header(frames[at]);
-    } catch (const wire::ProtocolError&) {
-      return;  // where its replies start is unknown; their requests will be resent
-    }
-    // A last reply short of its frames gets them counted in dispatch().
-    const auto payloads = frames.subspan(at + 1).first(
-        std::min<std::size_t>(h.payload_frames, frames.size() - at - 1));
-    at += 1 + payloads.size();
-    dispatch(server, std::move(h), payloads);
-  }
-}
-
 namespace {
 
-// The replies of a message (headers and their payload frames).
+// Each reply of a received message, its header decoded and its payload
+// frames (a last reply short of its frames gets what there is: dispatch()
+// counts them); stops at a header that does not decode, where the replies
+// after it start is unknown (their requests will be resent).
 template <class F>
 void for_each_reply(std::span<const std::span<const std::uint8_t>> frames, F f) {
   for (std::size_t at = 0; at < frames.size();) {
@@ -579,24 +552,44 @@ void for_each_reply(std::span<const std::span<const std::uint8_t>> frames, F f) 
     } catch (const wire::ProtocolError&) {
       return;
     }
-    at += 1 + h.payload_frames;
-    f(h);
+    const auto payloads = frames.subspan(at + 1).first(
+        std::min<std::size_t>(h.payload_frames, frames.size() - at - 1));
+    at += 1 + payloads.size();
+    f(std::move(h), payloads);
   }
 }
 
 }  // namespace
 
-bool PsChannel::answers_ok(std::span<const std::span<const std::uint8_t>> frames) {
-  bool ok = false;
-  for_each_reply(frames, [&](const Header& h) { ok = ok || h.status == wire::Status::ok; });
-  return ok;
+void PsChannel::dispatch_message(std::uint32_t server, bool trial,
+                                 std::span<const std::span<const std::uint8_t>> frames) {
+  // Whichever answers first serves the shard: the backup took it over, or
+  // the ps itself lives. A backup's refusal (its copy given up) moves
+  // nothing: the trial ends, and the requests wait for the ps (or fail).
+  if (trial) {
+    if (const auto refusal = trial_refusal(frames)) {
+      log("ps client: ", where(server), "'s backup refuses its shard: ", *refusal);
+      trials_[server].reset();
+      return;
+    }
+    fail_over(server);
+  } else {
+    trials_[server].reset();
+  }
+  for_each_reply(frames, [&](Header h, std::span<const std::span<const std::uint8_t>> payloads) {
+    dispatch(server, std::move(h), payloads);
+  });
 }
 
-std::string PsChannel::first_error(std::span<const std::span<const std::uint8_t>> frames) {
+std::optional<std::string> PsChannel::trial_refusal(
+    std::span<const std::span<const std::uint8_t>> frames) {
+  bool ok = false;
   std::string text;
-  for_each_reply(frames, [&](const Header& h) {
+  for_each_reply(frames, [&](const Header& h, auto) {
+    ok = ok || h.status == wire::Status::ok;
     if (text.empty() && h.status == wire::Status::error) text = wire::ErrorReply::read(h).text;
   });
+  if (ok) return std::nullopt;
   return text.empty() ? "no readable reply" : text;
 }
 

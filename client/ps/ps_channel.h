@@ -49,6 +49,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -223,9 +224,10 @@ class PsChannel {
   // `trial`: from the socket trying server's backup.
   void dispatch_message(std::uint32_t server, bool trial,
                         std::span<const std::span<const std::uint8_t>> frames);
-  // Whether a received message holds an ok reply; the first error's text.
-  static bool answers_ok(std::span<const std::span<const std::uint8_t>> frames);
-  static std::string first_error(std::span<const std::span<const std::uint8_t>> frames);
+  // A backup's message on trial: nullopt when it holds an ok reply, else
+  // why it refuses (its first error's text).
+  static std::optional<std::string> trial_refusal(
+      std::span<const std::span<const std::uint8_t>> frames);
   void dispatch(std::uint32_t server, wire::Header h,
                 std::span<const std::span<const std::uint8_t>> payloads);
   void note_generation(std::uint32_t server, std::uint64_t generation);
