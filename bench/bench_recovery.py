@@ -10,15 +10,17 @@
         [--restart-backoff 0.2] [--epochs 30] [--seed 1] [--keep DIR]
         [--servers 2] [--replicas 1] [--backup-silence 1]
 
-With --replicas 2 (replicated shards, docs/failures.md "Fail-over"; give
---servers 4) every run is replicated, the ps kills are of ps1 and ps3 (two
-shards whose backups live; ps 0 also holds the run's control state, which is
-not replicated) and need no checkpoint, since a killed ps's backup takes its
-shard over and its restarted process exits; a fifth run, replicas 1 and no
-failure, gives the steady-state cost of replication (its wall time over the
-replicated clean runs'). Updates lost are then 0 by construction (nothing is
-restored; the exactness tests check that none is lost): the bench reports
-the take-overs instead.
+With --replicas 2 (replicated shards, docs/failures.md "Fail-over" and
+"Re-join"; give --servers 4) every run is replicated, the three ps kills are
+of ps1, ps3 and ps1 again (ps 0 also holds the run's control state, which is
+not replicated) and need no checkpoint: a killed ps's backup serves its
+shard until the restarted process re-joins (the shard handed back, its
+predecessor's copy made again), so the second kill of ps1 finds two copies
+of every shard again; a fifth run, replicas 1 and no failure, gives the
+steady-state cost of replication (its wall time over the replicated clean
+runs'). Updates lost are then 0 by construction (nothing is restored; the
+exactness tests check that none is lost): the bench reports the take-overs,
+hand-backs and re-joins instead.
 
 Four runs of the same job (2 ps + 3 CPU workers, synthetic data, the MLP,
 checkpoint.every_s 1, fixed train.seed) on loopback ports:
@@ -372,7 +374,7 @@ def main():
             sys.exit(f"bench_recovery: the clean run failed (exit {code}); see {clean.dir}")
         wall = clean.wall()
 
-        plan = ((0.2, "ps1"), (0.6, "ps3")) if replicated else \
+        plan = ((0.2, "ps1"), (0.45, "ps3"), (0.7, "ps1")) if replicated else \
             ((0.2, "ps1"), (0.45, "ps0"), (0.7, "ps1"))
         print(f"run with {len(plan)} ps kills ...", file=sys.stderr, flush=True)
         ps_run = Run(base, "ps", doc, args)
@@ -393,9 +395,12 @@ def main():
                                 "accuracy": ps_run.accuracy(), "kills": ps_run.kills,
                                 "recoveries": rec}
         if replicated:
-            takeovers = [line for name in (f"ps{i}" for i in range(args.servers))
-                         for line in ps_run.log_lines(name) if "takes over ps" in line]
-            result["runs"]["ps"]["takeovers"] = takeovers
+            def lines(text):
+                return [line for name in (f"ps{i}" for i in range(args.servers))
+                        for line in ps_run.log_lines(name) if text in line]
+            result["runs"]["ps"]["takeovers"] = lines("takes over ps")
+            result["runs"]["ps"]["handbacks"] = lines("back to a new process")
+            result["runs"]["ps"]["rejoins"] = lines("re-joined") + lines("holds this shard's copy again")
 
         print("run with mixed kills ...", file=sys.stderr, flush=True)
         rng = random.Random(args.seed)
@@ -452,8 +457,9 @@ def main():
     }
 
     if replicated:
-        result["summary"]["updates_lost_per_ps_restart"] = "0 (no restore: taken over)"
-        result["summary"]["takeovers"] = len(result["runs"]["ps"].get("takeovers", []))
+        result["summary"]["updates_lost_per_ps_restart"] = "0 (no restore: handed back)"
+        for key in ("takeovers", "handbacks", "rejoins"):
+            result["summary"][key] = len(result["runs"]["ps"].get(key, []))
         result["summary"]["replicas2_over_replicas1"] = result.get("replicas2_over_replicas1")
     print(f"\n{args.servers} ps (replicas {args.replicas}) + 3 CPU workers, synthetic "
           f"{TRAIN} x {args.epochs:g} epochs, "
@@ -489,7 +495,8 @@ def main():
     print("ps restore rolled back (est.): " + ", ".join(
         fmt(v, " steps", 0) for v in s["steps_rolled_back_per_ps_restart_est"]))
     if replicated:
-        print(f"take-overs: {s['takeovers']}; samples/s with replicas 2 over replicas 1: "
+        print(f"take-overs: {s['takeovers']}, hand-backs: {s['handbacks']}, re-joins "
+              f"(shards received whole): {s['rejoins']}; samples/s with replicas 2 over replicas 1: "
               f"{fmt(s['replicas2_over_replicas1'])} (target >= 0.85)")
     print(f"goodput: {fmt(s['goodput_ps_kills'])} ({len(plan)} ps kills), "
           f"{fmt(s['goodput_mixed_kills'])} (2 workers + 1 ps)  (target >= 0.8)")

@@ -442,6 +442,12 @@ void Coordinator::restore_progress(const SnapshotInfo& info, std::uint64_t state
   }
 }
 
+void Coordinator::adopt_shard(std::uint64_t state_updates) {
+  state_updates_ = state_updates;
+  std::ranges::fill(worker_incarnations_, 0);
+  std::ranges::fill(worker_updates_, 0);
+}
+
 void Coordinator::applied_update(const wire::Header& request) {
   ++state_updates_;
   const auto w = request.sender;

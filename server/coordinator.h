@@ -158,6 +158,11 @@ class Coordinator {
   // with one per worker only: an end-of-run snapshot seeds a new run, whose
   // workers start their shards afresh.
   void restore_progress(const SnapshotInfo& info, std::uint64_t state_updates);
+  // The chunks were replaced by a copy holding every update the workers saw
+  // acknowledged (re-join, server/replicator.h), `state_updates` in all:
+  // each worker's count starts afresh with its next hello, which so counts
+  // nothing lost.
+  void adopt_shard(std::uint64_t state_updates);
   // The chunk handlers applied one chunk update (push, push_pull, assign) of
   // `request`; a resend answered from the record is not applied again.
   void applied_update(const wire::Header& request);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace pstrain::ps {
 
@@ -48,6 +49,34 @@ std::size_t Dedup::entries() const {
   std::size_t n = 0;
   for (const auto& [incarnation, c] : clients_) n += c.applied.size();
   return n;
+}
+
+std::vector<Dedup::ClientRecord> Dedup::records() const {
+  std::vector<ClientRecord> out;
+  out.reserve(clients_.size());
+  for (const auto& [incarnation, c] : clients_)
+    out.push_back({incarnation, c.sender, c.evicted_below, {c.applied.begin(), c.applied.end()}});
+  return out;
+}
+
+void Dedup::restore(const std::vector<ClientRecord>& records) {
+  if (records.size() > max_clients_)
+    throw std::invalid_argument("dedup: a record of " + std::to_string(records.size()) +
+                                " clients, more than the " + std::to_string(max_clients_) +
+                                " kept");
+  std::unordered_map<std::uint64_t, Client> clients;
+  for (const auto& r : records) {
+    if (r.applied.size() > window_)
+      throw std::invalid_argument("dedup: a client's record of " +
+                                  std::to_string(r.applied.size()) + " requests, more than the " +
+                                  std::to_string(window_) + " kept");
+    Client& c = clients[r.incarnation];
+    c.sender = r.sender;
+    c.evicted_below = r.evicted_below;
+    c.last_used = ++tick_;
+    c.applied.insert(r.applied.begin(), r.applied.end());
+  }
+  clients_ = std::move(clients);
 }
 
 Dedup::Client& Dedup::client(const wire::Header& request) {

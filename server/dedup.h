@@ -45,6 +45,8 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "shared/protocol.h"
 
@@ -75,6 +77,19 @@ class Dedup {
 
   std::size_t clients() const { return clients_.size(); }
   std::size_t entries() const;  // recorded requests over all clients
+
+  // The record as data, for a shard's state handed to another ps
+  // (server/shard_state.h): what it holds of one incarnation.
+  struct ClientRecord {
+    std::uint64_t incarnation = 0;
+    std::uint32_t sender = 0;
+    std::uint64_t evicted_below = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> applied;  // (request id, version)
+  };
+  std::vector<ClientRecord> records() const;
+  // Replaces the record with `records` (another ps's); throws
+  // std::invalid_argument when they exceed this record's bounds.
+  void restore(const std::vector<ClientRecord>& records);
 
  private:
   struct Client {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/shard_state.h"
 #include "shared/config.h"
 #include "shared/init.h"
 #include "shared/log.h"
@@ -122,19 +123,37 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
     stats_.received(request.header.op,
                     (i == 0 ? frames[0].size() : 0) + frames[at].size() + bytes_of(payloads));
     stats_.request(request.header.op);
-    try {
+    {
       const TraceSpan span(wire::to_string(request.header.op), "ps");
       recording_frames_ = frames.subspan(at, end - at);
-      dispatch(coordinator, request, payloads, connection);
-    } catch (const std::exception& e) {
-      recording_ = nullptr;
-      stats_.error();
-      send(request.from, {wire::error_reply(request.header,
-                                            prefix() + describe(request.header) + ": " + e.what()),
-                          {}});
+      serve(coordinator, request, payloads, connection);
     }
     stats_.handled(request.header.op,
                    std::chrono::duration<double>(Clock::now() - received).count());
+  }
+}
+
+void Dispatcher::serve(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
+                       const Connection& connection) {
+  try {
+    dispatch(coordinator, request, payloads, connection);
+  } catch (const std::exception& e) {
+    recording_ = nullptr;
+    stats_.error();
+    send(request.from,
+         {wire::error_reply(request.header, prefix() + describe(request.header) + ": " + e.what()),
+          {}});
+  }
+}
+
+void Dispatcher::resume(Coordinator& coordinator, Clock::time_point now) {
+  if (parked_hellos_.empty() || !replicator_ || !replicator_->serving(now)) return;
+  auto parked = std::exchange(parked_hellos_, {});
+  for (auto& [request, connection] : parked) {
+    // Its sender has asked the backup since (client/ps/control_client.h).
+    if (now - request.received >= options_.backup_silence) continue;
+    recording_frames_ = {};
+    serve(coordinator, request, {}, connection);
   }
 }
 
@@ -157,16 +176,26 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   if (forward && heard_primary(request)) return;
   // Unanswered, as by a dead ps: the worker's resends find the ps that may
   // serve it (server/replicator.h, "Fail-over and the lease").
+  if (failover && moved_back(request)) return;
   if (failover && !take_over(request)) return stats_.unserved();
   // Forwards and fail-over requests both work on the copy of the
   // primary's shard.
   const bool on_copy = forward || (failover && request.header.op != Op::hello);
   // The shard's values, read or written, only under the lease (a snapshot
-  // of a primary continued after a stop would save a stale shard).
-  if (!on_copy && replicator_ &&
-      (wire::is_data_op(request.header.op) || request.header.op == Op::snapshot) &&
-      !replicator_->serving(Clock::now()))
-    return stats_.unserved();
+  // of a primary continued after a stop would save a stale shard); and the
+  // hello, whose reply says how many updates the shard holds (a restarted
+  // ps holds them once its backup handed the shard back).
+  const Op op = request.header.op;
+  if (!on_copy && replicator_ && (wire::is_data_op(op) || op == Op::snapshot || op == Op::hello) &&
+      !replicator_->serving(Clock::now())) {
+    // A hello waits for the lease (resume()): hellos are not resent, and
+    // a restarted ps must not say it holds nothing before its backup
+    // handed its shard back.
+    if (op != Op::hello) return stats_.unserved();
+    if (parked_hellos_.size() == kMaxParkedHellos) parked_hellos_.pop_front();
+    parked_hellos_.push_back({request, connection});
+    return;
+  }
   if (!on_copy && !coordinator.admit(request)) return stats_.error();
   const Handlers& handlers = on_copy ? replica_handlers_ : handlers_;
   const Handler* handler = handlers.find(request.header.op);
@@ -240,26 +269,35 @@ void Dispatcher::watch(Clock::time_point now) {
 bool Dispatcher::heard_primary(const Request& request) {
   const auto primary = std::to_string(*options_.replica_of);
   const Op op = request.header.op;
+  const bool ping = op == Op::heartbeat;
+  const bool writes = ping || op == Op::init || wire::is_update(op);
+  // A ping with the shard's state replaces the copy, whoever of the
+  // primary's processes sends it (only the primary's key may, under CURVE).
+  const bool resync = ping && request.header.operand == Replicator::kResync && !took_over_;
   // A new process of the primary (its replicator's identity is new at every
-  // start) restored at best a checkpoint older than this copy: the copy
-  // serves the shard from now on, unless it was given up (it misses
-  // updates), when the new process must serve alone.
-  const bool writes = op == Op::heartbeat || op == Op::init || wire::is_update(op);
-  if (!took_over_ && primary_seen_ && writes && request.from != primary_peer_) {
+  // start) restored at best a checkpoint older than this copy: it gets the
+  // copy (hand_back), or where that cannot be, the copy serves the shard.
+  // A copy given up misses updates: the new process must serve alone until
+  // it copies its shard here.
+  if (primary_seen_ && writes && !resync && request.from != primary_peer_) {
     if (copy_given_up_) {
       stats_.error();
       send(request.from,
-           {wire::error_reply(request.header, prefix() + "this copy of ps " + primary +
-                                                  "'s shard was given up and misses updates; it "
-                                                  "is no backup again (re-join is not built)"),
+           {wire::error_reply(request.header,
+                              prefix() + "this copy of ps " + primary +
+                                  "'s shard was given up and misses updates; the new process "
+                                  "serves alone until it copied its shard here"),
             {}});
       return true;
     }
-    took_over_ = true;
-    stats_.took_over();
-    log(prefix(), "takes over ps ", primary, "'s shard: a new process of ps ", primary,
-        " speaks, and this copy holds every update "
-        "it acknowledged; serving it from the copy, without a backup");
+    if (ping && hand_back(request)) return true;
+    if (!took_over_) {
+      took_over_ = true;
+      stats_.took_over();
+      log(prefix(), "takes over ps ", primary, "'s shard: a new process of ps ", primary,
+          " speaks, and this copy holds every update "
+          "it acknowledged; serving it from the copy, without a backup");
+    }
   }
   if (took_over_) {
     stats_.error();
@@ -275,13 +313,85 @@ bool Dispatcher::heard_primary(const Request& request) {
     primary_seen_ = true;
     primary_peer_ = request.from;
   }
-  if (op != Op::heartbeat) return false;
+  if (!ping) return false;
+  if (resync) {
+    adopt_copy(request);
+    return true;
+  }
   if (request.header.operand == Replicator::kGivenUp && !copy_given_up_) {
     copy_given_up_ = true;
     log(prefix(), "ps ", primary,
         " serves on without this copy of its shard; it will not be taken over");
   }
   send(request.from, {wire::reply_to(request.header), {}});
+  return true;
+}
+
+void Dispatcher::set_shards(ShardAccess own, ShardAccess copy) {
+  own_ = std::move(own);
+  copy_ = std::move(copy);
+}
+
+std::vector<std::uint8_t> Dispatcher::own_state() const {
+  return encode_shard_state(own_->chunks(), dedup_);
+}
+
+void Dispatcher::adopt_own_state(std::span<const std::uint8_t> bytes) {
+  auto state = decode_shard_state(bytes);
+  own_->replace(std::move(state.chunks));
+  dedup_.restore(state.record);
+}
+
+bool Dispatcher::hand_back(const Request& request) {
+  if (!copy_) return false;
+  const auto primary = std::to_string(*options_.replica_of);
+  std::vector<std::uint8_t> state;
+  try {
+    state = encode_shard_state(copy_->chunks(), replica_dedup_);
+  } catch (const ShardStateError& e) {
+    log(prefix(), "cannot hand ps ", primary, "'s shard back to its new process: ", e.what());
+    return false;
+  }
+  const auto bytes = state.size();
+  Reply reply{wire::reply_to(request.header), {}};
+  reply.payload = std::make_shared<const std::vector<std::uint8_t>>(std::move(state));
+  send(request.from, std::move(reply));
+  stats_.handed_back();
+  log(prefix(), "hands ps ", primary, "'s shard (", copy_->chunks().size(), " chunks, ", bytes,
+      " bytes) back to a new process of ps ", primary,
+      took_over_ ? ", which serves it again instead of this ps"
+                 : ", which serves it with this copy's updates",
+      "; this ps keeps the copy");
+  took_over_ = false;
+  handed_back_ = true;
+  primary_peer_ = request.from;
+  primary_heard_ = std::max(primary_heard_, request.received);
+  return true;
+}
+
+void Dispatcher::adopt_copy(const Request& request) {
+  const auto primary = std::to_string(*options_.replica_of);
+  if (!copy_) throw std::runtime_error("this ps keeps no copy it could replace");
+  auto state = decode_shard_state(request.payload);
+  const auto chunks = state.chunks.size();
+  const auto updates = state.version_sum();
+  copy_->replace(std::move(state.chunks));
+  replica_dedup_.restore(state.record);
+  copy_given_up_ = false;
+  log(prefix(), "keeps the copy of ps ", primary, "'s shard again: ", chunks, " chunks (", updates,
+      " updates) copied from it; its updates are forwarded here from now on");
+  send(request.from, {wire::reply_to(request.header), {}});
+}
+
+bool Dispatcher::moved_back(const Request& request) {
+  if (!handed_back_ || took_over_ || !wire::is_data_op(request.header.op) ||
+      Clock::now() - primary_heard_ >= options_.backup_silence)
+    return false;
+  stats_.error();
+  send(request.from, {wire::error_reply(request.header, std::string(wire::kMovedBack) + "ps " +
+                                                            std::to_string(*options_.replica_of) +
+                                                            " serves its shard again"),
+                      {}});
   return true;
 }
 

@@ -50,6 +50,14 @@
 // up (a ping said so) misses updates: it is never taken over, and a new
 // process of the primary is refused as its primary (it then serves alone).
 //
+// Re-join (server/replicator.h, "Re-join"): a new process of the primary
+// that pings (a restart) gets the copy's whole state in the ping's answer
+// (server/shard_state.h) and serves the shard again; this ps goes back to
+// keeping the copy, and answers a worker's fail-over requests for the shard
+// with wire::kMovedBack while the primary is heard, which sends the worker
+// back to it. A primary's ping that carries its shard's state (a primary
+// copying its shard to a backup it had given up) replaces the copy with it.
+//
 // The request loop (server/request_loop.h) feeds it what its ROUTER socket
 // receives and sends what it passes on; the fuzzer (tests/fuzz) feeds it
 // made-up messages and records the replies, so both exercise one path.
@@ -60,13 +68,17 @@
 //
 // Thread rules: single-threaded, like the whole ps (server/request.h).
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
+#include "server/chunk_store.h"
 #include "server/coordinator.h"
 #include "server/dedup.h"
 #include "server/ps_stats.h"
@@ -94,6 +106,13 @@ struct DispatcherOptions {
   Clock::duration backup_silence = std::chrono::seconds(2);
 };
 
+// A shard's chunks for re-join, as the ps role holds them: read as they
+// are now, or replaced whole.
+struct ShardAccess {
+  std::function<std::vector<HeldChunk>()> chunks;
+  std::function<void(std::vector<SnapshotRecord>)> replace;
+};
+
 // What the socket knows of a message's sender.
 struct Connection {
   std::optional<Identity> identity;  // from its CURVE key; none without CURVE
@@ -118,7 +137,22 @@ class Dispatcher final : public ReplySink {
   // previous one (the process was stopped) starts the primary's silence
   // afresh, since this ps did not listen meanwhile.
   void watch(Clock::time_point now);
+  // Called on every pass of the request loop too: hellos that came while
+  // this ps had no lease from its backup are answered once it has one
+  // (those older than backup_silence are dropped: their senders asked the
+  // backup meanwhile).
+  void resume(Coordinator& coordinator, Clock::time_point now);
   bool took_over() const { return took_over_; }
+  // Re-join: this ps's own shard and the copy it keeps, as the ps role
+  // holds them (none: re-join is off, a restarted primary is served as
+  // before: the copy taken over).
+  void set_shards(ShardAccess own, ShardAccess copy);
+  // This ps's shard's state with its record of applied requests
+  // (server/shard_state.h), to copy to a backup; and one handed back by
+  // the backup, which replaces both (throws ShardStateError, or
+  // std::invalid_argument when it does not fit the store).
+  std::vector<std::uint8_t> own_state() const;
+  void adopt_own_state(std::span<const std::uint8_t> bytes);
 
   // Handles one message: frames[0] is the sender's identity (where replies
   // go; a ROUTER socket always puts it there), then one or more requests,
@@ -139,6 +173,9 @@ class Dispatcher final : public ReplySink {
   void accepted(const wire::Header& request, std::uint64_t version) override;
 
  private:
+  // dispatch(), an exception turned into the request's error reply.
+  void serve(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
+             const Connection& connection);
   void dispatch(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
                 const Connection& connection);
   // Why `connection` may not send `request` (nullopt: it may); logs the
@@ -161,6 +198,15 @@ class Dispatcher final : public ReplySink {
   // A worker's request for the primary's shard: whether this ps serves it,
   // taking the shard over if the primary has been silent long enough.
   bool take_over(const Request& request);
+  // A worker's data request for a shard handed back to the primary, which
+  // is heard: answered wire::kMovedBack (true), so it goes there again.
+  bool moved_back(const Request& request);
+  // A new process of the primary pings: it gets the copy's state in the
+  // answer and serves the shard again. False when it cannot be handed
+  // back (re-join off, or the state too large): the caller takes over.
+  bool hand_back(const Request& request);
+  // The primary's ping with its shard's state: the copy becomes that.
+  void adopt_copy(const Request& request);
   void check(const wire::Header& request, std::span<const Frame> payloads) const;
   void check_run(const wire::Header& request);
   std::string prefix() const;
@@ -190,7 +236,13 @@ class Dispatcher final : public ReplySink {
   Peer primary_peer_;          // the identity of the primary's replicator
   bool took_over_ = false;
   bool copy_given_up_ = false;
+  bool handed_back_ = false;  // to a new process of the primary, which serves it
   bool waiting_logged_ = false;
+  // Hellos waiting for the lease (resume()); bounded, oldest dropped.
+  std::deque<std::pair<Request, Connection>> parked_hellos_;
+  static constexpr std::size_t kMaxParkedHellos = 256;
+  std::optional<ShardAccess> own_;  // re-join on (set_shards)
+  std::optional<ShardAccess> copy_;
   // (peer address, op) pairs whose refusal was logged; bounded, the count
   // (PsStats::refused) has the rest.
   std::set<std::pair<std::string, wire::Op>> rights_refusals_logged_;

@@ -183,6 +183,19 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
         ps::Consistency{.mode = config.mode,
                         .workers = static_cast<std::uint32_t>(config.workers.size())});
     replica_data->add_handlers(loop.replica_handlers());
+    // Re-join: a restarted ps gets its shard from its backup's copy, and a
+    // backup given up gets a new copy (server/replicator.h, "Re-join").
+    loop.set_shards({.chunks = [&store] { return store.refs(); },
+                     .replace =
+                         [&store, &coordinator](std::vector<SnapshotRecord> chunks) {
+                           store.restore(std::move(chunks));
+                           coordinator.adopt_shard(store.version_sum());
+                         }},
+                    {.chunks = [&replica_store] { return replica_store->refs(); },
+                     .replace =
+                         [&replica_store](std::vector<SnapshotRecord> chunks) {
+                           replica_store->restore(std::move(chunks));
+                         }});
   }
   ps::SparseHandlers sparse(tables, coordinator, loop, stats);
   coordinator.add_handlers(loop.handlers());

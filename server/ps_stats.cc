@@ -167,6 +167,20 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                            "Times this ps took over the shard of the ps it backs up (its "
                            "primary silent for replication.backup_silence).")
                      .with()),
+      rejoins_(r.counter("pstrain_ps_rejoins_total",
+                         "Shard states this ps received whole (replication re-join): its "
+                         "backup's copy made again, or its own shard handed back after a "
+                         "restart.")
+                   .with()),
+      handbacks_(r.counter("pstrain_ps_handbacks_total",
+                           "Times this ps handed the shard it keeps a copy of back to a new "
+                           "process of its primary (a restart re-joining).")
+                     .with()),
+      rejoin_seconds_(r.histogram("pstrain_ps_rejoin_seconds",
+                                  "Time from asking for a shard's state (a ping) until it was "
+                                  "installed (replication re-join).",
+                                  kRequestSeconds)
+                          .with()),
       unserved_(r.counter("pstrain_ps_unserved_requests_total",
                           "Data requests left unanswered because this ps may not serve them "
                           "now (replication: a primary without its backup's lease, or whose "
@@ -291,7 +305,8 @@ std::string PsStats::json(double now_unix) const {
     << ",\"replica_forwards\":" << whole(replica_forwards_.value())
     << ",\"replication_pending\":" << whole(replication_pending_.value())
     << ",\"backup_losses\":" << whole(backup_losses_.value())
-    << ",\"takeovers\":" << whole(takeovers_.value())
+    << ",\"takeovers\":" << whole(takeovers_.value()) << ",\"rejoins\":" << whole(rejoins_.value())
+    << ",\"handbacks\":" << whole(handbacks_.value())
     << ",\"unserved\":" << whole(unserved_.value()) << ",\"updates_lost\":[";
   for (std::size_t w = 0; w < workers_; ++w)
     j << (w ? "," : "") << whole(updates_lost_.with({std::to_string(w)}).value());

@@ -16,10 +16,10 @@
 //   of this ps lost), ssp_staleness_max (mode ssp: the largest staleness in
 //   steps of an applied update, server/consistency/ssp_gate.h), gradients_dropped (mode
 //   backup: late gradients never applied, server/consistency/backup_aggregator.h),
-//   replica_forwards, replication_pending, backup_losses, takeovers, unserved
-//   (replication.replicas 2, server/replicator.h), uptime_seconds, tables (an object per embedding
-//   table: rows, bytes, created, admission_dropped, evicted, expired, rows_pulled, rows_pushed;
-//   server/table_store.h).
+//   replica_forwards, replication_pending, backup_losses, takeovers, unserved,
+//   rejoins, handbacks (replication.replicas 2, server/replicator.h), uptime_seconds, tables (an
+//   object per embedding table: rows, bytes, created, admission_dropped, evicted, expired,
+//   rows_pulled, rows_pushed; server/table_store.h).
 // `parked_*` count the requests waiting right now, so a test can see that a
 // barrier or kv_get has arrived and is parked before it goes on.
 //
@@ -42,12 +42,13 @@
 //   pstrain_ps_table_rows_pulled_total{table},
 //   pstrain_ps_table_rows_pushed_total{table},
 //   pstrain_ps_replica_forwards_total, pstrain_ps_backup_losses_total,
-//   pstrain_ps_takeovers_total, pstrain_ps_unserved_requests_total;
+//   pstrain_ps_takeovers_total, pstrain_ps_unserved_requests_total,
+//   pstrain_ps_rejoins_total, pstrain_ps_handbacks_total;
 //   the histograms pstrain_ps_request_seconds{op},
 //   pstrain_ps_sparse_ids_per_request,
 //   pstrain_ps_optimizer_apply_seconds, pstrain_ps_update_staleness,
 //   pstrain_ps_checkpoint_seconds, pstrain_ps_ssp_staleness_steps,
-//   pstrain_ps_replication_lag_seconds;
+//   pstrain_ps_replication_lag_seconds, pstrain_ps_rejoin_seconds;
 //   and the gauges pstrain_ps_chunks, pstrain_ps_elements,
 //   pstrain_ps_chunk_versions (not *_sum, which names a histogram's part),
 //   pstrain_ps_version_max, pstrain_ps_global_samples,
@@ -129,6 +130,14 @@ class PsStats {
   // primary still lives).
   void took_over() { takeovers_.add(); }
   void unserved() { unserved_.add(); }
+  // Re-join (server/replicator.h): a shard's state received whole (a
+  // backup's copy made again, or a restarted primary's shard handed back),
+  // `seconds` after it was asked for; a shard handed back by this ps.
+  void rejoined(double seconds) {
+    rejoins_.add();
+    rejoin_seconds_.observe(seconds);
+  }
+  void handed_back() { handbacks_.add(); }
   // A sparse request's ids (unique, sorted).
   void sparse_ids(std::size_t ids) { sparse_ids_.observe(double(ids)); }
   // Reads (ssp) and gradients' replies (backup) held right now.
@@ -199,6 +208,9 @@ class PsStats {
   Gauge& replication_pending_;
   Counter& backup_losses_;
   Counter& takeovers_;
+  Counter& rejoins_;
+  Counter& handbacks_;
+  Histogram& rejoin_seconds_;
   Counter& unserved_;
   MetricFamily<Counter>& updates_lost_;  // by worker
   std::size_t workers_ = 0;              // updates_lost_'s series, as of refresh()

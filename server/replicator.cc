@@ -165,7 +165,9 @@ void Replicator::receive(Clock::time_point now) {
         give_up(std::string("its answer does not decode: ") + e.what());
         break;
       }
+      const std::size_t header_at = at;
       at += 1 + h.payload_frames;
+      answered_at_ = now;
       // A new process of the backup holds an empty copy: it is no backup.
       if (h.generation != 0 && backup_generation_ != 0 && h.generation != backup_generation_ &&
           active_) {
@@ -179,21 +181,37 @@ void Replicator::receive(Clock::time_point now) {
         break;
       }
       if (h.op == wire::Op::heartbeat && h.incarnation == 0) {  // a ping's answer
-        const auto ping = pings_.find(h.request_id);
-        if (ping == pings_.end()) continue;
+        const auto it = pings_.find(h.request_id);
+        if (it == pings_.end()) continue;
+        const Ping ping = it->second;
+        pings_.erase(pings_.begin(), std::next(it));  // older ones are answered by this
         if (error) {
           // Refusing the notice that it is given up says as much.
           if (!active_) notice_due_ = false;
-          give_up("it refused a ping: " + h.text);
+          give_up(std::string(ping.operand == kResync ? "it refused this shard's copy: "
+                                                      : "it refused a ping: ") +
+                  h.text);
           break;
         }
-        if (ping->second.notice) {
+        if (ping.operand == kGivenUp) {
           notice_due_ = false;
           log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
               " was told it is given up");
         }
-        renew(ping->second.sent);
-        pings_.erase(pings_.begin(), std::next(ping));  // older ones are answered by this
+        if (ping.operand == kResync) {
+          stats_.rejoined(std::chrono::duration<double>(now - ping.sent).count());
+          log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
+              " holds this shard's copy again (copied and answered in ",
+              std::chrono::duration<double>(now - ping.sent).count(),
+              " s); the shard has two copies from here on");
+        }
+        // The shard handed back to this new process: it serves that.
+        if (h.payload_frames == 1 && header_at + 1 < frames.size()) {
+          adopt({frames[header_at + 1].data<std::uint8_t>(), frames[header_at + 1].size()},
+                ping.sent);
+          if (fenced_) break;
+        }
+        renew(ping.sent);
         continue;
       }
       const auto it = held_.find({h.incarnation, h.request_id});
@@ -227,7 +245,7 @@ void Replicator::ping(Clock::time_point now) {
   h.request_id = next_ping_id_++;
   h.operand = notice_due_ ? kGivenUp : 0;
   const auto header = wire::encode_header(h);
-  pings_[h.request_id] = {now, notice_due_};
+  pings_[h.request_id] = {now, h.operand};
   next_ping_at_ = now + options_.backup_silence / 8;
   zmq::message_t frame(header.data(), header.size());
   (void)socket_->send(frame, zmq::send_flags::dontwait);  // a ping not taken is not missed
@@ -257,7 +275,14 @@ void Replicator::tick(Clock::time_point now) {
           " s so far); this ps serves its shard once it has");
     waiting_logged_ = true;
   }
-  if ((active_ || notice_due_) && now >= next_ping_at_) ping(now);
+  // Given up, the pings go on: they find the backup when it answers again.
+  if (now >= next_ping_at_) ping(now);
+  // It answered since the last copy (so a copy is not queued for a backup
+  // that reads nothing), knows it was given up, and a copy is not retried
+  // more often than every backup_silence.
+  if (!active_ && !notice_due_ && cut_ && answered_at_ > resync_sent_ &&
+      now - resync_sent_ >= options_.backup_silence)
+    resync(now);
   for (auto& [key, held] : held_) {
     if (held.acked || held.resend_at > now) continue;
     send(held);
@@ -266,11 +291,72 @@ void Replicator::tick(Clock::time_point now) {
   }
 }
 
+void Replicator::set_shard(std::function<std::vector<std::uint8_t>()> cut,
+                           std::function<void(std::span<const std::uint8_t>)> adopt) {
+  cut_ = std::move(cut);
+  adopt_ = std::move(adopt);
+}
+
+void Replicator::resync(Clock::time_point now) {
+  resync_sent_ = now;
+  std::vector<std::uint8_t> state;
+  try {
+    state = cut_();
+  } catch (const std::exception& e) {
+    if (!resync_refused_logged_)
+      log("ps ", options_.ps_index, ": cannot copy this shard to backup ps ", options_.backup_index,
+          ": ", e.what(), "; it serves on with one copy");
+    resync_refused_logged_ = true;
+    return;
+  }
+  wire::Header h;
+  h.op = wire::Op::heartbeat;
+  h.sender = options_.ps_index;
+  h.run_id = options_.run_id;
+  h.request_id = next_ping_id_++;
+  h.operand = kResync;
+  h.payload_frames = 1;
+  h.dtype = wire::DType::bytes;
+  h.elements = state.size();
+  const auto header = wire::encode_header(h);
+  zmq::message_t head(header.data(), header.size());
+  if (!socket_->send(head, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return;
+  const auto bytes = state.size();
+  (void)socket_->send(
+      shared_frame(std::make_shared<const std::vector<std::uint8_t>>(std::move(state))),
+      zmq::send_flags::dontwait);
+  pings_[h.request_id] = {now, kResync};
+  // Every update from here on is forwarded after the copy, on the same
+  // connection: the backup applies them to it in order.
+  active_ = true;
+  backup_generation_ = 0;
+  last_heard_ = now;
+  log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
+      " answers again: copying this shard to it (", bytes,
+      " bytes) and forwarding its updates from here on");
+}
+
+void Replicator::adopt(std::span<const std::uint8_t> state, Clock::time_point sent) {
+  if (!adopt_) return fence("it handed this shard back, which this ps cannot take");
+  try {
+    adopt_(state);
+  } catch (const std::exception& e) {
+    return fence(std::string("the shard it handed back does not fit here: ") + e.what());
+  }
+  const auto seconds = std::chrono::duration<double>(Clock::now() - sent).count();
+  stats_.rejoined(seconds);
+  log("ps ", options_.ps_index, ": re-joined: backup ps ", options_.backup_index,
+      " handed this shard back (", state.size(), " bytes, ", seconds,
+      " s after asking); serving it with every update the previous process acknowledged, "
+      "the backup keeping its copy");
+}
+
 void Replicator::give_up(const std::string& why) {
   if (!active_) return;
   log("ps ", options_.ps_index, ": serving on without backup ps ", options_.backup_index, " (",
       options_.backup_address, "): ", why, "; its ", held_.size(),
-      " forwards in flight are not waited for, and the shard has one copy from here on");
+      " forwards in flight are not waited for, and the shard has one copy until the backup "
+      "answers again and gets a copy");
   stats_.backup_lost();
   active_ = false;
   notice_due_ = true;

@@ -61,10 +61,26 @@
 // process was stopped) starts the backup's silence afresh instead of giving
 // it up.
 //
+// Re-join (docs/failures.md, "Re-join"). A primary that gave its backup up
+// keeps pinging it; once the backup answers again (it was continued, or a
+// new process of it started) and has heard the notice, this ps copies its
+// whole shard to it in one ping (shard(), server/shard_state.h: chunks,
+// optimizer state, versions and the record of applied requests) and
+// forwards every later update as before, on the same connection, so the
+// backup applies them to the copy in order; the backup's answer renews the
+// lease and the shard has two copies again. A new process of this ps (a
+// restart) gets its shard from the backup in the answer to its first ping
+// when the backup held a copy (adopt): it serves the shard then with every
+// update the old process acknowledged, from the copy, and the backup keeps
+// its copy as before. A shard's state travels in one frame, so re-join
+// needs a shard under wire::kMaxPayloadBytes; a larger one is refused by
+// name (and a restart of its primary is served by the backup as a take-over).
+//
 // Thread rules: the ps thread only, like the whole ps (server/request.h); the
 // socket lives in the request loop's ZeroMQ context.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -112,6 +128,9 @@ class Replicator {
   // A ping's operand when this ps gave its backup up: the backup's copy
   // misses updates from then on, and it must never take over with it.
   static constexpr std::uint64_t kGivenUp = 1;
+  // A ping's operand when it carries this ps's shard's state (re-join): the
+  // backup's copy becomes that.
+  static constexpr std::uint64_t kResync = 2;
 
   Replicator(zmq::context_t& context, ReplicatorOptions options, PsStats& stats, ReplySink& wire);
   ~Replicator();
@@ -144,6 +163,13 @@ class Replicator {
   // answers it.
   bool held(const wire::Header& request, const Peer& to);
 
+  // Re-join: `cut` encodes this ps's shard as it is now (copied to a backup
+  // given up before that answers again), `adopt` replaces the shard with a
+  // state the backup handed back (throws when it does not fit). Without
+  // them a given-up backup stays given up.
+  void set_shard(std::function<std::vector<std::uint8_t>()> cut,
+                 std::function<void(std::span<const std::uint8_t>)> adopt);
+
   zmq::socket_t& socket() { return *socket_; }
   // Reads the backup's answers and releases the replies they free.
   void receive(Clock::time_point now);
@@ -161,6 +187,11 @@ class Replicator {
   void ping(Clock::time_point now);
   // An answer (ok) to what was sent at `sent`: the lease runs from there.
   void renew(Clock::time_point sent);
+  // Copies the shard to the backup (a ping of kResync) and forwards again.
+  void resync(Clock::time_point now);
+  // The shard's state the backup handed back in its answer to a ping sent
+  // at `sent`.
+  void adopt(std::span<const std::uint8_t> state, Clock::time_point sent);
   void count_pending();
 
   ReplicatorOptions options_;
@@ -181,12 +212,19 @@ class Replicator {
   // backup_silence.
   struct Ping {
     Clock::time_point sent;
-    bool notice = false;
+    std::uint64_t operand = 0;  // 0, kGivenUp or kResync
   };
   std::map<std::uint64_t, Ping> pings_;
   std::uint64_t next_ping_id_ = 1;
   Clock::time_point next_ping_at_{};
   bool notice_due_ = false;  // given up: the backup has not yet heard so
+  // Re-join: the shard as state, and its adoption (set_shard); when the
+  // backup last answered anything, and when the last copy was sent.
+  std::function<std::vector<std::uint8_t>()> cut_;
+  std::function<void(std::span<const std::uint8_t>)> adopt_;
+  Clock::time_point answered_at_{};
+  Clock::time_point resync_sent_{};
+  bool resync_refused_logged_ = false;
 };
 
 }  // namespace pstrain::ps

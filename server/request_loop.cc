@@ -331,6 +331,15 @@ RequestLoop::~RequestLoop() = default;
 Handlers& RequestLoop::handlers() { return impl_->dispatcher.handlers(); }
 Handlers& RequestLoop::replica_handlers() { return impl_->dispatcher.replica_handlers(); }
 
+void RequestLoop::set_shards(ShardAccess own, ShardAccess copy) {
+  auto& impl = *impl_;
+  impl.dispatcher.set_shards(std::move(own), std::move(copy));
+  if (!impl.replicator) return;
+  impl.replicator->set_shard(
+      [&impl] { return impl.dispatcher.own_state(); },
+      [&impl](std::span<const std::uint8_t> state) { impl.dispatcher.adopt_own_state(state); });
+}
+
 void RequestLoop::bind() {
   try {
     impl_->socket.bind(impl_->options.bind_address);
@@ -363,13 +372,14 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
         // live backup look silent); then overdue forwards.
         replicator->receive(Clock::now());
         replicator->tick(Clock::now());
+        impl_->dispatcher.resume(coordinator, Clock::now());
         // Its shard served by its backup, this ps has nothing of its own to
         // serve; the shard it keeps a copy of has been given up by its
         // primary too, which heard nothing from this ps as long. It ends
         // with 0, so that a launcher does not restart it into the same spot.
         if (replicator->fenced()) {
           log("ps ", impl_->options.ps_index,
-              ": exiting, its shard is served by its backup (re-join is not built)");
+              ": exiting, its shard is served by its backup (a new process of it re-joins)");
           return 0;
         }
       }

@@ -43,6 +43,7 @@
 #include <string>
 
 #include "server/coordinator.h"
+#include "server/dispatcher.h"
 #include "server/ps_stats.h"
 #include "server/replicator.h"
 #include "server/request.h"
@@ -98,6 +99,9 @@ class RequestLoop final : public ReplySink {
   Handlers& handlers();
   // The handlers of the forwards of ps options.replica_of (Dispatcher).
   Handlers& replica_handlers();
+  // Re-join (replication, server/replicator.h): this ps's shard and the copy
+  // it keeps, as the ps role holds them.
+  void set_shards(ShardAccess own, ShardAccess copy);
   void bind();  // throws NetworkError
   // Tells the coordinator it starts serving, then serves until
   // coordinator.exit_code() is set (returns it) or a stop signal arrives

@@ -77,6 +77,10 @@ inline constexpr std::string_view kFailoverPeerPrefix = "pstrain-failover-of-ps-
 inline std::string failover_peer(std::uint32_t primary) {
   return std::string(kFailoverPeerPrefix) + std::to_string(primary) + "/";
 }
+// The beginning of the error a backup answers a fail-over request with once
+// it handed the shard back to its primary's new process (a restart that
+// re-joined): the worker sends the shard's requests to the primary again.
+inline constexpr std::string_view kMovedBack = "moved back: ";
 
 // Each op's request and reply are described by its view in shared/messages.h.
 enum class Op : std::uint8_t {

@@ -576,9 +576,24 @@ void PsChannel::dispatch_message(std::uint32_t server, bool trial,
   } else {
     trials_[server].reset();
   }
+  bool moved_back = false;
   for_each_reply(frames, [&](Header h, std::span<const std::span<const std::uint8_t>> payloads) {
+    // The backup handed the shard back to a new process of the ps (a
+    // restart that re-joined): the request goes there again, not failed.
+    if (serving_[server] != server && h.status == wire::Status::error &&
+        wire::ErrorReply::read(h).text.starts_with(wire::kMovedBack)) {
+      moved_back = true;
+      return;
+    }
     dispatch(server, std::move(h), payloads);
   });
+  if (!moved_back) return;
+  route(server, false);
+  log("ps client: ps ", server,
+      " serves its shard again (its backup handed it back): ", where(server));
+  last_heard_[server] = Clock::now();
+  for (auto& [rid, r] : requests_)
+    if (r.server == server) r.resend_at = last_heard_[server];
 }
 
 std::optional<std::string> PsChannel::trial_refusal(

@@ -35,12 +35,13 @@
 // the shard over (server/replicator.h, "Fail-over and the lease"); its
 // first answer moves shard s there for good: every later request for ps s
 // goes to the backup, whose record of the forwarded updates applies each
-// resent one once. An answer of ps s itself first ends the trial. A ps whose
-// shard moved leaves all_servers() (it no longer takes control requests)
-// and its generation starts afresh from the backup's (not a restart). With
-// fail-over only data replies tell a ps's generation: a restarted ps
-// answers control requests before its backup fences it, and serves data
-// only if it serves its shard itself.
+// resent one once, until the backup answers one wire::kMovedBack: it
+// handed the shard back to a new process of ps s (a restart that
+// re-joined), and the requests go to ps s again. An answer of ps s itself first ends the trial. A
+// ps whose shard moved leaves all_servers() (it no longer takes control requests) and its
+// generation starts afresh from the backup's (not a restart). With fail-over only data replies tell
+// a ps's generation: a restarted ps answers control requests before its backup fences it, and
+// serves data only if it serves its shard itself.
 //
 // Thread rules: a channel is used by one thread (ZeroMQ sockets are not
 // thread-safe); only ZeroMQ's I/O thread touches frames_held_, which is

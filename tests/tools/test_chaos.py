@@ -21,9 +21,9 @@ restored (`restored_from <seq>`); and no process of the run is left alive.
 
 With `replication: {replicas: 2}` (the second test) the same kills, the ps
 one always of ps 1 (ps 0 also holds the run's control state, which is not
-replicated), and without waiting for a checkpoint: ps 0 takes ps 1's shard
-over (docs/failures.md, "Fail-over") as ps 1's restarted process speaks,
-which finds its shard taken over and exits 0, and no acknowledged update is
+replicated), and without waiting for a checkpoint: ps 0 serves ps 1's shard
+from its copy and hands it back to ps 1's restarted process, which re-joins
+(docs/failures.md, "Fail-over" and "Re-join"), and no acknowledged update is
 lost, so the accuracy holds as well.
 """
 
@@ -234,10 +234,11 @@ class ChaosTest(unittest.TestCase):
             self.assertIn(f"launch: {name} restarted (attempt {a['attempt'] + 1}, "
                           f"PID {restart['pid']})", chaos.stderr, context)
             if name.startswith("ps") and self.replicated:
-                # Its backup serves its shard; the new process found it so.
-                self.assertIn(f"takes over {name[:2]} {name[2:]}'s shard",
+                # Its backup held its shard and handed it back to the new
+                # process, which serves it again.
+                self.assertIn(f"hands {name[:2]} {name[2:]}'s shard",
                               support.read_text(os.path.join(chaos.run_dir, "ps0.log")), context)
-                self.assertIn("exiting, its shard is served by its backup", support.read_text(
+                self.assertIn("re-joined", support.read_text(
                     os.path.join(chaos.run_dir, f"{name}.log")), context)
             elif name.startswith("ps"):
                 self.assertEqual(restart["command"][-2:], ["--restore", "latest"], context)

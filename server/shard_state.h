@@ -1,0 +1,41 @@
+#pragma once
+// A shard's whole state as one message between two ps, for re-join
+// (server/replicator.h, "Re-join"): its chunks with their values, optimizer
+// state and versions, and the record of applied requests (server/dedup.h),
+// so that the ps receiving it serves on exactly where the sender stood: a
+// request the sender applied is answered from the record there, never
+// applied twice. Tables are not part of it (they are not replicated).
+//
+//   auto bytes = encode_shard_state(store.refs(), dedup);  // the sender
+//   ShardState state = decode_shard_state(bytes);           // the receiver
+//   store.restore(std::move(state.chunks)); dedup.restore(state.record);
+//
+// The encoding is Cereal's binary archive of the fields below; it travels
+// as one payload frame, so a shard of more than wire::kMaxPayloadBytes
+// cannot be handed over this way (encode_shard_state says so).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "server/chunk_store.h"
+#include "server/dedup.h"
+#include "shared/error.h"
+
+namespace pstrain::ps {
+
+struct ShardState {
+  std::vector<SnapshotRecord> chunks;
+  std::vector<Dedup::ClientRecord> record;
+  std::uint64_t version_sum() const;
+};
+
+// What cannot be encoded (too large) or decoded (not a shard's state).
+struct ShardStateError : pstrain::Error {
+  using pstrain::Error::Error;
+};
+
+std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunks,
+                                             const Dedup& record);
+ShardState decode_shard_state(std::span<const std::uint8_t> bytes);
+
+}  // namespace pstrain::ps

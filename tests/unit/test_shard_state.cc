@@ -1,0 +1,90 @@
+// A shard's state as one message between two ps (server/shard_state.h), for
+// re-join: chunks (values, optimizer state, versions) and the record of
+// applied requests arrive as they left, so the receiver answers a resend
+// the sender applied from the record; what is not a shard's state is
+// refused by name, and a record beyond its bounds is not taken.
+#include <doctest/doctest.h>
+
+#include "server/shard_state.h"
+
+using namespace pstrain;
+using namespace pstrain::ps;
+
+namespace {
+
+wire::Header push(std::uint64_t incarnation, std::uint64_t id, std::uint32_t sender) {
+  wire::Header h;
+  h.op = wire::Op::push;
+  h.incarnation = incarnation;
+  h.request_id = id;
+  h.sender = sender;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("shard state: chunks and the record of applied requests arrive as they left") {
+  OptimizerConfig momentum;
+  momentum.kind = OptimizerKind::momentum;
+  ChunkStore store(momentum);
+  store.init("w", 0, std::vector<float>{1, 2, 3});
+  store.init("w", 1, std::vector<float>{4});
+  store.init("b", 0, std::vector<float>{-0.5f});
+  store.push("w", 0, std::vector<float>{0.25f, -1, 3});
+  store.push("w", 0, std::vector<float>{1, 1, 1});
+  Dedup record;
+  record.record(push(11, 5, 0), 2);
+  record.record(push(11, 6, 0), 3);
+  record.record(push(12, 9, 1), 1);
+
+  const auto bytes = encode_shard_state(store.refs(), record);
+  auto state = decode_shard_state(bytes);
+  CHECK(state.version_sum() == store.version_sum());
+
+  ChunkStore other(momentum);
+  other.restore(std::move(state.chunks));
+  for (const auto& held : store.refs()) {
+    CAPTURE(held.name);
+    CAPTURE(held.chunk);
+    const Chunk* copy = other.find(held.name, held.chunk);
+    REQUIRE(copy != nullptr);
+    CHECK(*copy->values == *held.values);
+    CHECK(*copy->state == *held.state);
+    CHECK(copy->version == held.version);
+  }
+  Dedup restored;
+  restored.restore(state.record);
+  CHECK(restored.entries() == 3);
+  const auto seen = restored.find(push(11, 6, 0));
+  CHECK(seen.verdict == Dedup::Verdict::resent);
+  CHECK(seen.version == 3);
+  CHECK(restored.find(push(12, 9, 1)).verdict == Dedup::Verdict::resent);
+  CHECK(restored.find(push(12, 10, 1)).verdict == Dedup::Verdict::fresh);
+}
+
+TEST_CASE("shard state: what is not one is refused by name") {
+  ChunkStore store(OptimizerConfig{});
+  store.init("w", 0, std::vector<float>{1, 2});
+  auto bytes = encode_shard_state(store.refs(), Dedup());
+  CHECK_THROWS_WITH_AS(decode_shard_state(std::vector<std::uint8_t>(16, 7)),
+                       doctest::Contains("not a shard's state"), ShardStateError);
+  auto cut = bytes;
+  cut.resize(bytes.size() - 3);
+  CHECK_THROWS_WITH_AS(decode_shard_state(cut), doctest::Contains("does not decode"),
+                       ShardStateError);
+  auto longer = bytes;
+  longer.push_back(0);
+  CHECK_THROWS_WITH_AS(decode_shard_state(longer), doctest::Contains("after its end"),
+                       ShardStateError);
+}
+
+TEST_CASE("shard state: a record beyond the receiver's bounds is not taken") {
+  Dedup big(4, 3);
+  for (std::uint64_t c = 1; c <= 3; ++c)
+    for (std::uint64_t id = 1; id <= 4; ++id) big.record(push(c, id, 0), id);
+  Dedup fewer_clients(4, 2);
+  CHECK_THROWS_AS(fewer_clients.restore(big.records()), std::invalid_argument);
+  Dedup shorter_window(2, 3);
+  CHECK_THROWS_AS(shorter_window.restore(big.records()), std::invalid_argument);
+  CHECK(fewer_clients.entries() == 0);
+}
