@@ -1,5 +1,6 @@
 #include "server/dispatcher.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <utility>
@@ -274,6 +275,20 @@ bool Dispatcher::heard_primary(const Request& request) {
   // A ping with the shard's state replaces the copy, whoever of the
   // primary's processes sends it (only the primary's key may, under CURVE).
   const bool resync = ping && request.header.operand == Replicator::kResync && !took_over_;
+  // A process of the primary replaced by a newer one: a message of it still
+  // queued changes nothing.
+  if (std::ranges::find(superseded_, request.from) != superseded_.end()) {
+    stats_.error();
+    send(request.from, {wire::error_reply(request.header, prefix() + "a newer process of ps " +
+                                                              primary + " replaced this one"),
+                        {}});
+    return true;
+  }
+  // The hand-back to this process got lost (its answer dropped or too
+  // late): it asks again while joining.
+  if (ping && handed_back_ && !took_over_ && request.from == primary_peer_ &&
+      request.header.operand == Replicator::kJoining && hand_back(request))
+    return true;
   // A new process of the primary (its replicator's identity is new at every
   // start) restored at best a checkpoint older than this copy: it gets the
   // copy (hand_back), or where that cannot be, the copy serves the shard.
@@ -311,7 +326,7 @@ bool Dispatcher::heard_primary(const Request& request) {
   primary_heard_ = std::max(primary_heard_, request.received);
   if (writes) {
     primary_seen_ = true;
-    primary_peer_ = request.from;
+    set_primary(request.from);
   }
   if (!ping) return false;
   if (resync) {
@@ -342,6 +357,15 @@ void Dispatcher::adopt_own_state(std::span<const std::uint8_t> bytes) {
   dedup_.restore(state.record);
 }
 
+void Dispatcher::set_primary(const Peer& peer) {
+  if (peer == primary_peer_) return;
+  if (!primary_peer_.empty()) {
+    if (superseded_.size() == kMaxSuperseded) superseded_.pop_front();
+    superseded_.push_back(primary_peer_);
+  }
+  primary_peer_ = peer;
+}
+
 bool Dispatcher::hand_back(const Request& request) {
   if (!copy_) return false;
   const auto primary = std::to_string(*options_.replica_of);
@@ -364,7 +388,7 @@ bool Dispatcher::hand_back(const Request& request) {
       "; this ps keeps the copy");
   took_over_ = false;
   handed_back_ = true;
-  primary_peer_ = request.from;
+  set_primary(request.from);
   primary_heard_ = std::max(primary_heard_, request.received);
   return true;
 }
@@ -378,6 +402,7 @@ void Dispatcher::adopt_copy(const Request& request) {
   copy_->replace(std::move(state.chunks));
   replica_dedup_.restore(state.record);
   copy_given_up_ = false;
+  stats_.rejoined();
   log(prefix(), "keeps the copy of ps ", primary, "'s shard again: ", chunks, " chunks (", updates,
       " updates) copied from it; its updates are forwarded here from now on");
   send(request.from, {wire::reply_to(request.header), {}});

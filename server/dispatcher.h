@@ -234,6 +234,10 @@ class Dispatcher final : public ReplySink {
   Clock::time_point last_watch_ = primary_heard_;
   bool primary_seen_ = false;  // a shard is taken over only from a primary that served
   Peer primary_peer_;          // the identity of the primary's replicator
+  // Identities of the primary's earlier processes, refused (bounded).
+  std::deque<Peer> superseded_;
+  static constexpr std::size_t kMaxSuperseded = 16;
+  void set_primary(const Peer& peer);
   bool took_over_ = false;
   bool copy_given_up_ = false;
   bool handed_back_ = false;  // to a new process of the primary, which serves it

@@ -169,16 +169,17 @@ PsStats::PsStats(MetricsRegistry& r, std::uint32_t ps_index)
                      .with()),
       rejoins_(r.counter("pstrain_ps_rejoins_total",
                          "Shard states this ps received whole (replication re-join): its "
-                         "backup's copy made again, or its own shard handed back after a "
-                         "restart.")
+                         "own shard handed back after a restart, or a new copy of its "
+                         "primary's shard.")
                    .with()),
       handbacks_(r.counter("pstrain_ps_handbacks_total",
                            "Times this ps handed the shard it keeps a copy of back to a new "
                            "process of its primary (a restart re-joining).")
                      .with()),
       rejoin_seconds_(r.histogram("pstrain_ps_rejoin_seconds",
-                                  "Time from asking for a shard's state (a ping) until it was "
-                                  "installed (replication re-join).",
+                                  "Time from the ping asking for (restart) or carrying (copy to "
+                                  "a returning backup) a shard's state until it was installed "
+                                  "(replication re-join).",
                                   kRequestSeconds)
                           .with()),
       unserved_(r.counter("pstrain_ps_unserved_requests_total",

@@ -131,12 +131,12 @@ class PsStats {
   void took_over() { takeovers_.add(); }
   void unserved() { unserved_.add(); }
   // Re-join (server/replicator.h): a shard's state received whole (a
-  // backup's copy made again, or a restarted primary's shard handed back),
-  // `seconds` after it was asked for; a shard handed back by this ps.
-  void rejoined(double seconds) {
-    rejoins_.add();
-    rejoin_seconds_.observe(seconds);
-  }
+  // backup's copy made again, or a restarted primary's shard handed back);
+  // a shard handed back by this ps.
+  void rejoined() { rejoins_.add(); }
+  // The shard's state this ps asked for (a restart) or sent (a copy to a
+  // returning backup) was installed `seconds` after the ping.
+  void rejoin_took(double seconds) { rejoin_seconds_.observe(seconds); }
   void handed_back() { handbacks_.add(); }
   // A sparse request's ids (unique, sorted).
   void sparse_ids(std::size_t ids) { sparse_ids_.observe(double(ids)); }

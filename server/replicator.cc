@@ -168,11 +168,16 @@ void Replicator::receive(Clock::time_point now) {
       const std::size_t header_at = at;
       at += 1 + h.payload_frames;
       answered_at_ = now;
-      // A new process of the backup holds an empty copy: it is no backup.
-      if (h.generation != 0 && backup_generation_ != 0 && h.generation != backup_generation_ &&
-          active_) {
-        give_up("it restarted (a new process answers), so its copy misses this shard");
-        break;
+      // A new process of the backup holds an empty copy: it is no backup;
+      // one that answers while the backup is given up must be told so too.
+      if (h.generation != 0 && backup_generation_ != 0 && h.generation != backup_generation_) {
+        backup_generation_ = h.generation;
+        if (!active_) {
+          notice_due_ = true;
+        } else {
+          give_up("it restarted (a new process answers), so its copy misses this shard");
+          break;
+        }
       }
       if (h.generation != 0) backup_generation_ = h.generation;
       const bool error = h.status == wire::Status::error;
@@ -181,6 +186,16 @@ void Replicator::receive(Clock::time_point now) {
         break;
       }
       if (h.op == wire::Op::heartbeat && h.incarnation == 0) {  // a ping's answer
+        // The shard handed back to this new process, in the answer to a ping
+        // sent while joining (even one given up on as too old): it serves
+        // that. A second one (a stale answer) is not taken.
+        const bool handed_back = !error && h.payload_frames == 1 && header_at + 1 < frames.size();
+        if (handed_back && joining_) {
+          const auto sent = pings_.find(h.request_id);
+          adopt({frames[header_at + 1].data<std::uint8_t>(), frames[header_at + 1].size()},
+                sent == pings_.end() ? now : sent->second.sent);
+          if (fenced_) break;
+        }
         const auto it = pings_.find(h.request_id);
         if (it == pings_.end()) continue;
         const Ping ping = it->second;
@@ -193,24 +208,29 @@ void Replicator::receive(Clock::time_point now) {
                   h.text);
           break;
         }
+        // Answered in order: a later ping's answer before the copy's means
+        // the copy was lost (the process that had it is gone).
+        if (resync_id_ != 0 && h.request_id > resync_id_) {
+          give_up("it answered a later ping but not this shard's copy");
+          break;
+        }
         if (ping.operand == kGivenUp) {
           notice_due_ = false;
           log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
               " was told it is given up");
         }
         if (ping.operand == kResync) {
-          stats_.rejoined(std::chrono::duration<double>(now - ping.sent).count());
+          resync_id_ = 0;
+          stats_.rejoin_took(std::chrono::duration<double>(now - ping.sent).count());
           log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
               " holds this shard's copy again (copied and answered in ",
               std::chrono::duration<double>(now - ping.sent).count(),
               " s); the shard has two copies from here on");
         }
-        // The shard handed back to this new process: it serves that.
-        if (h.payload_frames == 1 && header_at + 1 < frames.size()) {
-          adopt({frames[header_at + 1].data<std::uint8_t>(), frames[header_at + 1].size()},
-                ping.sent);
-          if (fenced_) break;
-        }
+        // Nothing handed back: the backup had no copy for this process (a
+        // fresh start); it serves its own shard.
+        if (ping.operand == kJoining && !handed_back) joining_ = false;
+        if (joining_) continue;  // no lease before the shard is settled
         renew(ping.sent);
         continue;
       }
@@ -243,7 +263,7 @@ void Replicator::ping(Clock::time_point now) {
   h.sender = options_.ps_index;
   h.run_id = options_.run_id;
   h.request_id = next_ping_id_++;
-  h.operand = notice_due_ ? kGivenUp : 0;
+  h.operand = notice_due_ ? kGivenUp : joining_ ? kJoining : 0;
   const auto header = wire::encode_header(h);
   pings_[h.request_id] = {now, h.operand};
   next_ping_at_ = now + options_.backup_silence / 8;
@@ -280,7 +300,7 @@ void Replicator::tick(Clock::time_point now) {
   // It answered since the last copy (so a copy is not queued for a backup
   // that reads nothing), knows it was given up, and a copy is not retried
   // more often than every backup_silence.
-  if (!active_ && !notice_due_ && cut_ && answered_at_ > resync_sent_ &&
+  if (!active_ && !notice_due_ && cut_ && !cannot_resync_ && answered_at_ > resync_sent_ &&
       now - resync_sent_ >= options_.backup_silence)
     resync(now);
   for (auto& [key, held] : held_) {
@@ -303,10 +323,10 @@ void Replicator::resync(Clock::time_point now) {
   try {
     state = cut_();
   } catch (const std::exception& e) {
-    if (!resync_refused_logged_)
-      log("ps ", options_.ps_index, ": cannot copy this shard to backup ps ", options_.backup_index,
-          ": ", e.what(), "; it serves on with one copy");
-    resync_refused_logged_ = true;
+    // Its size does not change: not tried again.
+    log("ps ", options_.ps_index, ": cannot copy this shard to backup ps ", options_.backup_index,
+        ": ", e.what(), "; it serves on with one copy");
+    cannot_resync_ = true;
     return;
   }
   wire::Header h;
@@ -326,10 +346,10 @@ void Replicator::resync(Clock::time_point now) {
       shared_frame(std::make_shared<const std::vector<std::uint8_t>>(std::move(state))),
       zmq::send_flags::dontwait);
   pings_[h.request_id] = {now, kResync};
+  resync_id_ = h.request_id;
   // Every update from here on is forwarded after the copy, on the same
   // connection: the backup applies them to it in order.
   active_ = true;
-  backup_generation_ = 0;
   last_heard_ = now;
   log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
       " answers again: copying this shard to it (", bytes,
@@ -343,8 +363,10 @@ void Replicator::adopt(std::span<const std::uint8_t> state, Clock::time_point se
   } catch (const std::exception& e) {
     return fence(std::string("the shard it handed back does not fit here: ") + e.what());
   }
+  joining_ = false;
   const auto seconds = std::chrono::duration<double>(Clock::now() - sent).count();
-  stats_.rejoined(seconds);
+  stats_.rejoined();
+  stats_.rejoin_took(seconds);
   log("ps ", options_.ps_index, ": re-joined: backup ps ", options_.backup_index,
       " handed this shard back (", state.size(), " bytes, ", seconds,
       " s after asking); serving it with every update the previous process acknowledged, "
@@ -359,6 +381,8 @@ void Replicator::give_up(const std::string& why) {
       "answers again and gets a copy");
   stats_.backup_lost();
   active_ = false;
+  resync_id_ = 0;
+  joining_ = false;  // serving alone what it holds, it takes no shard handed over later
   notice_due_ = true;
   for (auto& [key, held] : held_)
     if (held.reply) wire_.send(held.to, std::move(*held.reply));

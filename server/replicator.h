@@ -70,9 +70,12 @@
 // backup applies them to the copy in order; the backup's answer renews the
 // lease and the shard has two copies again. A new process of this ps (a
 // restart) gets its shard from the backup in the answer to its first ping
-// when the backup held a copy (adopt): it serves the shard then with every
-// update the old process acknowledged, from the copy, and the backup keeps
-// its copy as before. A shard's state travels in one frame, so re-join
+// (pings say kJoining until then, and no answer gives a lease before the
+// shard is settled) when the backup held a copy (adopt): it serves the
+// shard then with every update the old process acknowledged, from the copy,
+// and the backup keeps its copy as before. A copy to a backup is confirmed
+// by its answer: a later ping answered first, or a new process of the
+// backup answering, means it was lost. A shard's state travels in one frame, so re-join
 // needs a shard under wire::kMaxPayloadBytes; a larger one is refused by
 // name (and a restart of its primary is served by the backup as a take-over).
 //
@@ -131,6 +134,10 @@ class Replicator {
   // A ping's operand when it carries this ps's shard's state (re-join): the
   // backup's copy becomes that.
   static constexpr std::uint64_t kResync = 2;
+  // A ping's operand while this process has not settled its shard yet (at
+  // start): a backup holding a copy for it answers with the copy, again to
+  // every such ping until one is answered, since an answer may be lost.
+  static constexpr std::uint64_t kJoining = 3;
 
   Replicator(zmq::context_t& context, ReplicatorOptions options, PsStats& stats, ReplySink& wire);
   ~Replicator();
@@ -212,7 +219,7 @@ class Replicator {
   // backup_silence.
   struct Ping {
     Clock::time_point sent;
-    std::uint64_t operand = 0;  // 0, kGivenUp or kResync
+    std::uint64_t operand = 0;  // 0, kGivenUp, kResync or kJoining
   };
   std::map<std::uint64_t, Ping> pings_;
   std::uint64_t next_ping_id_ = 1;
@@ -224,7 +231,11 @@ class Replicator {
   std::function<void(std::span<const std::uint8_t>)> adopt_;
   Clock::time_point answered_at_{};
   Clock::time_point resync_sent_{};
-  bool resync_refused_logged_ = false;
+  bool cannot_resync_ = false;   // the shard is too large for one message
+  std::uint64_t resync_id_ = 0;  // the copy's ping, until answered
+  // At start, until the backup answered a ping with this ps's shard (or with
+  // nothing to hand back): no lease meanwhile.
+  bool joining_ = true;
 };
 
 }  // namespace pstrain::ps

@@ -379,7 +379,7 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
         // with 0, so that a launcher does not restart it into the same spot.
         if (replicator->fenced()) {
           log("ps ", impl_->options.ps_index,
-              ": exiting, its shard is served by its backup (a new process of it re-joins)");
+              ": exiting, its shard is served by its backup (a restart of it would re-join)");
           return 0;
         }
       }

@@ -1,31 +1,79 @@
 #include "server/shard_state.h"
 
-#include <cereal/archives/binary.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/utility.hpp>
-#include <cereal/types/vector.hpp>
-#include <sstream>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "shared/protocol.h"
 
-namespace pstrain {
-
-template <class Archive>
-void serialize(Archive& ar, SnapshotRecord& r) {
-  ar(r.name, r.chunk, r.version, r.values, r.state);
-}
-
-namespace ps {
-
-template <class Archive>
-void serialize(Archive& ar, Dedup::ClientRecord& r) {
-  ar(r.incarnation, r.sender, r.evicted_below, r.applied);
-}
+namespace pstrain::ps {
 
 namespace {
+
 // Told apart from anything else a frame may hold.
 constexpr std::uint32_t kMagic = 0x50535353;  // "PSSS"
+
+// Layout (native byte order: both ends are ps of one build): magic | u64
+// chunk count | per chunk: u32 name length, name, u32 chunk, u64 version,
+// u64 value count, u64 state count, f32 values, f32 state | u64 client
+// count | per client: u64 incarnation, u32 sender, u64 evicted_below, u64
+// applied count, (u64 request id, u64 version) per applied request.
+class Writer {
+ public:
+  explicit Writer(std::size_t bytes) { out_.reserve(bytes); }
+  template <class T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    put_bytes(&v, sizeof v);
+  }
+  void put_bytes(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  std::vector<std::uint8_t> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::uint8_t> out_;
+};
+
+// Every length is checked against the bytes left before anything is sized
+// by it: the bytes come from another process.
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> in) : in_(in) {}
+  template <class T>
+  T get() {
+    T v;
+    get_bytes(&v, sizeof v);
+    return v;
+  }
+  void get_bytes(void* p, std::size_t n) {
+    need(n, 1);
+    std::memcpy(p, in_.data() + at_, n);
+    at_ += n;
+  }
+  // `count` items of `size` bytes each follow: throws unless they fit.
+  void need(std::uint64_t count, std::size_t size) const {
+    if (count > (in_.size() - at_) / size)
+      throw ShardStateError("a shard's state that does not decode: it declares " +
+                            std::to_string(count) + " items of " + std::to_string(size) +
+                            " bytes at offset " + std::to_string(at_) + ", where " +
+                            std::to_string(in_.size() - at_) + " bytes remain");
+  }
+  template <class T>
+  void get_vector(std::vector<T>& v, std::uint64_t count) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    need(count, sizeof(T));
+    v.resize(count);
+    get_bytes(v.data(), count * sizeof(T));
+  }
+  bool done() const { return at_ == in_.size(); }
+
+ private:
+  std::span<const std::uint8_t> in_;
+  std::size_t at_ = 0;
+};
+
 }  // namespace
 
 std::uint64_t ShardState::version_sum() const {
@@ -36,51 +84,82 @@ std::uint64_t ShardState::version_sum() const {
 
 std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunks,
                                              const Dedup& record) {
-  // One copy into the archive: the chunks are the store's buffers, which
-  // the next update may change (copy-on-write keeps them meanwhile).
-  std::ostringstream out;
-  {
-    cereal::BinaryOutputArchive ar(out);
-    ar(kMagic, static_cast<std::uint64_t>(chunks.size()));
-    for (const auto& c : chunks) {
-      SnapshotRecord r{c.name, c.chunk, c.version, *c.values,
-                       c.state ? *c.state : std::vector<float>{}};
-      ar(r);
-    }
-    ar(record.records());
-  }
-  const std::string bytes = std::move(out).str();
-  if (bytes.size() > wire::kMaxPayloadBytes)
-    throw ShardStateError("the shard's state is " + std::to_string(bytes.size()) +
+  const auto clients = record.records();
+  // The size first, so that a shard too large for one message costs no copy.
+  std::size_t bytes = sizeof kMagic + 2 * sizeof(std::uint64_t);
+  for (const auto& c : chunks)
+    bytes +=
+        4 + c.name.size() + 4 + 3 * 8 + 4 * (c.values->size() + (c.state ? c.state->size() : 0));
+  for (const auto& c : clients) bytes += 3 * 8 + 4 + 16 * c.applied.size();
+  if (bytes > wire::kMaxPayloadBytes)
+    throw ShardStateError("the shard's state is " + std::to_string(bytes) +
                           " bytes, more than the " + std::to_string(wire::kMaxPayloadBytes) +
                           " one message carries");
-  return {bytes.begin(), bytes.end()};
+  Writer w(bytes);
+  w.put(kMagic);
+  w.put(static_cast<std::uint64_t>(chunks.size()));
+  for (const auto& c : chunks) {
+    w.put(static_cast<std::uint32_t>(c.name.size()));
+    w.put_bytes(c.name.data(), c.name.size());
+    w.put(c.chunk);
+    w.put(c.version);
+    const std::uint64_t state = c.state ? c.state->size() : 0;
+    w.put(static_cast<std::uint64_t>(c.values->size()));
+    w.put(state);
+    w.put_bytes(c.values->data(), c.values->size() * sizeof(float));
+    if (state) w.put_bytes(c.state->data(), state * sizeof(float));
+  }
+  w.put(static_cast<std::uint64_t>(clients.size()));
+  for (const auto& c : clients) {
+    w.put(c.incarnation);
+    w.put(c.sender);
+    w.put(c.evicted_below);
+    w.put(static_cast<std::uint64_t>(c.applied.size()));
+    for (const auto& [id, version] : c.applied) {
+      w.put(id);
+      w.put(version);
+    }
+  }
+  return w.take();
 }
 
 ShardState decode_shard_state(std::span<const std::uint8_t> bytes) {
-  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  Reader r(bytes);
   ShardState state;
-  try {
-    cereal::BinaryInputArchive ar(in);
-    std::uint32_t magic = 0;
-    std::uint64_t count = 0;
-    ar(magic, count);
-    if (magic != kMagic) throw ShardStateError("not a shard's state (its first bytes differ)");
-    // Every record takes more than one byte: a count beyond the frame's
-    // size is a lie that must not size an allocation.
-    if (count > bytes.size()) throw ShardStateError("its chunk count exceeds its size");
-    state.chunks.resize(count);
-    for (auto& c : state.chunks) ar(c);
-    ar(state.record);
-  } catch (const ShardStateError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw ShardStateError(std::string("a shard's state that does not decode: ") + e.what());
+  if (bytes.size() < sizeof kMagic || r.get<std::uint32_t>() != kMagic)
+    throw ShardStateError("not a shard's state (its first bytes differ)");
+  const auto chunks = r.get<std::uint64_t>();
+  r.need(chunks, 4 + 4 + 3 * 8);  // the smallest chunk record
+  state.chunks.resize(chunks);
+  for (auto& c : state.chunks) {
+    const auto name = r.get<std::uint32_t>();
+    r.need(name, 1);
+    c.name.resize(name);
+    r.get_bytes(c.name.data(), name);
+    c.chunk = r.get<std::uint32_t>();
+    c.version = r.get<std::uint64_t>();
+    const auto values = r.get<std::uint64_t>();
+    const auto optimizer_state = r.get<std::uint64_t>();
+    r.get_vector(c.values, values);
+    r.get_vector(c.state, optimizer_state);
   }
-  if (in.peek() != std::char_traits<char>::eof())
-    throw ShardStateError("a shard's state with bytes after its end");
+  const auto clients = r.get<std::uint64_t>();
+  r.need(clients, 3 * 8 + 4);
+  state.record.resize(clients);
+  for (auto& c : state.record) {
+    c.incarnation = r.get<std::uint64_t>();
+    c.sender = r.get<std::uint32_t>();
+    c.evicted_below = r.get<std::uint64_t>();
+    const auto applied = r.get<std::uint64_t>();
+    r.need(applied, 2 * 8);
+    c.applied.resize(applied);
+    for (auto& [id, version] : c.applied) {
+      id = r.get<std::uint64_t>();
+      version = r.get<std::uint64_t>();
+    }
+  }
+  if (!r.done()) throw ShardStateError("a shard's state with bytes after its end");
   return state;
 }
 
-}  // namespace ps
-}  // namespace pstrain
+}  // namespace pstrain::ps

@@ -10,9 +10,11 @@
 //   ShardState state = decode_shard_state(bytes);           // the receiver
 //   store.restore(std::move(state.chunks)); dedup.restore(state.record);
 //
-// The encoding is Cereal's binary archive of the fields below; it travels
-// as one payload frame, so a shard of more than wire::kMaxPayloadBytes
-// cannot be handed over this way (encode_shard_state says so).
+// The encoding (shard_state.cc) is the fields below back to back, every
+// length checked against the bytes left before anything is sized by it
+// (the bytes come from another process). It travels as one payload frame,
+// so a shard of more than wire::kMaxPayloadBytes cannot be handed over this
+// way: encode_shard_state says so before it copies anything.
 #include <cstdint>
 #include <span>
 #include <vector>

@@ -5,6 +5,8 @@
 // refused by name, and a record beyond its bounds is not taken.
 #include <doctest/doctest.h>
 
+#include <cstring>
+
 #include "server/shard_state.h"
 
 using namespace pstrain;
@@ -72,6 +74,11 @@ TEST_CASE("shard state: what is not one is refused by name") {
   cut.resize(bytes.size() - 3);
   CHECK_THROWS_WITH_AS(decode_shard_state(cut), doctest::Contains("does not decode"),
                        ShardStateError);
+  // A length that claims more than the bytes left sizes nothing.
+  auto lying = bytes;
+  const std::uint64_t huge = std::uint64_t{1} << 60;
+  std::memcpy(lying.data() + sizeof(std::uint32_t), &huge, sizeof huge);
+  CHECK_THROWS_WITH_AS(decode_shard_state(lying), doctest::Contains("declares"), ShardStateError);
   auto longer = bytes;
   longer.push_back(0);
   CHECK_THROWS_WITH_AS(decode_shard_state(longer), doctest::Contains("after its end"),
