@@ -27,6 +27,7 @@ class Writer {
     put_bytes(&v, sizeof v);
   }
   void put_bytes(const void* p, std::size_t n) {
+    if (n == 0) return;
     const auto* b = static_cast<const std::uint8_t*>(p);
     out_.insert(out_.end(), b, b + n);
   }
@@ -48,6 +49,7 @@ class Reader {
     return v;
   }
   void get_bytes(void* p, std::size_t n) {
+    if (n == 0) return;  // p may be an empty vector's null data()
     need(n, 1);
     std::memcpy(p, in_.data() + at_, n);
     at_ += n;
