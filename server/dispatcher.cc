@@ -134,6 +134,11 @@ void Dispatcher::handle(Coordinator& coordinator, std::span<const Frame> frames,
   }
 }
 
+void Dispatcher::refuse(const Request& request, std::string text) {
+  stats_.error();
+  send(request.from, {wire::error_reply(request.header, std::move(text)), {}});
+}
+
 void Dispatcher::serve(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
                        const Connection& connection) {
   try {
@@ -169,9 +174,7 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   if (options_.rights) {
     if (const auto why = refusal_of(connection, request.header, forward)) {
       stats_.refused();
-      stats_.error();
-      return send(request.from,
-                  {wire::error_reply(request.header, prefix() + "refused: " + *why), {}});
+      return refuse(request, prefix() + "refused: " + *why);
     }
   }
   if (forward && heard_primary(request)) return;
@@ -278,10 +281,7 @@ bool Dispatcher::heard_primary(const Request& request) {
   // A process of the primary replaced by a newer one: a message of it still
   // queued changes nothing.
   if (std::ranges::find(superseded_, request.from) != superseded_.end()) {
-    stats_.error();
-    send(request.from, {wire::error_reply(request.header, prefix() + "a newer process of ps " +
-                                                              primary + " replaced this one"),
-                        {}});
+    refuse(request, prefix() + "a newer process of ps " + primary + " replaced this one");
     return true;
   }
   // The hand-back to this process got lost (its answer dropped or too
@@ -296,13 +296,9 @@ bool Dispatcher::heard_primary(const Request& request) {
   // it copies its shard here.
   if (primary_seen_ && writes && !resync && request.from != primary_peer_) {
     if (copy_given_up_) {
-      stats_.error();
-      send(request.from,
-           {wire::error_reply(request.header,
-                              prefix() + "this copy of ps " + primary +
-                                  "'s shard was given up and misses updates; the new process "
-                                  "serves alone until it copied its shard here"),
-            {}});
+      refuse(request, prefix() + "this copy of ps " + primary +
+                          "'s shard was given up and misses updates; the new process serves "
+                          "alone until it copied its shard here");
       return true;
     }
     if (ping && hand_back(request)) return true;
@@ -315,12 +311,9 @@ bool Dispatcher::heard_primary(const Request& request) {
     }
   }
   if (took_over_) {
-    stats_.error();
-    send(request.from,
-         {wire::error_reply(request.header, std::string(Replicator::kTakenOver) + "ps " +
-                                                std::to_string(options_.ps_index) + " serves ps " +
-                                                primary + "'s shard from its copy"),
-          {}});
+    refuse(request, std::string(Replicator::kTakenOver) + "ps " +
+                        std::to_string(options_.ps_index) + " serves ps " + primary +
+                        "'s shard from its copy");
     return true;
   }
   primary_heard_ = std::max(primary_heard_, request.received);
@@ -369,9 +362,10 @@ void Dispatcher::set_primary(const Peer& peer) {
 bool Dispatcher::hand_back(const Request& request) {
   if (!copy_) return false;
   const auto primary = std::to_string(*options_.replica_of);
+  const auto chunks = copy_->chunks();
   std::vector<std::uint8_t> state;
   try {
-    state = encode_shard_state(copy_->chunks(), replica_dedup_);
+    state = encode_shard_state(chunks, replica_dedup_);
   } catch (const ShardStateError& e) {
     log(prefix(), "cannot hand ps ", primary, "'s shard back to its new process: ", e.what());
     return false;
@@ -381,7 +375,7 @@ bool Dispatcher::hand_back(const Request& request) {
   reply.payload = std::make_shared<const std::vector<std::uint8_t>>(std::move(state));
   send(request.from, std::move(reply));
   stats_.handed_back();
-  log(prefix(), "hands ps ", primary, "'s shard (", copy_->chunks().size(), " chunks, ", bytes,
+  log(prefix(), "hands ps ", primary, "'s shard (", chunks.size(), " chunks, ", bytes,
       " bytes) back to a new process of ps ", primary,
       took_over_ ? ", which serves it again instead of this ps"
                  : ", which serves it with this copy's updates",
@@ -412,11 +406,8 @@ bool Dispatcher::moved_back(const Request& request) {
   if (!handed_back_ || took_over_ || !wire::is_data_op(request.header.op) ||
       Clock::now() - primary_heard_ >= options_.backup_silence)
     return false;
-  stats_.error();
-  send(request.from, {wire::error_reply(request.header, std::string(wire::kMovedBack) + "ps " +
-                                                            std::to_string(*options_.replica_of) +
-                                                            " serves its shard again"),
-                      {}});
+  refuse(request, std::string(wire::kMovedBack) + "ps " + std::to_string(*options_.replica_of) +
+                      " serves its shard again");
   return true;
 }
 

@@ -173,6 +173,8 @@ class Dispatcher final : public ReplySink {
   void accepted(const wire::Header& request, std::uint64_t version) override;
 
  private:
+  // Answers `request` with an error saying `text` (counted: errors).
+  void refuse(const Request& request, std::string text);
   // dispatch(), an exception turned into the request's error reply.
   void serve(Coordinator& coordinator, Request& request, std::span<const Frame> payloads,
              const Connection& connection);
