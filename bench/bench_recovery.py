@@ -8,7 +8,7 @@
 
     PSTRAIN=build/pstrain bench/bench_recovery.py [--out FILE.json]
         [--restart-backoff 0.2] [--epochs 30] [--seed 1] [--keep DIR]
-        [--servers 2] [--replicas 1] [--backup-silence 1]
+        [--servers 2] [--replicas 1] [--backup-silence 1] [--model mlp|ctr]
 
 With --replicas 2 (replicated shards, docs/failures.md "Fail-over" and
 "Re-join"; give --servers 4) every run is replicated, the three ps kills are
@@ -22,7 +22,8 @@ runs'). Updates lost are then 0 by construction (nothing is restored; the
 exactness tests check that none is lost): the bench reports the take-overs,
 hand-backs and re-joins instead.
 
-Four runs of the same job (2 ps + 3 CPU workers, synthetic data, the MLP,
+Four runs of the same job (2 ps + 3 CPU workers, synthetic data, the MLP
+or with --model ctr DLRM, whose embedding rows live on the ps,
 checkpoint.every_s 1, fixed train.seed) on loopback ports:
 
   clean   no failure;
@@ -88,15 +89,29 @@ WORKERS = 3
 TRAIN = 6000
 
 
+def model_and_data(model):
+    """The job's model, optimizer and data: the MLP on synthetic images, or
+    DLRM on synthetic click data (its embedding rows on the ps, as a table
+    of each ps's shard)."""
+    if model == "ctr":
+        return {"model": {"preset": "dlrm", "embedding_dim": 8, "bottom_mlp": [16],
+                          "top_mlp": [16]},
+                "optimizer": {"name": "adam", "lr": 0.003,
+                              "sparse": {"name": "adagrad", "lr": 0.05}},
+                "data": {"name": "synthetic-ctr", "synthetic_train": TRAIN,
+                         "synthetic_test": 1000, "synthetic_ctr": {"vocab_scale": 0.001}}}
+    return {"model": "mlp",
+            "data": {"name": "synthetic", "synthetic_train": TRAIN, "synthetic_test": 1000}}
+
+
 def job(args, replicas=None):
     replicas = args.replicas if replicas is None else replicas
     extra = {"replication": {"replicas": replicas, "backup_silence": args.backup_silence}} \
         if replicas > 1 else {}
     return support.cluster(
-        **extra,
+        **extra, **model_and_data(args.model),
         ps_hosts=("127.0.0.1",) * args.servers, worker_hosts=("127.0.0.1",) * WORKERS,
-        job="recovery", mode="async", model="mlp",
-        data={"name": "synthetic", "synthetic_train": TRAIN, "synthetic_test": 1000},
+        job="recovery", mode="async",
         net={"heartbeat": 0.1, "worker_timeout": 10, "request_timeout": 10,
              "retry_interval": args.retry_interval},
         train={"batch_size": 32, "epochs": args.epochs, "eval_every": 0, "seed": args.seed,
@@ -210,8 +225,9 @@ class Run:
             return []
 
     def accuracy(self):
+        """The final test accuracy, or for the CTR model its AUC."""
         text = support.read_text(os.path.join(self.dir, "launch.out"))
-        found = re.findall(r"final test accuracy (\d+\.\d+)", text)
+        found = re.findall(r"final test (?:accuracy|AUC) (\d+\.\d+)", text)
         return float(found[-1]) if found else None
 
 
@@ -342,6 +358,9 @@ def main():
                          "stall (default 0.5 s)")
     ap.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
     ap.add_argument("--servers", type=int, default=2, help="ps count (default 2)")
+    ap.add_argument("--model", choices=("mlp", "ctr"), default="mlp",
+                    help="the MLP on synthetic images, or DLRM on synthetic clicks with its "
+                         "embedding table on the ps (default mlp)")
     ap.add_argument("--replicas", type=int, default=1, choices=(1, 2),
                     help="replication.replicas (default 1)")
     ap.add_argument("--backup-silence", type=float, default=1.0,
@@ -357,7 +376,8 @@ def main():
     os.makedirs(base, exist_ok=True)
     doc = job(args)
     planned = args.epochs * TRAIN  # each worker trains epochs x its third
-    result = {"config": {"servers": args.servers, "replicas": args.replicas,
+    result = {"config": {"model": args.model, "servers": args.servers,
+                         "replicas": args.replicas,
                          "workers": WORKERS, "epochs": args.epochs,
                          "train_samples": TRAIN, "planned_samples": planned,
                          "restart_backoff_s": args.restart_backoff,
@@ -461,7 +481,8 @@ def main():
         for key in ("takeovers", "handbacks", "rejoins"):
             result["summary"][key] = len(result["runs"]["ps"].get(key, []))
         result["summary"]["replicas2_over_replicas1"] = result.get("replicas2_over_replicas1")
-    print(f"\n{args.servers} ps (replicas {args.replicas}) + 3 CPU workers, synthetic "
+    print(f"\n{args.servers} ps (replicas {args.replicas}) + 3 CPU workers, "
+          f"{'DLRM on synthetic clicks' if args.model == 'ctr' else 'MLP on synthetic images'}, "
           f"{TRAIN} x {args.epochs:g} epochs, "
           f"checkpoint.every_s 1, net.retry_interval {args.retry_interval:g} s, "
           f"--restart-backoff {args.restart_backoff:g} s\n")

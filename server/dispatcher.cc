@@ -230,8 +230,7 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   // An update of this ps's own shard goes to the backup first, which applies
   // it while this ps does; its reply waits for both (send()). The copy's
   // updates, taken over, have no backup.
-  const bool replicate = replicator_ && !on_copy && Dedup::recorded(request.header.op) &&
-                         !wire::is_sparse(request.header.op);  // rows are not replicated yet
+  const bool replicate = replicator_ && !on_copy && Dedup::recorded(request.header.op);
   if (replicate) replicator_->forward(recording_frames_, request.header);
   try {
     (*handler)(request);
@@ -341,12 +340,12 @@ void Dispatcher::set_shards(ShardAccess own, ShardAccess copy) {
 }
 
 std::vector<std::uint8_t> Dispatcher::own_state() const {
-  return encode_shard_state(own_->chunks(), dedup_);
+  return encode_shard_state(own_->chunks(), own_->tables, dedup_);
 }
 
 void Dispatcher::adopt_own_state(std::span<const std::uint8_t> bytes) {
   auto state = decode_shard_state(bytes);
-  own_->replace(std::move(state.chunks));
+  own_->replace(std::move(state.chunks), std::move(state.tables));
   dedup_.restore(state.record);
 }
 
@@ -365,7 +364,7 @@ bool Dispatcher::hand_back(const Request& request) {
   const auto chunks = copy_->chunks();
   std::vector<std::uint8_t> state;
   try {
-    state = encode_shard_state(chunks, replica_dedup_);
+    state = encode_shard_state(chunks, copy_->tables, replica_dedup_);
   } catch (const ShardStateError& e) {
     log(prefix(), "cannot hand ps ", primary, "'s shard back to its new process: ", e.what());
     return false;
@@ -375,8 +374,11 @@ bool Dispatcher::hand_back(const Request& request) {
   reply.payload = std::make_shared<const std::vector<std::uint8_t>>(std::move(state));
   send(request.from, std::move(reply));
   stats_.handed_back();
-  log(prefix(), "hands ps ", primary, "'s shard (", chunks.size(), " chunks, ", bytes,
-      " bytes) back to a new process of ps ", primary,
+  std::uint64_t rows = 0;
+  if (copy_->tables)
+    for (const auto& h : copy_->tables->headers()) rows += copy_->tables->rows(h.name);
+  log(prefix(), "hands ps ", primary, "'s shard (", chunks.size(), " chunks, ", rows,
+      " table rows, ", bytes, " bytes) back to a new process of ps ", primary,
       took_over_ ? ", which serves it again instead of this ps"
                  : ", which serves it with this copy's updates",
       "; this ps keeps the copy");
@@ -392,13 +394,16 @@ void Dispatcher::adopt_copy(const Request& request) {
   if (!copy_) throw std::runtime_error("this ps keeps no copy it could replace");
   auto state = decode_shard_state(request.payload);
   const auto chunks = state.chunks.size();
-  const auto updates = state.version_sum();
-  copy_->replace(std::move(state.chunks));
+  const auto rows = state.rows();
+  const auto updates = state.updates();
+  copy_->replace(std::move(state.chunks), std::move(state.tables));
   replica_dedup_.restore(state.record);
   copy_given_up_ = false;
   stats_.rejoined();
-  log(prefix(), "keeps the copy of ps ", primary, "'s shard again: ", chunks, " chunks (", updates,
-      " updates) copied from it; its updates are forwarded here from now on");
+  log(prefix(), "keeps the copy of ps ", primary, "'s shard again: ", chunks, " chunks and ", rows,
+      " table rows (", updates,
+      " updates) copied from it; its updates are forwarded here from "
+      "now on");
   send(request.from, {wire::reply_to(request.header), {}});
 }
 
@@ -418,7 +423,7 @@ bool Dispatcher::take_over(const Request& request) {
   // coordinator: the worker is this ps's too); before, they go unanswered,
   // so that a worker asks the primary again.
   if (request.header.op == Op::snapshot || request.header.op == Op::hello) return took_over_;
-  if (!wire::is_data_op(request.header.op) || wire::is_sparse(request.header.op))
+  if (!wire::is_data_op(request.header.op))
     throw wire::ProtocolError("only data requests for ps " + primary +
                               "'s chunks, its snapshot and hello once taken over, are served on "
                               "a fail-over connection");

@@ -85,6 +85,7 @@
 #include "server/replicator.h"
 #include "server/request.h"
 #include "server/rights.h"
+#include "server/table_store.h"
 #include "shared/curve_keys.h"
 
 namespace pstrain::ps {
@@ -106,11 +107,13 @@ struct DispatcherOptions {
   Clock::duration backup_silence = std::chrono::seconds(2);
 };
 
-// A shard's chunks for re-join, as the ps role holds them: read as they
-// are now, or replaced whole.
+// A shard's chunks and tables for re-join, as the ps role holds them: read
+// as they are now, or replaced whole (with a shard state's, whose record of
+// applied requests the dispatcher keeps).
 struct ShardAccess {
   std::function<std::vector<HeldChunk>()> chunks;
-  std::function<void(std::vector<SnapshotRecord>)> replace;
+  TableStore* tables = nullptr;  // none: the shard has no tables
+  std::function<void(std::vector<SnapshotRecord>, std::vector<TableSnapshot>)> replace;
 };
 
 // What the socket knows of a message's sender.

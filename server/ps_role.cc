@@ -156,10 +156,19 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
   // ps's snapshots, checkpoints and figures stay its own shard's; its updates
   // are counted by a coordinator of their own likewise.
   std::optional<ChunkStore> replica_store;
+  std::optional<ps::TableStore> replica_tables;
   std::optional<ps::Coordinator> replica_coordinator;
+  std::optional<ps::Shard> replica_shard;
   std::optional<ps::ChunkHandlers> replica_data;
+  std::optional<ps::SparseHandlers> replica_sparse;
   if (replicated) {
     replica_store.emplace(config.optimizer, store.apply_threads());
+    // The rows ps replica_of holds (check_keys accepts those only).
+    replica_tables.emplace(config.tables, config.optimizer.sparse,
+                           ps::TableStoreOptions{.seed = config.train.seed,
+                                                 .ps_index = replica_of,
+                                                 .servers = servers,
+                                                 .track_removed = false});
     replica_coordinator.emplace(
         ps::CoordinatorOptions{
             "ps " + std::to_string(index) + " (copy of ps " + std::to_string(replica_of) + ")",
@@ -167,34 +176,40 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
             std::chrono::duration<double>(config.net.worker_timeout), config.train.on_worker_loss,
             std::chrono::duration<double>(takeover_silence(config.net))},
         loop);
+    replica_shard.emplace(*replica_store, *replica_tables, *replica_coordinator, hash);
     replica_data.emplace(
         *replica_store, *replica_coordinator, loop, stats,
         // Written only once this ps took the shard over (server/dispatcher.h):
         // then as that ps's own end-of-run snapshot.
         ps::shard_file(config.run_dir / "snapshot", replica_of),
-        [&replica_store, &replica_coordinator, hash] {
-          ps::ShardCut cut;
-          cut.info.config_hash = hash;
-          cut.info.optimizer = to_string(replica_store->optimizer().kind);
-          replica_coordinator->fill_progress(cut.info);
-          cut.chunks = replica_store->refs();
-          return cut;
-        },
+        [&replica_shard] { return ps::cut_shard(*replica_shard, ps::CutKind::snapshot); },
         ps::Consistency{.mode = config.mode,
                         .workers = static_cast<std::uint32_t>(config.workers.size())});
     replica_data->add_handlers(loop.replica_handlers());
+    replica_sparse.emplace(*replica_tables, *replica_coordinator, loop, stats);
+    replica_sparse->add_handlers(loop.replica_handlers());
     // Re-join: a restarted ps gets its shard from its backup's copy, and a
     // backup given up gets a new copy (server/replicator.h, "Re-join").
     loop.set_shards({.chunks = [&store] { return store.refs(); },
+                     .tables = &tables,
                      .replace =
-                         [&store, &coordinator](std::vector<SnapshotRecord> chunks) {
+                         [&store, &tables, &coordinator](std::vector<SnapshotRecord> chunks,
+                                                         std::vector<TableSnapshot> rows) {
                            store.restore(std::move(chunks));
-                           coordinator.adopt_shard(store.version_sum());
+                           std::uint64_t updates = store.version_sum();
+                           for (const auto& table : rows) {
+                             tables.replace(table);
+                             updates += table.clock;
+                           }
+                           coordinator.adopt_shard(updates);
                          }},
                     {.chunks = [&replica_store] { return replica_store->refs(); },
+                     .tables = &*replica_tables,
                      .replace =
-                         [&replica_store](std::vector<SnapshotRecord> chunks) {
+                         [&replica_store, &replica_tables](std::vector<SnapshotRecord> chunks,
+                                                           std::vector<TableSnapshot> rows) {
                            replica_store->restore(std::move(chunks));
+                           for (const auto& table : rows) replica_tables->replace(table);
                          }});
   }
   ps::SparseHandlers sparse(tables, coordinator, loop, stats);

@@ -17,10 +17,24 @@ constexpr std::uint32_t kMagic = 0x50535353;  // "PSSS"
 // chunk count | per chunk: u32 name length, name, u32 chunk, u64 version,
 // u64 value count, u64 state count, f32 values, f32 state | u64 client
 // count | per client: u64 incarnation, u32 sender, u64 evicted_below, u64
-// applied count, (u64 request id, u64 version) per applied request.
+// applied count, (u64 request id, u64 version) per applied request | u64
+// table count | per table: u32 name length, name, u32 optimizer name
+// length, name, u32 dim, u32 state floats, u64 clock, u64 row count, per
+// row: u64 key, u64 clock, u32 second, f32 values then state.
 class Writer {
  public:
   explicit Writer(std::size_t bytes) { out_.reserve(bytes); }
+  void put_string(const std::string& v) {
+    put(static_cast<std::uint32_t>(v.size()));
+    put_bytes(v.data(), v.size());
+  }
+  std::size_t size() const { return out_.size(); }
+  // Overwrites what put(v) wrote at `at`.
+  template <class T>
+  void patch(std::size_t at, const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::memcpy(out_.data() + at, &v, sizeof v);
+  }
   template <class T>
   void put(const T& v) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -69,6 +83,13 @@ class Reader {
     v.resize(count);
     get_bytes(v.data(), count * sizeof(T));
   }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    need(n, 1);
+    std::string v(n, '\0');
+    get_bytes(v.data(), n);
+    return v;
+  }
   bool done() const { return at_ == in_.size(); }
 
  private:
@@ -78,21 +99,32 @@ class Reader {
 
 }  // namespace
 
-std::uint64_t ShardState::version_sum() const {
+std::uint64_t ShardState::updates() const {
   std::uint64_t sum = 0;
   for (const auto& c : chunks) sum += c.version;
+  for (const auto& t : tables) sum += t.clock;
+  return sum;
+}
+
+std::uint64_t ShardState::rows() const {
+  std::uint64_t sum = 0;
+  for (const auto& t : tables) sum += t.rows.keys.size();
   return sum;
 }
 
 std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunks,
-                                             const Dedup& record) {
+                                             TableStore* tables, const Dedup& record) {
   const auto clients = record.records();
+  const auto headers = tables ? tables->headers() : std::vector<TableHeader>{};
   // The size first, so that a shard too large for one message costs no copy.
-  std::size_t bytes = sizeof kMagic + 2 * sizeof(std::uint64_t);
+  std::size_t bytes = sizeof kMagic + 3 * sizeof(std::uint64_t);
   for (const auto& c : chunks)
     bytes +=
         4 + c.name.size() + 4 + 3 * 8 + 4 * (c.values->size() + (c.state ? c.state->size() : 0));
   for (const auto& c : clients) bytes += 3 * 8 + 4 + 16 * c.applied.size();
+  for (const auto& h : headers)
+    bytes += 4 + h.name.size() + 4 + h.optimizer.size() + 2 * 4 + 2 * 8 +
+             tables->rows(h.name) * (8 + 8 + 4 + 4 * h.row_floats());
   if (bytes > wire::kMaxPayloadBytes)
     throw ShardStateError("the shard's state is " + std::to_string(bytes) +
                           " bytes, more than the " + std::to_string(wire::kMaxPayloadBytes) +
@@ -120,6 +152,32 @@ std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunk
     for (const auto& [id, version] : c.applied) {
       w.put(id);
       w.put(version);
+    }
+  }
+  w.put(static_cast<std::uint64_t>(headers.size()));
+  if (tables) {
+    const auto cut = tables->cut(CutKind::snapshot);
+    for (const auto& view : cut.views()) {
+      const auto& h = view.header;
+      w.put_string(h.name);
+      w.put_string(h.optimizer);
+      w.put(h.dim);
+      w.put(h.state_floats);
+      w.put(h.clock);
+      // The count is known once the cut's blocks are read.
+      const auto count_at = w.size();
+      w.put(std::uint64_t{0});
+      std::uint64_t count = 0;
+      view.rows([&](const TableRows& block) {
+        for (std::size_t i = 0; i < block.keys.size(); ++i) {
+          w.put(block.keys[i]);
+          w.put(block.clocks[i]);
+          w.put(block.seconds[i]);
+          w.put_bytes(block.floats.data() + i * h.row_floats(), h.row_floats() * sizeof(float));
+        }
+        count += block.keys.size();
+      });
+      w.patch(count_at, count);
     }
   }
   return w.take();
@@ -158,6 +216,30 @@ ShardState decode_shard_state(std::span<const std::uint8_t> bytes) {
     for (auto& [id, version] : c.applied) {
       id = r.get<std::uint64_t>();
       version = r.get<std::uint64_t>();
+    }
+  }
+  const auto tables = r.get<std::uint64_t>();
+  r.need(tables, 2 * 4 + 2 * 4 + 2 * 8);  // the smallest table record
+  state.tables.resize(tables);
+  for (auto& t : state.tables) {
+    t.name = r.get_string();
+    t.optimizer = r.get_string();
+    t.dim = r.get<std::uint32_t>();
+    t.state_floats = r.get<std::uint32_t>();
+    t.clock = r.get<std::uint64_t>();
+    const std::size_t floats = t.row_floats();  // of two u32: no overflow in 64 bits
+    if (floats == 0) throw ShardStateError("a shard's state with a table of rows of 0 floats");
+    const auto rows = r.get<std::uint64_t>();
+    r.need(rows, 8 + 8 + 4 + 4 * floats);
+    t.rows.keys.resize(rows);
+    t.rows.clocks.resize(rows);
+    t.rows.seconds.resize(rows);
+    t.rows.floats.resize(rows * floats);
+    for (std::uint64_t i = 0; i < rows; ++i) {
+      t.rows.keys[i] = r.get<std::uint64_t>();
+      t.rows.clocks[i] = r.get<std::uint64_t>();
+      t.rows.seconds[i] = r.get<std::uint32_t>();
+      r.get_bytes(t.rows.floats.data() + i * floats, floats * sizeof(float));
     }
   }
   if (!r.done()) throw ShardStateError("a shard's state with bytes after its end");

@@ -2,13 +2,15 @@
 // A shard's whole state as one message between two ps, for re-join
 // (server/replicator.h, "Re-join"): its chunks with their values, optimizer
 // state and versions, and the record of applied requests (server/dedup.h),
-// so that the ps receiving it serves on exactly where the sender stood: a
+// and its embedding tables' rows with their optimizer state and clocks, so
+// that the ps receiving it serves on exactly where the sender stood: a
 // request the sender applied is answered from the record there, never
-// applied twice. Tables are not part of it (they are not replicated).
+// applied twice.
 //
-//   auto bytes = encode_shard_state(store.refs(), dedup);  // the sender
-//   ShardState state = decode_shard_state(bytes);           // the receiver
+//   auto bytes = encode_shard_state(store.refs(), &tables, dedup);  // the sender
+//   ShardState state = decode_shard_state(bytes);                    // the receiver
 //   store.restore(std::move(state.chunks)); dedup.restore(state.record);
+//   for (const auto& t : state.tables) tables.replace(t);
 //
 // The encoding (shard_state.cc) is the fields below back to back, every
 // length checked against the bytes left before anything is sized by it
@@ -21,14 +23,19 @@
 
 #include "server/chunk_store.h"
 #include "server/dedup.h"
+#include "server/table_store.h"
 #include "shared/error.h"
 
 namespace pstrain::ps {
 
 struct ShardState {
   std::vector<SnapshotRecord> chunks;
+  std::vector<TableSnapshot> tables;  // whole: nothing removed
   std::vector<Dedup::ClientRecord> record;
-  std::uint64_t version_sum() const;
+  // The updates it holds: its chunks' versions and its tables' clocks
+  // (a table's clock counts the pushes applied to it).
+  std::uint64_t updates() const;
+  std::uint64_t rows() const;
 };
 
 // What cannot be encoded (too large) or decoded (not a shard's state).
@@ -36,8 +43,10 @@ struct ShardStateError : pstrain::Error {
   using pstrain::Error::Error;
 };
 
+// `tables`: the shard's rows (none: a shard without tables); read on the
+// ps thread, as every call of the store is.
 std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunks,
-                                             const Dedup& record);
+                                             TableStore* tables, const Dedup& record);
 ShardState decode_shard_state(std::span<const std::uint8_t> bytes);
 
 }  // namespace pstrain::ps

@@ -1,5 +1,7 @@
 #include "server/table_store.h"
 
+#include <absl/container/flat_hash_set.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -217,6 +219,18 @@ struct TableCut::State {
     }
   }
 };
+
+namespace {
+
+TableHeader header_of(const TableStore::Table& t) {
+  return {.name = t.spec.name,
+          .optimizer = std::string(to_string(t.optimizer.config().kind)),
+          .dim = t.spec.dim,
+          .state_floats = static_cast<std::uint32_t>(t.optimizer.state_floats()),
+          .clock = t.clock};
+}
+
+}  // namespace
 
 TableCut::TableCut() = default;
 TableCut::TableCut(TableCut&&) noexcept = default;
@@ -444,14 +458,7 @@ TableCut TableStore::cut(CutKind kind) {
   }
   for (std::size_t i = 0; i < st.tables.size(); ++i) {
     const Table& t = *st.tables[i];
-    TableSnapshotView view{
-        .header = {.name = t.spec.name,
-                   .optimizer = std::string(to_string(t.optimizer.config().kind)),
-                   .dim = t.spec.dim,
-                   .state_floats = static_cast<std::uint32_t>(t.optimizer.state_floats()),
-                   .clock = t.clock},
-        .rows = {},
-        .removed = st.removed[i]};
+    TableSnapshotView view{.header = header_of(t), .rows = {}, .removed = st.removed[i]};
     auto* state = &st;
     if (live)
       view.rows = [state, i](const std::function<void(const TableRows&)>& emit) {
@@ -466,7 +473,7 @@ TableCut TableStore::cut(CutKind kind) {
   return cut;
 }
 
-void TableStore::restore(const TableSnapshot& file, bool delta) {
+TableStore::Table& TableStore::fitting(const TableSnapshot& file) {
   const auto found = by_name_.find(file.name);
   if (found == by_name_.end())
     throw std::invalid_argument("it holds embedding table '" + file.name +
@@ -488,6 +495,28 @@ void TableStore::restore(const TableSnapshot& file, bool delta) {
         (t.spec.rows && key >= *t.spec.rows))
       throw std::invalid_argument(table_named(t.spec.name) + ": the file holds row " +
                                   std::to_string(key) + ", which is not this ps's");
+  return t;
+}
+
+void TableStore::write_rows(Table& t, const TableRows& rows) {
+  for (std::size_t i = 0; i < rows.keys.size(); ++i) {
+    const auto key = rows.keys[i];
+    Segment& seg = t.segment(key);
+    RowChange change(seg, key, t.row_floats);
+    auto it = seg.slots.find(key);
+    if (it == seg.slots.end()) {
+      it = seg.slots.emplace(key, seg.allocate(t.row_floats)).first;
+      ++t.rows;
+    }
+    std::copy_n(rows.floats.data() + i * t.row_floats, t.row_floats,
+                seg.at(it->second, t.row_floats));
+    seg.clocks[it->second] = rows.clocks[i];
+    seg.seconds[it->second] = rows.seconds[i];
+  }
+}
+
+void TableStore::restore(const TableSnapshot& file, bool delta) {
+  Table& t = fitting(file);
   if (!delta) {
     t.segments = std::make_unique<Segment[]>(kSegments);
     t.rows = 0;
@@ -495,21 +524,30 @@ void TableStore::restore(const TableSnapshot& file, bool delta) {
   }
   for (const auto key : file.removed)
     if (t.segment(key).slots.contains(key)) t.remove(key, false);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto key = file.rows.keys[i];
-    Segment& seg = t.segment(key);
-    auto it = seg.slots.find(key);
-    if (it == seg.slots.end()) {
-      it = seg.slots.emplace(key, seg.allocate(t.row_floats)).first;
-      ++t.rows;
-    }
-    std::copy_n(file.rows.floats.data() + i * t.row_floats, t.row_floats,
-                seg.at(it->second, t.row_floats));
-    seg.clocks[it->second] = file.rows.clocks[i];
-    seg.seconds[it->second] = file.rows.seconds[i];
-  }
+  write_rows(t, file.rows);
   t.clock = std::max(t.clock, file.clock);
   t.cut_clock = t.clock;
+}
+
+void TableStore::replace(const TableSnapshot& file) {
+  Table& t = fitting(file);
+  const absl::flat_hash_set<std::uint64_t> kept(file.rows.keys.begin(), file.rows.keys.end());
+  std::vector<std::uint64_t> gone;
+  for (std::size_t s = 0; s < kSegments; ++s)
+    for (const auto& [key, slot] : t.segments[s].slots)
+      if (!kept.contains(key)) gone.push_back(key);
+  for (const auto key : gone) t.remove(key, options_.track_removed);
+  write_rows(t, file.rows);
+  // The state's clocks continue the sender's, which applied the same
+  // updates in the same order (chain replication).
+  t.clock = file.clock;
+  t.cut_clock = 0;
+}
+
+std::vector<TableHeader> TableStore::headers() const {
+  std::vector<TableHeader> out;
+  for (const auto& t : tables_) out.push_back(header_of(*t));
+  return out;
 }
 
 }  // namespace pstrain::ps

@@ -154,7 +154,18 @@ class TableStore {
   // delta: removes its removed keys, then writes its rows. Throws
   // std::invalid_argument naming the table when it does not fit this run
   // (no such table, another width or row optimizer, a row homed elsewhere).
+  // For a store that serves nothing yet (a start's restore).
   void restore(const TableSnapshot& table, bool delta);
+  // Makes a table's rows those of `table` (a shard's state handed over
+  // whole, server/shard_state.h) while the store serves: rows it lacks are
+  // removed and the others written row by row, so a checkpoint's cut in
+  // flight still writes the rows as they were at the cut, and the next
+  // incremental checkpoint carries every row (their clocks do not tell
+  // what changed). Throws as restore() does, before anything changes.
+  void replace(const TableSnapshot& table);
+  // Every table's header as a cut would write it now: what sizes a copy
+  // of the rows (with rows()) before anything is copied.
+  std::vector<TableHeader> headers() const;
 
   struct Table;
   struct Segment;
@@ -171,6 +182,10 @@ class TableStore {
   void evict(Table& t, std::uint64_t count, std::span<const std::uint64_t> keep);
   // Sweeps segments [from, to) of `t` for expired rows.
   void expire(Table& t, std::uint32_t now, std::size_t from, std::size_t to);
+  // The table `file` is of, once it fits this run (restore()'s checks).
+  Table& fitting(const TableSnapshot& file);
+  // Writes `rows` into `t`, each row's change safe for a live cut.
+  void write_rows(Table& t, const TableRows& rows);
 
   std::vector<std::unique_ptr<Table>> tables_;  // never moved: cuts point into them
   absl::flat_hash_map<std::string, Table*> by_name_;

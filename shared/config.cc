@@ -821,7 +821,7 @@ void check_data(const Reader& r, const DataConfig& d) {
 
 // Replicas are forwarded by each ps to the next: there must be one, and
 // what is forwarded must be all the shard holds (modes ssp and backup hold
-// and aggregate on the primary; tables are not forwarded yet).
+// and aggregate on the primary).
 void check_replication(const Reader& r, const ClusterConfig& c) {
   if (c.replication.replicas == 1) return;
   if (c.ps.size() < 2)
@@ -834,10 +834,21 @@ void check_replication(const Reader& r, const ClusterConfig& c) {
     r.fail("replication.backup_silence",
            "must be shorter than net.request_timeout (" + number(c.net.request_timeout) +
                " s): replies wait for a silent backup that long before the primary serves on");
-  if (!c.tables.empty())
-    r.fail("replication.replicas",
-           "2 replicates dense variables only; this config has tables (their rows are not "
-           "replicated yet)");
+  // A copy applies the primary's pushes in the primary's order, so its rows
+  // follow only from them: not from the clock (expiry), and not from an
+  // admission filter that a shard's state handed over does not carry.
+  for (const auto& t : c.tables) {
+    if (t.expire_after_s > 0)
+      r.fail("replication.replicas",
+             "2 cannot keep table '" + t.name +
+                 "' with expire_after_s: each copy would expire rows by its own clock, and "
+                 "the copies would differ (use max_rows_per_ps to bound it)");
+    if (t.admit_after > 0)
+      r.fail("replication.replicas",
+             "2 cannot keep table '" + t.name +
+                 "' with admit_after: the admission filter's counts are not part of a "
+                 "shard's copy, so a re-joined ps would admit other rows than its backup");
+  }
 }
 
 // Constraints between sections, checked once every section is read.

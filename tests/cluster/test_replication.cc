@@ -13,6 +13,7 @@
 
 #include "client/ps/ps_client.h"
 #include "server/replicator.h"
+#include "shared/embedding.h"
 #include "tests/support/exact_pushes.h"
 #include "tests/support/ps_cluster.h"
 #include "tests/support/raw_peer.h"
@@ -73,6 +74,74 @@ std::string copy_mismatches(const ClusterConfig& config) {
     }
   }
   if (compared == 0) out += "no chunk compared";
+  return out;
+}
+
+// The table of the tables test: rows of 4, SGD at lr 1 (integer
+// gradients keep every value exact).
+constexpr std::uint32_t kDim = 4;
+
+std::vector<std::uint64_t> table_keys() {
+  std::vector<std::uint64_t> keys;
+  for (std::uint64_t i = 0; i < 300; ++i) keys.push_back(i * 7919 + (i << 40));
+  std::ranges::sort(keys);
+  return keys;
+}
+
+// Whether client k's round r touches key i, and its gradient's element j
+// there: an integer in [-3, 3].
+bool touches(std::uint32_t k, std::uint32_t r, std::size_t i) {
+  return (k * 13 + r * 7 + i * 3) % 5 < 2;
+}
+float row_grad(std::uint32_t k, std::uint32_t r, std::size_t i, std::uint32_t j) {
+  return static_cast<float>((k * 5 + r * 3 + i + j) % 7) - 3.0f;
+}
+
+// Rows of `keys` homed on ps `p`, as `peer` answers a sparse_pull for them
+// (bytes); none when it does not answer.
+std::optional<std::vector<std::uint8_t>> pull_rows(RawPeer& peer, const ClusterConfig& config,
+                                                   const std::vector<std::uint64_t>& keys) {
+  wire::Header h;
+  h.op = wire::Op::sparse_pull;
+  h.request_id = 1;
+  h.run_id = config.hash();
+  h.dtype = wire::DType::f32;
+  h.payload_frames = 1;
+  h.elements = keys.size();
+  wire::SparseRequest{"emb", kDim}.write(h);
+  std::vector<std::uint8_t> ids(keys.size() * sizeof(std::uint64_t));
+  std::memcpy(ids.data(), keys.data(), ids.size());
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const auto reply = peer.exchange({wire::encode_header(h), ids});
+    if (!reply) continue;
+    if (reply->header.status != wire::Status::ok || reply->payload.size() != 1) break;
+    return reply->payload[0];
+  }
+  return std::nullopt;
+}
+
+// Every ps's rows, as its primary and its backup's copy hold them: what
+// differs (empty: bit-equal, optimizer state aside).
+std::string row_copy_mismatches(const ClusterConfig& config,
+                                const std::vector<std::uint64_t>& keys) {
+  const auto servers = static_cast<std::uint32_t>(config.ps.size());
+  std::string out;
+  for (std::uint32_t p = 0; p < servers; ++p) {
+    std::vector<std::uint64_t> here;
+    for (const auto key : keys)
+      if (row_home(key, servers, config.train.seed) == p) here.push_back(key);
+    const std::uint32_t b = (p + 1) % servers;
+    RawPeer primary(config.ps[p].connect_address());
+    RawPeer copy(config.ps[b].connect_address(), std::nullopt, ps::Replicator::peer_of(p));
+    const auto a = pull_rows(primary, config, here);
+    const auto z = pull_rows(copy, config, here);
+    const std::string what = "ps " + std::to_string(p) + "'s " + std::to_string(here.size()) +
+                             " rows (copy on ps " + std::to_string(b) + ")";
+    if (!a || !z)
+      out += what + ": not answered; ";
+    else if (*a != *z)
+      out += what + ": values differ; ";
+  }
   return out;
 }
 
@@ -269,4 +338,77 @@ TEST_CASE("fail-over: a primary stopped and continued after its backup took over
   // Fenced, it has nothing of its own to serve: it ends, with 0.
   CHECK(cluster.ps(1).wait_for(std::chrono::seconds(10)) == 0);
   CHECK(stat(watch.stats(2), "takeovers") == 1);
+}
+
+TEST_CASE("tables: a killed primary's rows lose no update through fail-over and re-join") {
+  auto spec = failover_spec(3, 0.1);
+  spec.tables = "[{name: emb, dim: 4, rows: dynamic}]";
+  spec.sparse_optimizer = "{name: sgd, lr: 1}";
+  PsCluster cluster(spec);
+  cluster.start_all();
+  const auto& config = cluster.config();
+  const auto keys = table_keys();
+  const auto no_variables = shard_map_for(config, std::vector<VariableSpec>{});
+  constexpr std::uint32_t kClients = 3, kRounds = 300;
+  {
+    // Rows of 0 to start from (each row less its initial values, exactly):
+    // integer sums then come out the same in any order.
+    PsClient setup(config, kTool, no_variables);
+    setup.hello();
+    std::vector<float> initial(keys.size() * kDim);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      init_row({initial.data() + i * kDim, kDim}, config.train.seed, config.tables.at(0), keys[i]);
+    setup.wait(setup.sparse_push("emb", keys, initial));
+  }
+  // Every client pushes integer gradients to a changing part of the rows,
+  // every third round without the pull, while ps 1 is killed, its rows
+  // served by ps 2 from the copy, and ps 1 restarted without its state.
+  std::vector<std::unique_ptr<ForkedClient>> children;
+  for (std::uint32_t k = 0; k < kClients; ++k)
+    children.push_back(std::make_unique<ForkedClient>([&, k] {
+      PsClient ps(config, k, no_variables);
+      ps.hello();
+      for (std::uint32_t r = 0; r < kRounds; ++r) {
+        std::vector<std::uint64_t> some;
+        std::vector<float> grads;
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          if (!touches(k, r, i)) continue;
+          some.push_back(keys[i]);
+          for (std::uint32_t j = 0; j < kDim; ++j) grads.push_back(row_grad(k, r, i, j));
+        }
+        std::vector<float> rows(grads.size());
+        ps.wait(r % 3 == 0 ? ps.sparse_push("emb", some, grads)
+                           : ps.sparse_push_pull("emb", some, grads, rows));
+      }
+    }));
+  PsClient watch(config, kTool, no_variables);
+  REQUIRE(eventually([&] { return stat(watch.stats(1), "sparse_push_pull") >= 100; },
+                     std::chrono::seconds(60)));
+  cluster.ps(1).kill(SIGKILL);
+  REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(2), "takeovers") == 1; }, std::chrono::seconds(30)));
+  cluster.start_ps(1);
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(2), "handbacks") == 1; }, std::chrono::seconds(30)));
+  for (auto& c : children) REQUIRE(c->wait_for(std::chrono::seconds(120)) == 0);
+  // The clients were still pushing when ps 1 came back.
+  CHECK(stat(watch.stats(1), "sparse_push_pull") > 0);
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(1), "rejoins") == 2; }, std::chrono::seconds(30)));
+  CHECK(cluster.ps(2).log_text().find("table rows") != std::string::npos);
+
+  std::vector<float> expected(keys.size() * kDim, 0.0f);
+  for (std::uint32_t k = 0; k < kClients; ++k)
+    for (std::uint32_t r = 0; r < kRounds; ++r)
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (touches(k, r, i))
+          for (std::uint32_t j = 0; j < kDim; ++j) expected[i * kDim + j] -= row_grad(k, r, i, j);
+  PsClient check(config, kTool, no_variables);
+  std::vector<float> rows(keys.size() * kDim);
+  check.wait(check.sparse_pull("emb", keys, rows));
+  CHECK(check.serving(1) == 1);
+  CHECK(bit_equal(rows, expected));
+  CHECK_FALSE(bit_equal(expected, std::vector<float>(expected.size(), 0.0f)));
+  CHECK(row_copy_mismatches(config, keys) == "");
 }

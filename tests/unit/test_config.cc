@@ -136,8 +136,19 @@ TEST_CASE("config: replication.replicas, and what it needs") {
       ConfigError);
   CHECK_THROWS_WITH_AS(parse(two_ps, {"replication.replicas=3"}),
                        doctest::Contains("replication.replicas"), ConfigError);
-  CHECK_THROWS_WITH_AS(parse(two_ps, {"replication.replicas=2", "model=dlrm"}),
-                       doctest::Contains("replicates dense variables only"), ConfigError);
+  // Tables are replicated; rows that a copy could not follow alike are not.
+  CHECK(parse(two_ps, {"replication.replicas=2", "model=dlrm"}).tables.size() > 0);
+  const auto with_table = [&](const std::string& extra) {
+    return parse(two_ps + "tables: [{name: emb, dim: 4" + extra + "}]\n",
+                 {"replication.replicas=2"});
+  };
+  CHECK(with_table(", max_rows_per_ps: 1000").tables.at(0).max_rows_per_ps == 1000);
+  CHECK_THROWS_WITH_AS(with_table(", expire_after_s: 60"),
+                       doctest::Contains("2 cannot keep table 'emb' with expire_after_s"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(with_table(", admit_after: 2"),
+                       doctest::Contains("2 cannot keep table 'emb' with admit_after"),
+                       ConfigError);
 }
 
 TEST_CASE("config: emulated workers need train.emulated_step_ms, which needs them") {

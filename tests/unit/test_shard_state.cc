@@ -1,11 +1,14 @@
 // A shard's state as one message between two ps (server/shard_state.h), for
-// re-join: chunks (values, optimizer state, versions) and the record of
-// applied requests arrive as they left, so the receiver answers a resend
+// re-join: chunks (values, optimizer state, versions), tables' rows (values,
+// optimizer state, clocks) and the record of applied requests arrive as
+// they left, so the receiver answers a resend
 // the sender applied from the record; what is not a shard's state is
 // refused by name, and a record beyond its bounds is not taken.
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "server/shard_state.h"
 
@@ -23,6 +26,21 @@ wire::Header push(std::uint64_t incarnation, std::uint64_t id, std::uint32_t sen
   return h;
 }
 
+// A table's rows by key: values and state, clock, second.
+using Rows = std::map<std::uint64_t, std::tuple<std::vector<float>, std::uint64_t, std::uint32_t>>;
+Rows rows_by_key(const TableSnapshotView& view) {
+  Rows out;
+  const auto n = view.header.row_floats();
+  view.rows([&](const TableRows& r) {
+    for (std::size_t i = 0; i < r.keys.size(); ++i)
+      out[r.keys[i]] = {{r.floats.begin() + static_cast<std::ptrdiff_t>(i * n),
+                         r.floats.begin() + static_cast<std::ptrdiff_t>((i + 1) * n)},
+                        r.clocks[i],
+                        r.seconds[i]};
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("shard state: chunks and the record of applied requests arrive as they left") {
@@ -38,10 +56,29 @@ TEST_CASE("shard state: chunks and the record of applied requests arrive as they
   record.record(push(11, 5, 0), 2);
   record.record(push(11, 6, 0), 3);
   record.record(push(12, 9, 1), 1);
+  // Two tables, rows with optimizer state (Adagrad) beside their values.
+  RowOptimizerConfig adagrad;
+  adagrad.lr = 0.5f;
+  const std::vector<TableSpec> specs = {{"emb", 3, std::nullopt}, {"cat", 1, 100}};
+  TableStore tables(specs, adagrad, {.seed = 4});
+  const std::vector<std::uint64_t> keys = {3, 70, 1u << 20};
+  tables.update("emb", keys, std::vector<float>(9, 0.5f), 10);
+  tables.update("emb", std::vector<std::uint64_t>{70}, std::vector<float>{1, -2, 3}, 11);
+  tables.update("cat", std::vector<std::uint64_t>{99}, std::vector<float>{-1}, 12);
 
-  const auto bytes = encode_shard_state(store.refs(), record);
+  const auto bytes = encode_shard_state(store.refs(), &tables, record);
   auto state = decode_shard_state(bytes);
-  CHECK(state.version_sum() == store.version_sum());
+  CHECK(state.updates() == store.version_sum() + 3);  // three table pushes
+  CHECK(state.rows() == 4);
+
+  TableStore other_tables(specs, adagrad, {.seed = 4});
+  for (const auto& t : state.tables) other_tables.replace(t);
+  const auto a = tables.cut(CutKind::snapshot), b = other_tables.cut(CutKind::snapshot);
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    CAPTURE(specs[t].name);
+    CHECK(a.views().at(t).header.clock == b.views().at(t).header.clock);
+    CHECK(rows_by_key(a.views().at(t)) == rows_by_key(b.views().at(t)));
+  }
 
   ChunkStore other(momentum);
   other.restore(std::move(state.chunks));
@@ -67,7 +104,7 @@ TEST_CASE("shard state: chunks and the record of applied requests arrive as they
 TEST_CASE("shard state: what is not one is refused by name") {
   ChunkStore store(OptimizerConfig{});
   store.init("w", 0, std::vector<float>{1, 2});
-  auto bytes = encode_shard_state(store.refs(), Dedup());
+  auto bytes = encode_shard_state(store.refs(), nullptr, Dedup());
   CHECK_THROWS_WITH_AS(decode_shard_state(std::vector<std::uint8_t>(16, 7)),
                        doctest::Contains("not a shard's state"), ShardStateError);
   auto cut = bytes;

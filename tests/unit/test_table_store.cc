@@ -265,6 +265,44 @@ TEST_CASE("table store: a whole cut and the deltas after it restore the table bi
   }
 }
 
+TEST_CASE("table store: a table replaced while it serves keeps a cut in flight as it was") {
+  const TableSpec spec{"emb", 1, std::nullopt};
+  RowOptimizerConfig adagrad;
+  adagrad.lr = 0.5f;
+  const ps::TableStoreOptions options{.seed = 1, .track_removed = true};
+  // What a backup's copy holds: rows 2 and 5, trained.
+  TableStore source({spec}, adagrad, options);
+  push(source, {2, 5}, 1, 50);
+  push(source, {5}, 3, 51);
+  const auto state = as_read(source.cut(CutKind::snapshot).views().at(0));
+
+  TableStore store({spec}, adagrad, options);
+  push(store, {1, 2, 3}, 1, 100);
+  ps::TableCut cut = store.cut(CutKind::checkpoint_whole);
+  const auto at_cut = rows_of(store.cut(CutKind::snapshot).views().at(0));
+  store.replace(state);
+  // The cut in flight writes the rows as they were before the replace.
+  CHECK(rows_of(cut.views().at(0)) == at_cut);
+  cut = {};
+  // Now the table is the state's: rows 1 and 3 removed, 2 and 5 as sent.
+  CHECK(store.rows("emb") == 2);
+  CHECK(rows_of(store.cut(CutKind::snapshot).views().at(0)) ==
+        rows_of(source.cut(CutKind::snapshot).views().at(0)));
+  CHECK(store.cut(CutKind::snapshot).views().at(0).header.clock == 2);
+  // The next delta carries every row and drops the removed ones, so a
+  // checkpoint chain restored from it holds the replaced table.
+  auto delta = as_read(store.cut(CutKind::checkpoint_delta).views().at(0));
+  std::ranges::sort(delta.rows.keys);
+  std::ranges::sort(delta.removed);
+  CHECK(delta.rows.keys == Keys{2, 5});
+  CHECK(delta.removed == Keys{1, 3});
+  // A state that does not fit changes nothing.
+  auto ragged = state;
+  ragged.rows.clocks.pop_back();
+  CHECK_THROWS_WITH_AS(store.replace(ragged), doctest::Contains("ragged"), std::invalid_argument);
+  CHECK(store.rows("emb") == 2);
+}
+
 TEST_CASE("checkpointer: incremental writes a whole file every full_every, pruning keeps chains") {
   TempDir dir;
   const TableSpec spec{"emb", 1, std::nullopt};
