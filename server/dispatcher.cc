@@ -402,8 +402,7 @@ void Dispatcher::adopt_copy(const Request& request) {
   stats_.rejoined();
   log(prefix(), "keeps the copy of ps ", primary, "'s shard again: ", chunks, " chunks and ", rows,
       " table rows (", updates,
-      " updates) copied from it; its updates are forwarded here from "
-      "now on");
+      " updates) copied from it; its updates are forwarded here from now on");
   send(request.from, {wire::reply_to(request.header), {}});
 }
 
@@ -424,9 +423,10 @@ bool Dispatcher::take_over(const Request& request) {
   // so that a worker asks the primary again.
   if (request.header.op == Op::snapshot || request.header.op == Op::hello) return took_over_;
   if (!wire::is_data_op(request.header.op))
-    throw wire::ProtocolError("only data requests for ps " + primary +
-                              "'s chunks, its snapshot and hello once taken over, are served on "
-                              "a fail-over connection");
+    throw wire::ProtocolError(
+        "only data requests for ps " + primary +
+        "'s chunks and rows, its snapshot and hello once taken over, are served on "
+        "a fail-over connection");
   if (took_over_) return true;
   if (copy_given_up_)
     throw std::runtime_error("cannot serve ps " + primary + "'s shard: ps " + primary +
