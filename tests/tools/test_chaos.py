@@ -240,6 +240,14 @@ class ChaosTest(unittest.TestCase):
                               support.read_text(os.path.join(chaos.run_dir, "ps0.log")), context)
                 self.assertIn("re-joined", support.read_text(
                     os.path.join(chaos.run_dir, f"{name}.log")), context)
+                # launch.json tells each step, by attempt: the new process
+                # re-joined (and got ps 0's copy again); ps 0 handed back.
+                steps = [e["event"] for e in restart.get("replication", [])]
+                self.assertIn("rejoined", steps, f"{name} attempt {restart}\n" + context)
+                self.assertIn("copy_received", steps, context)
+                backup = [e["event"] for a in by_name["ps0"]["attempts"]
+                          for e in a.get("replication", [])]
+                self.assertIn("handed_back", backup, context)
             elif name.startswith("ps"):
                 self.assertEqual(restart["command"][-2:], ["--restore", "latest"], context)
                 # The restarted ps restored a checkpoint; it did not start fresh.

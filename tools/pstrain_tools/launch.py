@@ -431,7 +431,7 @@ def run(procs, console, record, record_path, max_restarts=0, backoff_base=1.0,
     while (running or waiting) and failed is None and stop["signal"] is None:
         changed = False
         for key, _ in sel.select(timeout=0.1 if waiting else 0.2):
-            drain(key.data, console)
+            changed = drain(key.data, console) or changed
         for p in list(running):
             code = p.popen.poll()
             if code is None:
@@ -516,7 +516,37 @@ def run(procs, console, record, record_path, max_restarts=0, backoff_base=1.0,
     return record["exit_code"]
 
 
+# What a replicated ps logs at each step of a fail-over and re-join
+# (server/replicator.h, server/dispatcher.h; docs/failures.md): each such
+# line of a ps is recorded under its attempt's `replication` in launch.json,
+# so the record tells who served which shard when, beside the restarts.
+REPLICATION_EVENTS = (
+    ("takes over ps ", "took_over"),
+    (") serves this ps's shard now (", "fenced"),
+    (": serving on without backup ps ", "backup_given_up"),
+    (" answers again: copying this shard to it", "copying_to_backup"),
+    (" holds this shard's copy again", "backup_has_copy"),
+    ("back to a new process of ps ", "handed_back"),
+    (": re-joined: ", "rejoined"),
+    ("'s shard again: ", "copy_received"),
+)
+
+
+MAX_REPLICATION_EVENTS = 64  # per attempt
+
+
+def replication_event(text):
+    """The replication step a ps's output line tells of, or None."""
+    for marker, event in REPLICATION_EVENTS:
+        if marker in text:
+            return event
+    return None
+
+
 def drain(p, console, final=False):
+    """Shows what `p` wrote since the last call; True when a line was
+    recorded in its launch.json entry (a replication step)."""
+    recorded = False
     try:
         data = p.popen.stdout.read() or b""
     except (BlockingIOError, ValueError):
@@ -531,6 +561,14 @@ def drain(p, console, final=False):
         if not text.startswith("progress "):
             p.recent.append(text)
         console.line(p.name, text)
+        event = replication_event(text) if p.role == "ps" else None
+        if event and p.entry["attempts"]:
+            steps = p.entry["attempts"][-1].setdefault("replication", [])
+            # Bounded, as a ps whose backup keeps failing logs a step each time.
+            if len(steps) < MAX_REPLICATION_EVENTS:
+                steps.append({"time": time.time(), "event": event, "line": text})
+                recorded = True
+    return recorded
 
 
 def slurm_script(args, binary, overrides, run_dir):
