@@ -83,6 +83,11 @@ class ChunkHandlers {
   // What the mode did, for the end of the ps's log (ssp: the largest
   // staleness against the bound; backup: steps applied, gradients dropped).
   void log_summary() const { policy_->log_summary(); }
+  // The mode's per-worker clocks (ConsistencyPolicy::worker_clocks).
+  std::vector<std::uint64_t> worker_clocks() const { return policy_->worker_clocks(); }
+  void adopt_worker_clocks(std::span<const std::uint64_t> clocks) {
+    policy_->adopt_worker_clocks(clocks);
+  }
   ~ChunkHandlers();
   ChunkHandlers(const ChunkHandlers&) = delete;
   ChunkHandlers& operator=(const ChunkHandlers&) = delete;

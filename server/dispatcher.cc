@@ -340,13 +340,13 @@ void Dispatcher::set_shards(ShardAccess own, ShardAccess copy) {
 }
 
 std::vector<std::uint8_t> Dispatcher::own_state() const {
-  return encode_shard_state(own_->chunks(), own_->tables, dedup_);
+  return encode_shard_state(own_->chunks(), own_->tables, own_->clocks(), dedup_);
 }
 
 void Dispatcher::adopt_own_state(std::span<const std::uint8_t> bytes) {
   auto state = decode_shard_state(bytes);
-  own_->replace(std::move(state.chunks), std::move(state.tables));
   dedup_.restore(state.record);
+  own_->replace(std::move(state));
 }
 
 void Dispatcher::set_primary(const Peer& peer) {
@@ -364,7 +364,7 @@ bool Dispatcher::hand_back(const Request& request) {
   const auto chunks = copy_->chunks();
   std::vector<std::uint8_t> state;
   try {
-    state = encode_shard_state(chunks, copy_->tables, replica_dedup_);
+    state = encode_shard_state(chunks, copy_->tables, copy_->clocks(), replica_dedup_);
   } catch (const ShardStateError& e) {
     log(prefix(), "cannot hand ps ", primary, "'s shard back to its new process: ", e.what());
     return false;
@@ -396,8 +396,8 @@ void Dispatcher::adopt_copy(const Request& request) {
   const auto chunks = state.chunks.size();
   const auto rows = state.rows();
   const auto updates = state.updates();
-  copy_->replace(std::move(state.chunks), std::move(state.tables));
   replica_dedup_.restore(state.record);
+  copy_->replace(std::move(state));
   copy_given_up_ = false;
   stats_.rejoined();
   log(prefix(), "keeps the copy of ps ", primary, "'s shard again: ", chunks, " chunks and ", rows,
@@ -547,6 +547,12 @@ void Dispatcher::send(const Peer& to, Reply reply) {
     accepted(request, h.version);
     // An update of this ps's own shard is acknowledged once the backup has it.
     if (replicator_ && !recording_forward_ && replicator_->hold(request, to, reply)) return;
+  } else if (replicator_ && h.status == wire::Status::ok && wire::is_update(h.op) &&
+             replicator_->hold(h, to, reply)) {
+    // The reply to an update applied earlier that the mode held (deferred
+    // in accepted()): it waits for the backup too. The reply carries the
+    // request's id and incarnation (wire::reply_to), which key the forward.
+    return;
   }
   wire_.send(to, std::move(reply));
 }
@@ -554,6 +560,8 @@ void Dispatcher::send(const Peer& to, Reply reply) {
 void Dispatcher::accepted(const Header& request, std::uint64_t version) {
   if (recording_ != &request) return;
   (recording_forward_ ? replica_dedup_ : dedup_).record(request, version);
+  // A handler that holds the reply for later (mode ssp) calls this itself.
+  if (replicator_ && !recording_forward_) replicator_->defer(request);
   recording_ = nullptr;  // recorded once; the held reply, when sent, is not
 }
 

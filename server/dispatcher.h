@@ -85,7 +85,7 @@
 #include "server/replicator.h"
 #include "server/request.h"
 #include "server/rights.h"
-#include "server/table_store.h"
+#include "server/shard_state.h"
 #include "shared/curve_keys.h"
 
 namespace pstrain::ps {
@@ -107,13 +107,14 @@ struct DispatcherOptions {
   Clock::duration backup_silence = std::chrono::seconds(2);
 };
 
-// A shard's chunks and tables for re-join, as the ps role holds them: read
-// as they are now, or replaced whole (with a shard state's, whose record of
-// applied requests the dispatcher keeps).
+// A shard for re-join, as the ps role holds it: its chunks, tables and the
+// mode's per-worker clocks read as they are now, or replaced whole by a
+// shard state's (whose record of applied requests the dispatcher keeps).
 struct ShardAccess {
   std::function<std::vector<HeldChunk>()> chunks;
   TableStore* tables = nullptr;  // none: the shard has no tables
-  std::function<void(std::vector<SnapshotRecord>, std::vector<TableSnapshot>)> replace;
+  std::function<std::vector<std::uint64_t>()> clocks;
+  std::function<void(ShardState)> replace;
 };
 
 // What the socket knows of a message's sender.

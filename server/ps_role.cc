@@ -143,15 +143,18 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
       loop);
   if (restored) coordinator.restore_progress(restored->info, store.version_sum());
   const ps::Shard shard{store, tables, coordinator, hash};
-  ps::ChunkHandlers data(store, coordinator, loop, stats,
-                         ps::shard_file(config.run_dir / "snapshot", index),
-                         [&shard] { return ps::cut_shard(shard, ps::CutKind::snapshot); },
-                         {.mode = config.mode,
-                          .workers = static_cast<std::uint32_t>(config.workers.size()),
-                          .staleness_bound = config.train.staleness_bound,
-                          .backup_workers = config.train.backup_workers,
-                          .lr_scaling = config.train.lr_scaling,
-                          .accumulate_steps = config.train.accumulate_steps});
+  // The mode's rules, the same for the shard and the copy: the copy applies
+  // the forwarded updates with the same arithmetic, and serves as the shard
+  // does once taken over.
+  const ps::Consistency consistency{.mode = config.mode,
+                                    .workers = static_cast<std::uint32_t>(config.workers.size()),
+                                    .staleness_bound = config.train.staleness_bound,
+                                    .backup_workers = config.train.backup_workers,
+                                    .lr_scaling = config.train.lr_scaling,
+                                    .accumulate_steps = config.train.accumulate_steps};
+  ps::ChunkHandlers data(
+      store, coordinator, loop, stats, ps::shard_file(config.run_dir / "snapshot", index),
+      [&shard] { return ps::cut_shard(shard, ps::CutKind::snapshot); }, consistency);
   // The copy of ps replica_of's shard: a store of its own, so that this
   // ps's snapshots, checkpoints and figures stay its own shard's; its updates
   // are counted by a coordinator of their own likewise.
@@ -183,8 +186,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
         // then as that ps's own end-of-run snapshot.
         ps::shard_file(config.run_dir / "snapshot", replica_of),
         [&replica_shard] { return ps::cut_shard(*replica_shard, ps::CutKind::snapshot); },
-        ps::Consistency{.mode = config.mode,
-                        .workers = static_cast<std::uint32_t>(config.workers.size())});
+        consistency);
     replica_data->add_handlers(loop.replica_handlers());
     replica_sparse.emplace(*replica_tables, *replica_coordinator, loop, stats);
     replica_sparse->add_handlers(loop.replica_handlers());
@@ -192,24 +194,23 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     // backup given up gets a new copy (server/replicator.h, "Re-join").
     loop.set_shards({.chunks = [&store] { return store.refs(); },
                      .tables = &tables,
+                     .clocks = [&data] { return data.worker_clocks(); },
                      .replace =
-                         [&store, &tables, &coordinator](std::vector<SnapshotRecord> chunks,
-                                                         std::vector<TableSnapshot> rows) {
-                           store.restore(std::move(chunks));
-                           std::uint64_t updates = store.version_sum();
-                           for (const auto& table : rows) {
-                             tables.replace(table);
-                             updates += table.clock;
-                           }
+                         [&store, &tables, &data, &coordinator](ps::ShardState state) {
+                           const auto updates = state.updates();
+                           store.restore(std::move(state.chunks));
+                           for (const auto& table : state.tables) tables.replace(table);
+                           data.adopt_worker_clocks(state.clocks);
                            coordinator.adopt_shard(updates);
                          }},
                     {.chunks = [&replica_store] { return replica_store->refs(); },
                      .tables = &*replica_tables,
+                     .clocks = [&replica_data] { return replica_data->worker_clocks(); },
                      .replace =
-                         [&replica_store, &replica_tables](std::vector<SnapshotRecord> chunks,
-                                                           std::vector<TableSnapshot> rows) {
-                           replica_store->restore(std::move(chunks));
-                           for (const auto& table : rows) replica_tables->replace(table);
+                         [&replica_store, &replica_tables, &replica_data](ps::ShardState state) {
+                           replica_store->restore(std::move(state.chunks));
+                           for (const auto& table : state.tables) replica_tables->replace(table);
+                           replica_data->adopt_worker_clocks(state.clocks);
                          }});
   }
   ps::SparseHandlers sparse(tables, coordinator, loop, stats);

@@ -41,6 +41,7 @@ struct Replicator::Held {
   Peer to;
   std::optional<Reply> reply;     // once this ps has handled the request
   bool acked = false;             // the backup answered before that
+  bool deferred = false;          // accepted, its reply held by the mode (ssp) for later
   Clock::time_point forwarded{};  // first sent
   Clock::time_point resend_at{};
   Clock::duration interval{};  // until the next resend; doubles
@@ -93,11 +94,12 @@ void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
     held.frames.push_back(std::make_shared<const std::vector<std::uint8_t>>(f.begin(), f.end()));
   // Every forward at one priority: the backup serves requests of one
   // priority in their order of arrival (server/request_loop.h). A push_pull
-  // goes as a push: the backup acknowledges it without the chunk's values,
-  // which only the worker reads (from here).
+  // goes as a push (a sparse one as a sparse push): the backup acknowledges
+  // it without the values, which only the worker reads (from here).
   wire::Header forwarded = request;
   forwarded.priority = 0;
   if (forwarded.op == wire::Op::push_pull) forwarded.op = wire::Op::push;
+  if (forwarded.op == wire::Op::sparse_push_pull) forwarded.op = wire::Op::sparse_push;
   held.frames.front() =
       std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(forwarded));
   stats_.replica_forwarded();
@@ -112,22 +114,28 @@ void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
 bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply) {
   const auto it = held_.find({request.incarnation, request.request_id});
   if (it == held_.end()) return false;
+  // A resend that came while a deferred reply waited named where it goes.
+  if (it->second.to.empty()) it->second.to = to;
   if (it->second.acked) {  // the backup was quicker
-    wire_.send(to, std::move(reply));
+    wire_.send(it->second.to, std::move(reply));
     held_.erase(it);
     count_pending();
     return true;
   }
-  it->second.to = to;
   it->second.reply = std::move(reply);
   return true;
 }
 
 void Replicator::settle(const wire::Header& request) {
   const auto it = held_.find({request.incarnation, request.request_id});
-  if (it == held_.end() || it->second.reply) return;
+  if (it == held_.end() || it->second.reply || it->second.deferred) return;
   held_.erase(it);
   count_pending();
+}
+
+void Replicator::defer(const wire::Header& request) {
+  const auto it = held_.find({request.incarnation, request.request_id});
+  if (it != held_.end()) it->second.deferred = true;
 }
 
 bool Replicator::held(const wire::Header& request, const Peer& to) {

@@ -165,6 +165,10 @@ class Replicator {
   // `request` was handled without a reply to hold (this ps refused it): its
   // forward is not waited for.
   void settle(const wire::Header& request);
+  // `request` was applied but its reply comes later (mode ssp holds a
+  // push_pull's read until the slowest worker catches up): settle() keeps
+  // waiting for its forward, and hold() takes the reply when it comes.
+  void defer(const wire::Header& request);
   // A resend of `request` arrived from `to`: true when its reply is held
   // here (it then goes to `to` once released); false when the caller
   // answers it.

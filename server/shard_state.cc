@@ -20,7 +20,8 @@ constexpr std::uint32_t kMagic = 0x50535353;  // "PSSS"
 // applied count, (u64 request id, u64 version) per applied request | u64
 // table count | per table: u32 name length, name, u32 optimizer name
 // length, name, u32 dim, u32 state floats, u64 clock, u64 row count, per
-// row: u64 key, u64 clock, u32 second, f32 values then state.
+// row: u64 key, u64 clock, u32 second, f32 values then state | u64 worker
+// clock count, u64 clocks.
 class Writer {
  public:
   explicit Writer(std::size_t bytes) { out_.reserve(bytes); }
@@ -113,11 +114,13 @@ std::uint64_t ShardState::rows() const {
 }
 
 std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunks,
-                                             TableStore* tables, const Dedup& record) {
+                                             TableStore* tables,
+                                             std::span<const std::uint64_t> clocks,
+                                             const Dedup& record) {
   const auto clients = record.records();
   const auto headers = tables ? tables->headers() : std::vector<TableHeader>{};
   // The size first, so that a shard too large for one message costs no copy.
-  std::size_t bytes = sizeof kMagic + 3 * sizeof(std::uint64_t);
+  std::size_t bytes = sizeof kMagic + 4 * sizeof(std::uint64_t) + 8 * clocks.size();
   for (const auto& c : chunks)
     bytes +=
         4 + c.name.size() + 4 + 3 * 8 + 4 * (c.values->size() + (c.state ? c.state->size() : 0));
@@ -180,6 +183,8 @@ std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunk
       w.patch(count_at, count);
     }
   }
+  w.put(static_cast<std::uint64_t>(clocks.size()));
+  w.put_bytes(clocks.data(), clocks.size() * sizeof(std::uint64_t));
   return w.take();
 }
 
@@ -242,6 +247,7 @@ ShardState decode_shard_state(std::span<const std::uint8_t> bytes) {
       r.get_bytes(t.rows.floats.data() + i * floats, floats * sizeof(float));
     }
   }
+  r.get_vector(state.clocks, r.get<std::uint64_t>());
   if (!r.done()) throw ShardStateError("a shard's state with bytes after its end");
   return state;
 }

@@ -7,7 +7,7 @@
 // request the sender applied is answered from the record there, never
 // applied twice.
 //
-//   auto bytes = encode_shard_state(store.refs(), &tables, dedup);  // the sender
+//   auto bytes = encode_shard_state(store.refs(), &tables, clocks, dedup);  // the sender
 //   ShardState state = decode_shard_state(bytes);                    // the receiver
 //   store.restore(std::move(state.chunks)); dedup.restore(state.record);
 //   for (const auto& t : state.tables) tables.replace(t);
@@ -31,6 +31,9 @@ namespace pstrain::ps {
 struct ShardState {
   std::vector<SnapshotRecord> chunks;
   std::vector<TableSnapshot> tables;  // whole: nothing removed
+  // The mode's per-worker clocks (ssp: steps each worker completed; empty
+  // in the other modes), so the receiver's gate holds reads as the sender's.
+  std::vector<std::uint64_t> clocks;
   std::vector<Dedup::ClientRecord> record;
   // The updates it holds: its chunks' versions and its tables' clocks
   // (a table's clock counts the pushes applied to it).
@@ -46,7 +49,9 @@ struct ShardStateError : pstrain::Error {
 // `tables`: the shard's rows (none: a shard without tables); read on the
 // ps thread, as every call of the store is.
 std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunks,
-                                             TableStore* tables, const Dedup& record);
+                                             TableStore* tables,
+                                             std::span<const std::uint64_t> clocks,
+                                             const Dedup& record);
 ShardState decode_shard_state(std::span<const std::uint8_t> bytes);
 
 }  // namespace pstrain::ps

@@ -63,6 +63,12 @@ class ConsistencyPolicy {
   virtual void on_tick() {}
   // For the end of the ps's log: what the mode did.
   virtual void log_summary() const {}
+  // The per-worker state the mode keeps beside the chunks (ssp: the steps
+  // each worker completed), which a shard's state carries to the ps that
+  // serves the shard next (re-join, server/shard_state.h); none in the
+  // other modes.
+  virtual std::vector<std::uint64_t> worker_clocks() const { return {}; }
+  virtual void adopt_worker_clocks(std::span<const std::uint64_t> /*clocks*/) {}
 };
 
 std::unique_ptr<ConsistencyPolicy> make_policy(const Consistency& consistency,

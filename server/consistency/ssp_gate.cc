@@ -15,6 +15,11 @@ void SspGate::completed(std::uint32_t worker, std::uint64_t steps) {
   completed_[worker] = std::max(completed_[worker], steps);
 }
 
+void SspGate::adopt_clocks(std::span<const std::uint64_t> clocks) {
+  for (std::size_t w = 0; w < std::min(clocks.size(), completed_.size()); ++w)
+    completed_[w] = std::max(completed_[w], clocks[w]);
+}
+
 std::uint64_t SspGate::slowest(const std::function<bool(std::uint32_t)>& counted) const {
   std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
   for (std::uint32_t w = 0; w < completed_.size(); ++w)

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "server/request.h"
@@ -40,6 +41,12 @@ class SspGate {
   // Worker `worker` completed `steps` steps (clocks only go up; a sender that
   // is no worker is ignored).
   void completed(std::uint32_t worker, std::uint64_t steps);
+  // The steps each worker completed, by index: what a shard's state carries
+  // to the ps that serves it next (server/shard_state.h).
+  const std::vector<std::uint64_t>& clocks() const { return completed_; }
+  // Takes such clocks (those of workers beyond this gate's are ignored);
+  // clocks only go up.
+  void adopt_clocks(std::span<const std::uint64_t> clocks);
   // The fewest steps any counted worker completed (`counted` says which);
   // UINT64_MAX when none is counted.
   std::uint64_t slowest(const std::function<bool(std::uint32_t)>& counted) const;

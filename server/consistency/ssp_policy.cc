@@ -33,6 +33,11 @@ void SspPolicy::on_push(const Request& request, const wire::ChunkRequest& id,
   reply_update(context_.sink, request, c);
 }
 
+void SspPolicy::adopt_worker_clocks(std::span<const std::uint64_t> clocks) {
+  gate_.adopt_clocks(clocks);
+  release_reads(slowest());
+}
+
 void SspPolicy::park(const Request& read, std::uint64_t clock) {
   gate_.park(read, clock, context_.store.size());
   context_.stats.held(gate_.parked(), 0);

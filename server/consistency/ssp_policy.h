@@ -18,6 +18,8 @@ class SspPolicy final : public ConsistencyPolicy {
   void on_push(const Request& request, const wire::ChunkRequest& id,
                std::span<const float> grad) override;
   void on_tick() override { release_reads(slowest()); }
+  std::vector<std::uint64_t> worker_clocks() const override { return gate_.clocks(); }
+  void adopt_worker_clocks(std::span<const std::uint64_t> clocks) override;
   // The largest staleness of an applied update against the bound.
   void log_summary() const override;
 

@@ -307,6 +307,41 @@ TEST_CASE("re-join: a killed primary restarted after the take-over serves its sh
   CHECK(copy_mismatches(config) == "");
 }
 
+TEST_CASE("ssp: a killed and restarted primary's shard keeps every update and the bound") {
+  auto spec = failover_spec(3, 0.1);
+  spec.mode = "ssp";
+  spec.train = "staleness_bound: 1";
+  PsCluster cluster(spec);
+  cluster.start_all();
+  const auto& config = cluster.config();
+  PsClient watch(config, kTool, shard_map_for(config, exact_push_variables()));
+  // Each client reads (push_pull) every step, so no update may be applied
+  // more than one step ahead of the slowest worker: on the primaries, on ps
+  // 2 serving ps 1's shard from its copy after the kill, and on the
+  // restarted ps 1 once its shard (with every worker's clock) is handed back.
+  check_exact_pushes(
+      config, 3, 250,
+      [&] {
+        wait_for_pushes(watch, 1);
+        cluster.ps(1).kill(SIGKILL);
+        REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
+        REQUIRE(eventually([&] { return stat(watch.stats(2), "takeovers") == 1; },
+                           std::chrono::seconds(30)));
+        cluster.start_ps(1);
+        REQUIRE(eventually([&] { return stat(watch.stats(2), "handbacks") == 1; },
+                           std::chrono::seconds(30)));
+      },
+      /*clocked=*/true);
+  CHECK(stat(watch.stats(1), "push") > 0);  // the clients pushed to the new ps 1
+  for (const std::uint32_t s : {0u, 1u, 2u}) {
+    const auto json = watch.stats(s);
+    CAPTURE(json);
+    CHECK(stat(json, "ssp_staleness_max") <= 1);
+    // ps 2's "moved back" answers after the hand-back count as errors.
+    if (s != 2) CHECK(stat(json, "errors") == 0);
+  }
+}
+
 TEST_CASE("fail-over: a primary stopped and continued after its backup took over serves nothing") {
   PsCluster cluster(failover_spec(2, 0));
   cluster.start_all();

@@ -28,10 +28,13 @@ inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) 
 
 // Runs `clients` processes of `steps` steps each against `config`'s servers
 // (SGD, lr 1) and CHECKs the final values; `meanwhile` (a failure to
-// inflict) runs in this process while the clients push.
+// inflict) runs in this process while the clients push. `clocked`: as a
+// worker of mode ssp steps, one step at a time, each a push_pull of "w" (its
+// read) and a push of "b", with the client's clock set to the step.
 inline void check_exact_pushes(const ClusterConfig& config, std::uint32_t clients,
                                std::uint32_t steps,
-                               const std::function<void()>& meanwhile = nullptr) {
+                               const std::function<void()>& meanwhile = nullptr,
+                               bool clocked = false) {
   const auto vars = exact_push_variables();
   // Gradient of client k at step s for element i: an integer in [-1, 3], so
   // the sums do not cancel.
@@ -60,6 +63,14 @@ inline void check_exact_pushes(const ClusterConfig& config, std::uint32_t client
       std::vector<float> out(40000);
       PsClient::Ticket pending[2][2] = {};
       for (std::uint32_t s = 0; s < steps; ++s) {
+        if (clocked) {
+          for (std::size_t i = 0; i < gw[0].size(); ++i) gw[0][i] = grad(k, s, i);
+          for (std::size_t i = 0; i < gb[0].size(); ++i) gb[0][i] = grad(k, s, i);
+          ps.set_clock(s);
+          ps.wait(ps.push_pull("w", gw[0], out));
+          ps.wait(ps.push("b", gb[0]));
+          continue;
+        }
         const auto slot = s % 2;
         if (pending[slot][0]) {
           ps.wait(pending[slot][0]);

@@ -113,16 +113,17 @@ TEST_CASE("config: replication.replicas, and what it needs") {
   // without it is what it was before the section existed.
   CHECK(base.to_yaml().find("replication") == std::string::npos);
   const auto& two_ps = kMinimal;
-  for (const char* mode : {"async", "sync"}) {
+  for (const char* mode : {"async", "sync", "ssp"}) {
     const auto c = parse(two_ps, {std::string("mode=") + mode, "replication.replicas=2",
                                   "replication.backup_silence=0.5"});
     CHECK(c.replication.replicas == 2);
     CHECK(parse(c.to_yaml()).replication.backup_silence == 0.5);
     CHECK(c.hash() != parse(two_ps, {std::string("mode=") + mode}).hash());
   }
-  for (const char* mode : {"ssp", "backup", "local"}) {
+  for (const char* mode : {"backup", "local"}) {
     const std::string why =
-        "replication.replicas: 2 applies to modes async and sync, not to mode " + std::string(mode);
+        "replication.replicas: 2 applies to modes async, sync and ssp, not to mode " +
+        std::string(mode);
     CHECK_THROWS_WITH_AS(parse(two_ps, {std::string("mode=") + mode, "replication.replicas=2"}),
                          doctest::Contains(why.c_str()), ConfigError);
   }

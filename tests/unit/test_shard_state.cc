@@ -1,7 +1,7 @@
 // A shard's state as one message between two ps (server/shard_state.h), for
 // re-join: chunks (values, optimizer state, versions), tables' rows (values,
-// optimizer state, clocks) and the record of applied requests arrive as
-// they left, so the receiver answers a resend
+// optimizer state, clocks), the mode's worker clocks and the record of
+// applied requests arrive as they left, so the receiver answers a resend
 // the sender applied from the record; what is not a shard's state is
 // refused by name, and a record beyond its bounds is not taken.
 #include <doctest/doctest.h>
@@ -66,10 +66,12 @@ TEST_CASE("shard state: chunks and the record of applied requests arrive as they
   tables.update("emb", std::vector<std::uint64_t>{70}, std::vector<float>{1, -2, 3}, 11);
   tables.update("cat", std::vector<std::uint64_t>{99}, std::vector<float>{-1}, 12);
 
-  const auto bytes = encode_shard_state(store.refs(), &tables, record);
+  const auto bytes =
+      encode_shard_state(store.refs(), &tables, std::vector<std::uint64_t>{4, 9}, record);
   auto state = decode_shard_state(bytes);
   CHECK(state.updates() == store.version_sum() + 3);  // three table pushes
   CHECK(state.rows() == 4);
+  CHECK(state.clocks == std::vector<std::uint64_t>{4, 9});  // mode ssp's, per worker
 
   TableStore other_tables(specs, adagrad, {.seed = 4});
   for (const auto& t : state.tables) other_tables.replace(t);
@@ -104,7 +106,7 @@ TEST_CASE("shard state: chunks and the record of applied requests arrive as they
 TEST_CASE("shard state: what is not one is refused by name") {
   ChunkStore store(OptimizerConfig{});
   store.init("w", 0, std::vector<float>{1, 2});
-  auto bytes = encode_shard_state(store.refs(), nullptr, Dedup());
+  auto bytes = encode_shard_state(store.refs(), nullptr, {}, Dedup());
   CHECK_THROWS_WITH_AS(decode_shard_state(std::vector<std::uint8_t>(16, 7)),
                        doctest::Contains("not a shard's state"), ShardStateError);
   auto cut = bytes;
