@@ -173,6 +173,19 @@ void wait_for_pushes(PsClient& watch, std::uint32_t server) {
                      std::chrono::seconds(60)));
 }
 
+// ps 1 killed (kill -9), its shard taken over by its backup ps 2, then
+// started again without its state, as a launcher would, until ps 2 has
+// handed the shard back: a re-join while the clients push on.
+void kill_and_rejoin_ps1(PsCluster& cluster, PsClient& watch) {
+  cluster.ps(1).kill(SIGKILL);
+  REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(2), "takeovers") == 1; }, std::chrono::seconds(30)));
+  cluster.start_ps(1);
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(2), "handbacks") == 1; }, std::chrono::seconds(30)));
+}
+
 // A request of `op` for chunk 0 of "w" held by ps `server`, as a tool
 // speaking the wire by hand sends it (incarnation 0).
 std::vector<std::uint8_t> chunk_request(const ClusterConfig& config, wire::Op op,
@@ -284,13 +297,7 @@ TEST_CASE("re-join: a killed primary restarted after the take-over serves its sh
   // counted exactly once through all of it.
   check_exact_pushes(config, 3, 250, [&] {
     wait_for_pushes(watch, 1);
-    cluster.ps(1).kill(SIGKILL);
-    REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
-    REQUIRE(eventually([&] { return stat(watch.stats(2), "takeovers") == 1; },
-                       std::chrono::seconds(30)));
-    cluster.start_ps(1);
-    REQUIRE(eventually([&] { return stat(watch.stats(2), "handbacks") == 1; },
-                       std::chrono::seconds(30)));
+    kill_and_rejoin_ps1(cluster, watch);
   });
   CHECK(cluster.ps(1).log_text().find("re-joined") != std::string::npos);
   // ps 1 received two shards whole: its own, and its copy of ps 0's.
@@ -323,13 +330,7 @@ TEST_CASE("ssp: a killed and restarted primary's shard keeps every update and th
       config, 3, 250,
       [&] {
         wait_for_pushes(watch, 1);
-        cluster.ps(1).kill(SIGKILL);
-        REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
-        REQUIRE(eventually([&] { return stat(watch.stats(2), "takeovers") == 1; },
-                           std::chrono::seconds(30)));
-        cluster.start_ps(1);
-        REQUIRE(eventually([&] { return stat(watch.stats(2), "handbacks") == 1; },
-                           std::chrono::seconds(30)));
+        kill_and_rejoin_ps1(cluster, watch);
       },
       /*clocked=*/true);
   CHECK(stat(watch.stats(1), "push") > 0);  // the clients pushed to the new ps 1
@@ -419,13 +420,7 @@ TEST_CASE("tables: a killed primary's rows lose no update through fail-over and 
   PsClient watch(config, kTool, no_variables);
   REQUIRE(eventually([&] { return stat(watch.stats(1), "sparse_push_pull") >= 100; },
                      std::chrono::seconds(60)));
-  cluster.ps(1).kill(SIGKILL);
-  REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
-  REQUIRE(
-      eventually([&] { return stat(watch.stats(2), "takeovers") == 1; }, std::chrono::seconds(30)));
-  cluster.start_ps(1);
-  REQUIRE(
-      eventually([&] { return stat(watch.stats(2), "handbacks") == 1; }, std::chrono::seconds(30)));
+  kill_and_rejoin_ps1(cluster, watch);
   for (auto& c : children) REQUIRE(c->wait_for(std::chrono::seconds(120)) == 0);
   // The clients were still pushing when ps 1 came back.
   CHECK(stat(watch.stats(1), "sparse_push_pull") > 0);

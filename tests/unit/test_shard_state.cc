@@ -7,13 +7,13 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
-#include <map>
-#include <tuple>
 
 #include "server/shard_state.h"
+#include "tests/support/table_rows.h"
 
 using namespace pstrain;
 using namespace pstrain::ps;
+using pstrain::testing::rows_of;
 
 namespace {
 
@@ -24,21 +24,6 @@ wire::Header push(std::uint64_t incarnation, std::uint64_t id, std::uint32_t sen
   h.request_id = id;
   h.sender = sender;
   return h;
-}
-
-// A table's rows by key: values and state, clock, second.
-using Rows = std::map<std::uint64_t, std::tuple<std::vector<float>, std::uint64_t, std::uint32_t>>;
-Rows rows_by_key(const TableSnapshotView& view) {
-  Rows out;
-  const auto n = view.header.row_floats();
-  view.rows([&](const TableRows& r) {
-    for (std::size_t i = 0; i < r.keys.size(); ++i)
-      out[r.keys[i]] = {{r.floats.begin() + static_cast<std::ptrdiff_t>(i * n),
-                         r.floats.begin() + static_cast<std::ptrdiff_t>((i + 1) * n)},
-                        r.clocks[i],
-                        r.seconds[i]};
-  });
-  return out;
 }
 
 }  // namespace
@@ -79,7 +64,7 @@ TEST_CASE("shard state: chunks and the record of applied requests arrive as they
   for (std::size_t t = 0; t < specs.size(); ++t) {
     CAPTURE(specs[t].name);
     CHECK(a.views().at(t).header.clock == b.views().at(t).header.clock);
-    CHECK(rows_by_key(a.views().at(t)) == rows_by_key(b.views().at(t)));
+    CHECK(rows_of(a.views().at(t)) == rows_of(b.views().at(t)));
   }
 
   ChunkStore other(momentum);

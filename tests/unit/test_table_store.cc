@@ -16,10 +16,12 @@
 #include "server/table_store.h"
 #include "shared/embedding.h"
 #include "tests/support/child_process.h"
+#include "tests/support/table_rows.h"
 
 using namespace pstrain;
 using ps::CutKind;
 using ps::TableStore;
+using testing::rows_of;
 
 namespace {
 
@@ -47,26 +49,6 @@ float initial(const TableSpec& spec, std::uint64_t key, std::uint64_t seed = 1) 
   float v;
   init_row({&v, 1}, seed, spec, key);
   return v;
-}
-
-// A view's rows by key: values then state, as written.
-struct Row {
-  std::vector<float> floats;
-  std::uint64_t clock = 0;
-  std::uint32_t second = 0;
-  bool operator==(const Row&) const = default;
-};
-std::map<std::uint64_t, Row> rows_of(const TableSnapshotView& view) {
-  std::map<std::uint64_t, Row> out;
-  const auto n = view.header.row_floats();
-  view.rows([&](const TableRows& b) {
-    for (std::size_t i = 0; i < b.keys.size(); ++i)
-      out[b.keys[i]] = {{b.floats.begin() + static_cast<std::ptrdiff_t>(i * n),
-                         b.floats.begin() + static_cast<std::ptrdiff_t>((i + 1) * n)},
-                        b.clocks[i],
-                        b.seconds[i]};
-  });
-  return out;
 }
 
 // A view as a file would hold it, read back.
