@@ -235,7 +235,7 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   try {
     (*handler)(request);
   } catch (...) {
-    if (replicate) replicator_->settle(request.header);
+    if (replicate) replicator_->settle(request.header, /*failed=*/true);
     throw;
   }
   if (replicate) replicator_->settle(request.header);
@@ -345,6 +345,8 @@ std::vector<std::uint8_t> Dispatcher::own_state() const {
 
 void Dispatcher::adopt_own_state(std::span<const std::uint8_t> bytes) {
   auto state = decode_shard_state(bytes);
+  // The record first: it changes nothing unless it fits; a shard that does
+  // not fit then fences this ps (Replicator::adopt), which serves nothing.
   dedup_.restore(state.record);
   own_->replace(std::move(state));
 }
@@ -548,7 +550,7 @@ void Dispatcher::send(const Peer& to, Reply reply) {
     // An update of this ps's own shard is acknowledged once the backup has it.
     if (replicator_ && !recording_forward_ && replicator_->hold(request, to, reply)) return;
   } else if (replicator_ && h.status == wire::Status::ok && wire::is_update(h.op) &&
-             replicator_->hold(h, to, reply)) {
+             replicator_->hold(h, to, reply, /*deferred_only=*/true)) {
     // The reply to an update applied earlier that the mode held (deferred
     // in accepted()): it waits for the backup too. The reply carries the
     // request's id and incarnation (wire::reply_to), which key the forward.
@@ -560,7 +562,8 @@ void Dispatcher::send(const Peer& to, Reply reply) {
 void Dispatcher::accepted(const Header& request, std::uint64_t version) {
   if (recording_ != &request) return;
   (recording_forward_ ? replica_dedup_ : dedup_).record(request, version);
-  // A handler that holds the reply for later (mode ssp) calls this itself.
+  // Whether the reply comes now (through send()) or later (a handler that
+  // holds it, mode ssp, calls this itself), it waits for the forward.
   if (replicator_ && !recording_forward_) replicator_->defer(request);
   recording_ = nullptr;  // recorded once; the held reply, when sent, is not
 }

@@ -170,10 +170,14 @@ class Dispatcher final : public ReplySink {
               const Connection& connection = {});
 
   // Every reply, the handlers' included: records an applied update's reply
-  // in the dedup record, then passes it to the wire sink.
+  // in the dedup record, then passes it to the wire sink, or with
+  // replication to the replicator, which holds the reply to an update of
+  // this ps's shard (now, or later when a handler held it) until the backup
+  // has the update.
   void send(const Peer& to, Reply reply) override;
   // Records the update of the request being handled, whose reply a
-  // handler holds (ReplySink::accepted).
+  // handler holds (ReplySink::accepted); with replication, its reply will
+  // wait for the forward whenever it comes (Replicator::defer).
   void accepted(const wire::Header& request, std::uint64_t version) override;
 
  private:

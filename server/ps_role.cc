@@ -180,13 +180,15 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
             std::chrono::duration<double>(takeover_silence(config.net))},
         loop);
     replica_shard.emplace(*replica_store, *replica_tables, *replica_coordinator, hash);
+    auto copy_consistency = consistency;
+    copy_consistency.liveness = &coordinator;  // it hears the workers
     replica_data.emplace(
         *replica_store, *replica_coordinator, loop, stats,
         // Written only once this ps took the shard over (server/dispatcher.h):
         // then as that ps's own end-of-run snapshot.
         ps::shard_file(config.run_dir / "snapshot", replica_of),
         [&replica_shard] { return ps::cut_shard(*replica_shard, ps::CutKind::snapshot); },
-        consistency);
+        copy_consistency);
     replica_data->add_handlers(loop.replica_handlers());
     replica_sparse.emplace(*replica_tables, *replica_coordinator, loop, stats);
     replica_sparse->add_handlers(loop.replica_handlers());
@@ -197,6 +199,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                      .clocks = [&data] { return data.worker_clocks(); },
                      .replace =
                          [&store, &tables, &data, &coordinator](ps::ShardState state) {
+                           for (const auto& table : state.tables) tables.check(table);
                            const auto updates = state.updates();
                            store.restore(std::move(state.chunks));
                            for (const auto& table : state.tables) tables.replace(table);
@@ -208,6 +211,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
                      .clocks = [&replica_data] { return replica_data->worker_clocks(); },
                      .replace =
                          [&replica_store, &replica_tables, &replica_data](ps::ShardState state) {
+                           for (const auto& table : state.tables) replica_tables->check(table);
                            replica_store->restore(std::move(state.chunks));
                            for (const auto& table : state.tables) replica_tables->replace(table);
                            replica_data->adopt_worker_clocks(state.clocks);

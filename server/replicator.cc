@@ -111,9 +111,10 @@ void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
   count_pending();
 }
 
-bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply) {
+bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply,
+                      bool deferred_only) {
   const auto it = held_.find({request.incarnation, request.request_id});
-  if (it == held_.end()) return false;
+  if (it == held_.end() || (deferred_only && !it->second.deferred)) return false;
   // A resend that came while a deferred reply waited named where it goes.
   if (it->second.to.empty()) it->second.to = to;
   if (it->second.acked) {  // the backup was quicker
@@ -126,9 +127,9 @@ bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply)
   return true;
 }
 
-void Replicator::settle(const wire::Header& request) {
+void Replicator::settle(const wire::Header& request, bool failed) {
   const auto it = held_.find({request.incarnation, request.request_id});
-  if (it == held_.end() || it->second.reply || it->second.deferred) return;
+  if (it == held_.end() || it->second.reply || (it->second.deferred && !failed)) return;
   held_.erase(it);
   count_pending();
 }

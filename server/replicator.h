@@ -2,7 +2,8 @@
 // Chain replication of a ps's shard (replication.replicas: 2;
 // docs/failures.md, "Replicated shards"), after the parameter server of Li
 // et al. (OSDI 2014): every update this ps applies to its shard (init, push,
-// push_pull, assign) is forwarded, as the frames it arrived in, to the next
+// push_pull, assign, sparse_push, sparse_push_pull: chunks and embedding
+// rows) is forwarded, as the frames it arrived in, to the next
 // ps of the ring, its backup, which applies it to its copy of the shard while
 // this ps applies it to the shard; the reply to the worker is held until the
 // backup has answered. So every update
@@ -12,8 +13,9 @@
 //   dispatcher.set_replicator(&replicator);  // forwards updates, holds their replies
 //   poll replicator.socket(); on input: replicator.receive(now); each pass: tick(now)
 //
-// The backup keeps the copy apart from its own shard (its own chunk store,
-// served by the handlers Dispatcher::replica_handlers() holds) and forwards
+// The backup keeps the copy apart from its own shard (its own chunk store
+// and table store, served by the handlers Dispatcher::replica_handlers()
+// holds) and forwards
 // nothing further. A forward carries the worker's sender, incarnation and
 // request id, so the backup's record of applied requests (server/dedup.h)
 // holds it as the primary's does: a forward sent again (its answer lost) is
@@ -65,7 +67,8 @@
 // keeps pinging it; once the backup answers again (it was continued, or a
 // new process of it started) and has heard the notice, this ps copies its
 // whole shard to it in one ping (shard(), server/shard_state.h: chunks,
-// optimizer state, versions and the record of applied requests) and
+// optimizer state, versions, table rows, mode ssp's worker clocks and the
+// record of applied requests) and
 // forwards every later update as before, on the same connection, so the
 // backup applies them to the copy in order; the backup's answer renews the
 // lease and the shard has two copies again. A new process of this ps (a
@@ -157,14 +160,16 @@ class Replicator {
   // received) that this ps is about to apply: the backup applies it while
   // this ps does, and the two keep the order of their forwards.
   void forward(std::span<const std::span<const std::uint8_t>> frames, const wire::Header& request);
-  // The reply to a forwarded `request`, due to `to`: taken (true) and held
-  // until the backup has applied the update; false when nothing is waited
-  // for (not forwarded, or from a sender that never resends) and the caller
-  // sends it.
-  bool hold(const wire::Header& request, const Peer& to, Reply& reply);
-  // `request` was handled without a reply to hold (this ps refused it): its
-  // forward is not waited for.
-  void settle(const wire::Header& request);
+  // The reply to a forwarded `request`, due to `to` (or to the peer of a
+  // resend held() saw meanwhile): taken (true) and held until the backup has
+  // applied the update; false when nothing is waited for (not forwarded, or
+  // from a sender that never resends; with `deferred_only`, also when its
+  // reply was not deferred) and the caller sends it.
+  bool hold(const wire::Header& request, const Peer& to, Reply& reply, bool deferred_only = false);
+  // `request` was handled without a reply to hold (this ps refused it), or
+  // its handler `failed` (threw, even after defer()): its forward is not
+  // waited for.
+  void settle(const wire::Header& request, bool failed = false);
   // `request` was applied but its reply comes later (mode ssp holds a
   // push_pull's read until the slowest worker catches up): settle() keeps
   // waiting for its forward, and hold() takes the reply when it comes.

@@ -225,8 +225,9 @@ ShardState decode_shard_state(std::span<const std::uint8_t> bytes) {
   }
   const auto tables = r.get<std::uint64_t>();
   r.need(tables, 2 * 4 + 2 * 4 + 2 * 8);  // the smallest table record
-  state.tables.resize(tables);
-  for (auto& t : state.tables) {
+  // One at a time: a count that the bytes allow still sizes nothing ahead.
+  for (std::uint64_t i = 0; i < tables; ++i) {
+    auto& t = state.tables.emplace_back();
     t.name = r.get_string();
     t.optimizer = r.get_string();
     t.dim = r.get<std::uint32_t>();

@@ -163,6 +163,8 @@ class TableStore {
   // incremental checkpoint carries every row (their clocks do not tell
   // what changed). Throws as restore() does, before anything changes.
   void replace(const TableSnapshot& table);
+  // Throws as replace() would, changing nothing.
+  void check(const TableSnapshot& table) { fitting(table); }
   // Every table's header as a cut would write it now: what sizes a copy
   // of the rows (with rows()) before anything is copied.
   std::vector<TableHeader> headers() const;

@@ -333,7 +333,7 @@ const std::vector<Field<MetricsConfig>> kMetricsFields = {
 };
 
 const std::vector<Field<ReplicationConfig>> kReplicationFields = {
-    // With two ps at least, in modes async and sync: checked across sections.
+    // With two ps at least, in modes async, sync and ssp: checked across sections.
     bounded("replicas", &ReplicationConfig::replicas, between(1, 2)),
     bounded("backup_silence", &ReplicationConfig::backup_silence, kPositive),
 };

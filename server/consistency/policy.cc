@@ -15,7 +15,9 @@ std::unique_ptr<ConsistencyPolicy> make_policy(const Consistency& consistency,
                                                const PolicyContext& context) {
   switch (traits(consistency.mode).server) {
     case ServerPolicy::ssp:
-      return std::make_unique<SspPolicy>(context, consistency.workers, consistency.staleness_bound);
+      return std::make_unique<SspPolicy>(
+          context, consistency.workers, consistency.staleness_bound,
+          consistency.liveness ? *consistency.liveness : context.coordinator);
     case ServerPolicy::backup:
       return std::make_unique<BackupPolicy>(context, consistency);
     case ServerPolicy::async:

@@ -39,6 +39,10 @@ struct Consistency {
   // times the micro-batches each of them averages (train.accumulate_steps).
   bool lr_scaling = false;
   std::uint32_t accumulate_steps = 1;
+  // Who is lost (ssp's gate counts the others), when not the coordinator
+  // that counts the updates: a shard's copy counts its own, but only its
+  // ps's own coordinator hears the workers' heartbeats. None: that one.
+  const Coordinator* liveness = nullptr;
 };
 
 // The ps's parts a policy works with.

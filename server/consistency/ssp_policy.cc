@@ -44,7 +44,7 @@ void SspPolicy::park(const Request& read, std::uint64_t clock) {
 }
 
 std::uint64_t SspPolicy::slowest() const {
-  return gate_.slowest([this](std::uint32_t w) { return !context_.coordinator.absent(w); });
+  return gate_.slowest([this](std::uint32_t w) { return !liveness_.absent(w); });
 }
 
 void SspPolicy::release_reads(std::uint64_t slowest) {

@@ -12,8 +12,10 @@ namespace pstrain::ps {
 
 class SspPolicy final : public ConsistencyPolicy {
  public:
-  SspPolicy(const PolicyContext& context, std::uint32_t workers, std::uint64_t bound)
-      : context_(context), gate_(workers, bound) {}
+  // `liveness` says which workers are lost.
+  SspPolicy(const PolicyContext& context, std::uint32_t workers, std::uint64_t bound,
+            const Coordinator& liveness)
+      : context_(context), liveness_(liveness), gate_(workers, bound) {}
   void on_pull(const Request& request, const wire::ChunkRequest& id, const Chunk& c) override;
   void on_push(const Request& request, const wire::ChunkRequest& id,
                std::span<const float> grad) override;
@@ -30,6 +32,7 @@ class SspPolicy final : public ConsistencyPolicy {
   void park(const Request& read, std::uint64_t clock);
 
   PolicyContext context_;
+  const Coordinator& liveness_;
   SspGate gate_;
   std::uint64_t largest_staleness_ = 0;
 };

@@ -190,6 +190,22 @@ TEST_CASE("ssp with s = 1: a worker runs one step ahead, not two; a lost worker 
   CHECK(ps.replies_to("w0").size() == 3);
 }
 
+TEST_CASE("ssp on a shard's copy: who is lost comes from the ps's own coordinator") {
+  // The copy counts updates with a coordinator of its own that never hears
+  // a worker; its ps's own coordinator found both silent past the timeout.
+  RecordingSink sink;
+  Coordinator own({"ps 1", 2, std::chrono::seconds(1), WorkerLoss::continue_}, sink);
+  own.start(Clock::time_point{});
+  own.tick(Clock::time_point{} + std::chrono::seconds(10));
+  REQUIRE(own.absent(1));
+  auto copy = ssp(2, 1);
+  copy.liveness = &own;
+  Ps ps(2, copy);
+  ps.push(0, 0, 1);
+  ps.push(0, 1, 1);  // the read for step 2 would wait for worker 1, which is lost
+  CHECK(ps.replies_to("w0").size() == 2);
+}
+
 TEST_CASE("staleness_lr: a gradient's learning rate is divided by its staleness") {
   for (const Consistency consistency :
        {Consistency{.mode = Mode::async, .workers = 2}, ssp(2, 8)}) {
