@@ -179,7 +179,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
             std::chrono::duration<double>(config.net.worker_timeout), config.train.on_worker_loss,
             std::chrono::duration<double>(takeover_silence(config.net))},
         loop);
-    replica_shard.emplace(*replica_store, *replica_tables, *replica_coordinator, hash);
+    replica_shard.emplace(ps::Shard{*replica_store, *replica_tables, *replica_coordinator, hash});
     auto copy_consistency = consistency;
     copy_consistency.liveness = &coordinator;  // it hears the workers
     replica_data.emplace(
