@@ -50,6 +50,26 @@ std::optional<ps::CurveServerOptions> curve_options(const ClusterConfig& config,
   return curve;
 }
 
+// A shard as re-join reads and replaces it (server/dispatcher.h): its
+// chunks, rows and the mode's worker clocks; `coordinator` (none for a
+// copy) starts its per-worker counts afresh from a replaced shard's.
+ps::ShardAccess shard_access(ChunkStore& store, ps::TableStore& tables, ps::ChunkHandlers& data,
+                             ps::Coordinator* coordinator) {
+  return {.chunks = [&store] { return store.refs(); },
+          .tables = &tables,
+          .clocks = [&data] { return data.worker_clocks(); },
+          .replace =
+              [&store, &tables, &data, coordinator](ps::ShardState state) {
+                // Every table fits before anything changes.
+                for (const auto& table : state.tables) tables.check(table);
+                const auto updates = state.updates();
+                store.restore(std::move(state.chunks));
+                for (const auto& table : state.tables) tables.replace(table);
+                data.adopt_worker_clocks(state.clocks);
+                if (coordinator) coordinator->adopt_shard(updates);
+              }};
+}
+
 // How often the registry takes the store's and coordinator's figures while
 // the endpoint serves; Prometheus scrapes every few seconds at most.
 constexpr auto kMetricsRefresh = std::chrono::milliseconds(100);
@@ -194,28 +214,8 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     replica_sparse->add_handlers(loop.replica_handlers());
     // Re-join: a restarted ps gets its shard from its backup's copy, and a
     // backup given up gets a new copy (server/replicator.h, "Re-join").
-    loop.set_shards({.chunks = [&store] { return store.refs(); },
-                     .tables = &tables,
-                     .clocks = [&data] { return data.worker_clocks(); },
-                     .replace =
-                         [&store, &tables, &data, &coordinator](ps::ShardState state) {
-                           for (const auto& table : state.tables) tables.check(table);
-                           const auto updates = state.updates();
-                           store.restore(std::move(state.chunks));
-                           for (const auto& table : state.tables) tables.replace(table);
-                           data.adopt_worker_clocks(state.clocks);
-                           coordinator.adopt_shard(updates);
-                         }},
-                    {.chunks = [&replica_store] { return replica_store->refs(); },
-                     .tables = &*replica_tables,
-                     .clocks = [&replica_data] { return replica_data->worker_clocks(); },
-                     .replace =
-                         [&replica_store, &replica_tables, &replica_data](ps::ShardState state) {
-                           for (const auto& table : state.tables) replica_tables->check(table);
-                           replica_store->restore(std::move(state.chunks));
-                           for (const auto& table : state.tables) replica_tables->replace(table);
-                           replica_data->adopt_worker_clocks(state.clocks);
-                         }});
+    loop.set_shards(shard_access(store, tables, data, &coordinator),
+                    shard_access(*replica_store, *replica_tables, *replica_data, nullptr));
   }
   ps::SparseHandlers sparse(tables, coordinator, loop, stats);
   coordinator.add_handlers(loop.handlers());
