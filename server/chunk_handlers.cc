@@ -38,6 +38,11 @@ void ChunkHandlers::add_handlers(Handlers& handlers) {
   handlers.on(Op::snapshot, [this](const Request& r) { snapshot(r); });
 }
 
+void ChunkHandlers::add_copy_handlers(Handlers& handlers) {
+  add_handlers(handlers);
+  handlers.on(Op::step, [this](const Request& r) { step(r); });
+}
+
 void ChunkHandlers::init(const Request& request) {
   const auto id = wire::ChunkRequest::read(request.header);
   const FloatPayload values(request, request.payload_of(request.header.dtype), false);
@@ -73,6 +78,11 @@ void ChunkHandlers::assign(const Request& request) {
   const Chunk& c = store_.assign(id.variable, id.chunk, values.get());
   coordinator_.applied_update(request.header);
   reply_version(sink_, request, c);
+}
+
+void ChunkHandlers::step(const Request& request) {
+  const FloatPayload mean(request, request.payload_of(wire::DType::f32), false);
+  policy_->on_step(request, wire::StepRequest::read(request.header), mean.get());
 }
 
 ChunkHandlers::~ChunkHandlers() { finish(); }

@@ -63,6 +63,9 @@ class ChunkHandlers {
 
   // Registers init, pull, push, push_pull, assign and snapshot.
   void add_handlers(Handlers& handlers);
+  // For a shard's copy: the same, and step (a primary's step in mode
+  // backup, ConsistencyPolicy::on_step).
+  void add_copy_handlers(Handlers& handlers);
 
   // Each throws std::invalid_argument naming the chunk when it is unknown
   // (init: exists with another size) or the payload has the wrong size.
@@ -70,6 +73,7 @@ class ChunkHandlers {
   void pull(const Request& request);
   void push(const Request& request);  // push and push_pull
   void assign(const Request& request);
+  void step(const Request& request);
   // Replies when the file is written (tick()); a snapshot requested while
   // one is written waits for that one first.
   void snapshot(const Request& request);

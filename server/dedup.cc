@@ -13,7 +13,9 @@ Dedup::Dedup(std::size_t window, std::size_t clients) : window_(window), max_cli
     throw std::invalid_argument("dedup: window and clients must be > 0");
 }
 
-bool Dedup::recorded(Op op) { return op == Op::init || wire::is_update(op); }
+// A primary's step (mode backup) is recorded by its backup like an update:
+// sent again when its answer is lost, it must not apply twice.
+bool Dedup::recorded(Op op) { return op == Op::init || op == Op::step || wire::is_update(op); }
 
 Dedup::Seen Dedup::find(const wire::Header& request) {
   if (request.incarnation == 0 || !recorded(request.op)) return {};

@@ -559,6 +559,11 @@ void Dispatcher::send(const Peer& to, Reply reply) {
   wire_.send(to, std::move(reply));
 }
 
+void Dispatcher::applied_step(const wire::StepRequest& step, std::span<const float> mean,
+                              std::span<const Request> contributors) {
+  if (replicator_) replicator_->forward_step(step, mean, contributors);
+}
+
 void Dispatcher::accepted(const Header& request, std::uint64_t version) {
   if (recording_ != &request) return;
   (recording_forward_ ? replica_dedup_ : dedup_).record(request, version);

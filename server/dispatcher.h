@@ -179,6 +179,10 @@ class Dispatcher final : public ReplySink {
   // handler holds (ReplySink::accepted); with replication, its reply will
   // wait for the forward whenever it comes (Replicator::defer).
   void accepted(const wire::Header& request, std::uint64_t version) override;
+  // Mode backup's step of this ps's own shard goes to the backup
+  // (Replicator::forward_step).
+  void applied_step(const wire::StepRequest& step, std::span<const float> mean,
+                    std::span<const Request> contributors) override;
 
  private:
   // Answers `request` with an error saying `text` (counted: errors).

@@ -202,6 +202,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
     replica_shard.emplace(ps::Shard{*replica_store, *replica_tables, *replica_coordinator, hash});
     auto copy_consistency = consistency;
     copy_consistency.liveness = &coordinator;  // it hears the workers
+    copy_consistency.follows = [&loop] { return !loop.serves_copy(); };
     replica_data.emplace(
         *replica_store, *replica_coordinator, loop, stats,
         // Written only once this ps took the shard over (server/dispatcher.h):
@@ -209,7 +210,7 @@ int run_ps_role(const ClusterConfig& config, std::uint32_t index,
         ps::shard_file(config.run_dir / "snapshot", replica_of),
         [&replica_shard] { return ps::cut_shard(*replica_shard, ps::CutKind::snapshot); },
         copy_consistency);
-    replica_data->add_handlers(loop.replica_handlers());
+    replica_data->add_copy_handlers(loop.replica_handlers());
     replica_sparse.emplace(*replica_tables, *replica_coordinator, loop, stats);
     replica_sparse->add_handlers(loop.replica_handlers());
     // Re-join: a restarted ps gets its shard from its backup's copy, and a

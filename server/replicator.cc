@@ -39,9 +39,12 @@ zmq::message_t shared_frame(const SharedFrame& bytes) {
 struct Replicator::Held {
   std::vector<SharedFrame> frames;  // the forward, as the worker sent it
   Peer to;
-  std::optional<Reply> reply;     // once this ps has handled the request
-  bool acked = false;             // the backup answered before that
-  bool deferred = false;          // accepted, its reply held by the mode (ssp) for later
+  std::optional<Reply> reply;  // once this ps has handled the request
+  bool acked = false;          // the backup answered before that
+  bool deferred = false;       // accepted, its reply held by the mode (ssp) for later
+  // Mode backup: the request id of the step forward this reply also waits
+  // for (0: none), its step's.
+  std::uint64_t after_step = 0;
   Clock::time_point forwarded{};  // first sent
   Clock::time_point resend_at{};
   Clock::duration interval{};  // until the next resend; doubles
@@ -71,6 +74,7 @@ Replicator::Replicator(zmq::context_t& context, ReplicatorOptions options, PsSta
   socket_->set(
       zmq::sockopt::routing_id,
       peer_of(options_.ps_index) + std::to_string(std::uint64_t{random()} << 32 | random()));
+  step_incarnation_ = (std::uint64_t{random()} << 32 | random()) | 1;
   if (options_.curve) {
     socket_->set(zmq::sockopt::curve_serverkey, options_.curve->second);
     socket_->set(zmq::sockopt::curve_publickey, options_.curve->first.public_key);
@@ -117,7 +121,7 @@ bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply,
   if (it == held_.end() || (deferred_only && !it->second.deferred)) return false;
   // A resend that came while a deferred reply waited named where it goes.
   if (it->second.to.empty()) it->second.to = to;
-  if (it->second.acked) {  // the backup was quicker
+  if (it->second.acked && it->second.after_step == 0) {  // the backup was quicker
     wire_.send(it->second.to, std::move(reply));
     held_.erase(it);
     count_pending();
@@ -125,6 +129,56 @@ bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply,
   }
   it->second.reply = std::move(reply);
   return true;
+}
+
+void Replicator::forward_step(const wire::StepRequest& step, std::span<const float> mean,
+                              std::span<const Request> contributors) {
+  if (!active_) return;
+  wire::Header h;
+  h.op = wire::Op::step;
+  h.sender = options_.ps_index;
+  h.run_id = options_.run_id;
+  h.incarnation = step_incarnation_;
+  h.request_id = next_step_id_++;
+  step.write(h);
+  h.dtype = wire::DType::f32;
+  h.payload_frames = 1;
+  h.elements = mean.size();
+  const auto now = Clock::now();
+  Held held;
+  held.forwarded = now;
+  held.interval = resend_interval();
+  held.resend_at = now + held.interval;
+  held.frames.push_back(std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(h)));
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(mean.data());
+  held.frames.push_back(
+      std::make_shared<const std::vector<std::uint8_t>>(bytes, bytes + mean.size_bytes()));
+  stats_.replica_forwarded();
+  send(held);
+  for (const auto& c : contributors) {
+    const auto it = held_.find({c.header.incarnation, c.header.request_id});
+    if (it != held_.end()) it->second.after_step = h.request_id;
+  }
+  held_.emplace(Key{step_incarnation_, h.request_id}, std::move(held));
+  count_pending();
+}
+
+void Replicator::step_answered(std::map<Key, Held>::iterator it) {
+  const auto id = it->first.second;
+  held_.erase(it);
+  for (auto w = held_.begin(); w != held_.end();) {
+    if (w->second.after_step != id) {
+      ++w;
+      continue;
+    }
+    w->second.after_step = 0;
+    if (!w->second.acked || !w->second.reply) {
+      ++w;
+      continue;
+    }
+    wire_.send(w->second.to, std::move(*w->second.reply));
+    w = held_.erase(w);
+  }
 }
 
 void Replicator::settle(const wire::Header& request, bool failed) {
@@ -253,7 +307,12 @@ void Replicator::receive(Clock::time_point now) {
       if (it->second.acked) continue;  // a second answer, to a forward sent again
       stats_.replica_acked(std::chrono::duration<double>(now - it->second.forwarded).count());
       it->second.acked = true;
-      if (!it->second.reply) continue;  // hold() sends it
+      if (it->first.first == step_incarnation_) {
+        step_answered(it);
+        continue;
+      }
+      // hold() sends it, or the answer to its step's forward.
+      if (!it->second.reply || it->second.after_step != 0) continue;
       wire_.send(it->second.to, std::move(*it->second.reply));
       held_.erase(it);
     }

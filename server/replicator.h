@@ -178,6 +178,14 @@ class Replicator {
   // here (it then goes to `to` once released); false when the caller
   // answers it.
   bool held(const wire::Header& request, const Peer& to);
+  // Mode backup: this ps applied a step of a chunk, the mean of the
+  // gradients of `contributors` (whose forwards went before). Forwarded as
+  // wire::Op::step, sent again until answered like an update: the backup
+  // applies that mean to its copy rather than collect a step of its own
+  // (which gradients make a step depends on which workers this ps counts as
+  // training), and the contributors' replies also wait for its answer.
+  void forward_step(const wire::StepRequest& step, std::span<const float> mean,
+                    std::span<const Request> contributors);
 
   // Re-join: `cut` encodes this ps's shard as it is now (copied to a backup
   // given up before that answers again), `adopt` replaces the shard with a
@@ -209,12 +217,18 @@ class Replicator {
   // at `sent`.
   void adopt(std::span<const std::uint8_t> state, Clock::time_point sent);
   void count_pending();
+  // The step forward `it` was answered: the replies that waited for it go.
+  void step_answered(std::map<Key, Held>::iterator it);
 
   ReplicatorOptions options_;
   PsStats& stats_;
   ReplySink& wire_;
   std::unique_ptr<zmq::socket_t> socket_;
   std::map<Key, Held> held_;
+  // Step forwards are keyed (step_incarnation_, a sequence number): the
+  // backup's record answers one sent again, as it does a worker's update.
+  std::uint64_t step_incarnation_ = 0;  // random, nonzero
+  std::uint64_t next_step_id_ = 1;
   bool active_ = true;
   bool fenced_ = false;                  // the backup took the shard over
   bool backup_seen_ = false;             // the backup answered once

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "server/chunk_store.h"
+#include "shared/messages.h"
 #include "shared/protocol.h"
 
 namespace pstrain::ps {
@@ -88,6 +89,16 @@ class ReplySink {
   virtual void accepted(const wire::Header& request, std::uint64_t version) {
     (void)request;
     (void)version;
+  }
+  // Mode backup applied a step of a chunk: `mean`, the mean of the gradients
+  // of `contributors` (requests whose replies follow). With a backup, it
+  // applies the same step (wire::Op::step) and the contributors' replies
+  // wait until it has (server/replicator.h). Sinks without a backup ignore it.
+  virtual void applied_step(const wire::StepRequest& step, std::span<const float> mean,
+                            std::span<const Request> contributors) {
+    (void)step;
+    (void)mean;
+    (void)contributors;
   }
 };
 

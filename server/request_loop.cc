@@ -403,5 +403,10 @@ void RequestLoop::send(const Peer& to, Reply reply) {
 void RequestLoop::accepted(const wire::Header& request, std::uint64_t version) {
   impl_->dispatcher.accepted(request, version);
 }
+void RequestLoop::applied_step(const wire::StepRequest& step, std::span<const float> mean,
+                               std::span<const Request> contributors) {
+  impl_->dispatcher.applied_step(step, mean, contributors);
+}
+bool RequestLoop::serves_copy() const { return impl_->dispatcher.took_over(); }
 
 }  // namespace pstrain::ps

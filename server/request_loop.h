@@ -116,6 +116,11 @@ class RequestLoop final : public ReplySink {
   // Fills the reply's payload description and run id, and sends it.
   void send(const Peer& to, Reply reply) override;
   void accepted(const wire::Header& request, std::uint64_t version) override;
+  void applied_step(const wire::StepRequest& step, std::span<const float> mean,
+                    std::span<const Request> contributors) override;
+  // Whether this ps serves the copy it keeps (it took its primary's shard
+  // over and has not handed it back).
+  bool serves_copy() const;
 
  private:
   struct Impl;

@@ -14,8 +14,10 @@ std::optional<std::string> refusal(const Identity& who, const wire::Header& requ
   if (forward) {
     if (who.role != Role::ps || who.index != policy.replica_of)
       return "forwarded " + op + " needs the key of the ps whose shard's copy this is" + key;
-    // Updates, and the primary's pings (its lease, server/replicator.h).
-    if (request.op == Op::init || request.op == Op::heartbeat || wire::is_update(request.op))
+    // Updates, mode backup's steps, and the primary's pings (its lease,
+    // server/replicator.h).
+    if (request.op == Op::init || request.op == Op::heartbeat || request.op == Op::step ||
+        wire::is_update(request.op))
       return std::nullopt;
     return op + " is not forwarded between ps" + key;
   }
@@ -58,6 +60,8 @@ std::optional<std::string> refusal(const Identity& who, const wire::Header& requ
     case Op::shutdown:
       if (who.role == Role::tool) return std::nullopt;
       return op + " needs the tool's key" + key;
+    case Op::step:
+      return op + " is sent only by a primary to its backup" + key;
   }
   return op + " is not an operation any key may send";
 }

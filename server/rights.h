@@ -17,7 +17,7 @@
 //   snapshot                             the tool, and worker 0 (it saves the
 //                                        servers' state at the end of a run)
 //   shutdown                             the tool
-//   init, push, push_pull, assign        forwarded (replication.replicas 2): the
+//   init, push, push_pull, assign, step  forwarded (replication.replicas 2): the
 //                                        ps whose shard's copy this ps keeps
 //                                        (server/replicator.h), for any sender
 //

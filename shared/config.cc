@@ -820,16 +820,16 @@ void check_data(const Reader& r, const DataConfig& d) {
 }
 
 // Replicas are forwarded by each ps to the next: there must be one, and
-// what is forwarded must be all the shard holds (mode backup aggregates on
-// the primary; local trains without the ps).
+// what is forwarded must be all the shard holds (mode local trains without
+// the ps).
 void check_replication(const Reader& r, const ClusterConfig& c) {
   if (c.replication.replicas == 1) return;
   if (c.ps.size() < 2)
     r.fail("replication.replicas",
            "2 needs two ps at least (the cluster has " + std::to_string(c.ps.size()) + ")");
-  if (c.mode != Mode::async && c.mode != Mode::sync && c.mode != Mode::ssp)
-    r.fail("replication.replicas",
-           "2 applies to modes async, sync and ssp, not to mode " + std::string(to_string(c.mode)));
+  if (c.mode == Mode::local_sgd)
+    r.fail("replication.replicas", "2 applies to modes async, sync, ssp and backup, not to mode " +
+                                       std::string(to_string(c.mode)));
   if (!(c.replication.backup_silence < c.net.request_timeout))
     r.fail("replication.backup_silence",
            "must be shorter than net.request_timeout (" + number(c.net.request_timeout) +

@@ -57,6 +57,26 @@ struct ChunkRequest {
   }
 };
 
+// step (replication.replicas 2, mode backup; server/replicator.h): a primary
+// tells its backup that it applied a step of chunk `chunk` of `variable`,
+// whose version was `base_version` before it: the mean of `gradients`
+// gradients, the payload (f32), so that the copy applies the same step with
+// the same arithmetic whatever gradients it was forwarded. Replied to like a
+// push.
+struct StepRequest {
+  std::string variable;
+  std::uint32_t chunk = 0;
+  std::uint64_t base_version = 0;
+  std::uint64_t gradients = 0;
+  void write(Header& h) const {
+    h.name = variable;
+    h.chunk = chunk;
+    h.version = base_version;
+    h.operand = gradients;
+  }
+  static StepRequest read(const Header& h) { return {h.name, h.chunk, h.version, h.operand}; }
+};
+
 // Their replies: the chunk's version after the op; pull and push_pull also
 // carry the chunk's values as one payload frame of the request's dtype.
 struct ChunkReply {

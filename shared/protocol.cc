@@ -163,6 +163,8 @@ std::string_view to_string(Op op) {
       return "sparse_push";
     case Op::sparse_push_pull:
       return "sparse_push_pull";
+    case Op::step:
+      return "step";
   }
   return "unknown";
 }

@@ -53,7 +53,8 @@ namespace pstrain::wire {
 // the new op progress; `arg` is named `operand`; the sparse ops, whose
 // frames hold ids and rows (payload_frame_bytes).
 // 7: a message may carry several requests or replies back to back.
-inline constexpr std::uint32_t kProtocolVersion = 7;
+// 8: the op step, a primary's word to its backup in mode backup.
+inline constexpr std::uint32_t kProtocolVersion = 8;
 inline constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 inline constexpr std::size_t kMaxNameBytes = 1024;       // `name`: variables, barriers, keys
 inline constexpr std::size_t kMaxTextBytes = 60 * 1024;  // `text`: error text, config, JSON
@@ -102,8 +103,11 @@ enum class Op : std::uint8_t {
   sparse_pull,       // ids -> their rows of an embedding table (created on first touch)
   sparse_push,       // ids and row gradients, applied by the table's row optimizer
   sparse_push_pull,  // sparse_push, then reply with the updated rows
+  // Between ps only (replication.replicas 2, mode backup): the primary
+  // applied a step of a chunk; payload: the gradients' mean it applied.
+  step,
 };
-inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::sparse_push_pull);
+inline constexpr std::uint8_t kMaxOp = static_cast<std::uint8_t>(Op::step);
 // The ops on an embedding table's rows (shared/messages.h, SparseRequest).
 inline bool is_sparse(Op op) {
   return op == Op::sparse_pull || op == Op::sparse_push || op == Op::sparse_push_pull;

@@ -69,6 +69,9 @@ class BackupAggregator {
   bool retarget(const Request& resend);
   // Replies held right now, over every collecting step.
   std::size_t held() const;
+  // Drops every collecting step, its held replies unanswered (their senders
+  // resend).
+  void clear() { steps_.clear(); }
 
  private:
   struct Collecting {

@@ -26,6 +26,10 @@ std::unique_ptr<ConsistencyPolicy> make_policy(const Consistency& consistency,
   return std::make_unique<AsyncPolicy>(context);
 }
 
+void ConsistencyPolicy::on_step(const Request&, const wire::StepRequest&, std::span<const float>) {
+  throw std::invalid_argument("a step is applied only to a shard's copy in mode backup");
+}
+
 const Chunk& existing_chunk(const ChunkStore& store, const wire::ChunkRequest& id) {
   const Chunk* c = store.find(id.variable, id.chunk);
   if (!c) throw std::invalid_argument("unknown chunk (not initialized on this ps)");

@@ -15,6 +15,7 @@
 //
 // Thread rules: single-threaded, like the whole ps (server/request.h).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -43,6 +44,12 @@ struct Consistency {
   // that counts the updates: a shard's copy counts its own, but only its
   // ps's own coordinator hears the workers' heartbeats. None: that one.
   const Coordinator* liveness = nullptr;
+  // Mode backup on a shard's copy: while this says so (until the copy is
+  // taken over), the copy applies the steps its primary applied (on_step),
+  // acknowledging each forwarded gradient as it comes, rather than collect
+  // steps of its own, which could take other gradients (its ps may count
+  // other workers as training). Empty: this ps decides its steps.
+  std::function<bool()> follows = {};
 };
 
 // The ps's parts a policy works with.
@@ -63,6 +70,12 @@ class ConsistencyPolicy {
   // std::invalid_argument before it changes anything).
   virtual void on_push(const Request& request, const wire::ChunkRequest& id,
                        std::span<const float> grad) = 0;
+  // A primary's step of a chunk (wire::Op::step, mode backup on a shard's
+  // copy): `mean` applied as the primary applied it. Throws
+  // std::invalid_argument elsewhere, or when the chunk is not at the
+  // version the step was applied at (the copy misses updates).
+  virtual void on_step(const Request& request, const wire::StepRequest& step,
+                       std::span<const float> mean);
   // Between requests.
   virtual void on_tick() {}
   // For the end of the ps's log: what the mode did.

@@ -343,6 +343,65 @@ TEST_CASE("ssp: a killed and restarted primary's shard keeps every update and th
   }
 }
 
+TEST_CASE("backup: the copies apply their primaries' steps through a kill and a re-join") {
+  auto spec = failover_spec(3, 0.1);
+  spec.mode = "backup";
+  spec.train = "backup_workers: 1";
+  PsCluster cluster(spec);
+  cluster.start_all();
+  const auto& config = cluster.config();
+  const auto vars = exact_push_variables();
+  PsClient watch(config, kTool, shard_map_for(config, vars));
+  {
+    PsClient setup(config, kTool, shard_map_for(config, vars));
+    setup.hello();
+    setup.init(1);
+  }
+  // Three workers, each step a push_pull of its gradient: a step of a chunk
+  // applies the mean of the first two (which two differs per step, and
+  // the third is dropped as late), so a copy that collected steps of its
+  // own would differ from its primary.
+  std::vector<std::unique_ptr<ForkedClient>> children;
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    children.push_back(std::make_unique<ForkedClient>([&, k] {
+      PsClient ps(config, k, shard_map_for(config, vars));
+      ps.hello();
+      std::vector<float> gw(40000), gb(10), out_w(40000), out_b(10);
+      for (std::uint32_t s = 0; s < 250; ++s) {
+        for (std::size_t i = 0; i < gw.size(); ++i)
+          gw[i] = static_cast<float>((k * 7 + s * 3 + i) % 5) - 1.0f;
+        for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = static_cast<float>(k + 1);
+        const auto w = ps.push_pull("w", gw, out_w);
+        const auto b = ps.push_pull("b", gb, out_b);
+        ps.wait(w);
+        ps.wait(b);
+      }
+      ps.finished_pushing();
+    }));
+  }
+  wait_for_pushes(watch, 1);
+  kill_and_rejoin_ps1(cluster, watch);
+  for (auto& c : children) REQUIRE(c->wait_for(std::chrono::seconds(120)) == 0);
+  CHECK(cluster.ps(1).log_text().find("re-joined") != std::string::npos);
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(1), "rejoins") == 2; }, std::chrono::seconds(30)));
+  CHECK(copy_mismatches(config) == "");
+  // Steps were taken (values moved), and gradients dropped as late.
+  std::uint64_t dropped = 0;
+  for (const std::uint32_t s : {0u, 1u, 2u}) {
+    const auto json = watch.stats(s);
+    CAPTURE(json);
+    // ps 0 lost its backup with the kill of ps 1, and got it back.
+    CHECK(stat(json, "backup_losses") == (s == 0 ? 1 : 0));
+    CHECK(stat(json, "replica_forwards") > 0);
+    dropped += stat(json, "gradients_dropped");
+  }
+  CHECK(dropped > 0);
+  std::vector<float> b(10);
+  watch.wait(watch.pull("b", b));
+  CHECK(b[0] < 0);
+}
+
 TEST_CASE("fail-over: a primary stopped and continued after its backup took over serves nothing") {
   PsCluster cluster(failover_spec(2, 0));
   cluster.start_all();

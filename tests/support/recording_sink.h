@@ -1,6 +1,7 @@
 #pragma once
 // A ReplySink for unit tests of the ps's handlers: keeps every reply, and
-// every update a handler says it took while holding its reply.
+// every update a handler says it took while holding its reply, and every
+// step mode backup says it applied.
 #include <cstdint>
 #include <vector>
 
@@ -23,8 +24,20 @@ class RecordingSink : public ReplySink {
     accepted_ids.push_back(request.request_id);
     (void)version;
   }
+  struct Step {
+    wire::StepRequest step;
+    std::vector<float> mean;
+    std::vector<std::uint64_t> contributors;  // request ids
+  };
+  void applied_step(const wire::StepRequest& step, std::span<const float> mean,
+                    std::span<const Request> contributors) override {
+    Step s{step, {mean.begin(), mean.end()}, {}};
+    for (const auto& c : contributors) s.contributors.push_back(c.header.request_id);
+    steps.push_back(std::move(s));
+  }
   std::vector<Sent> sent;
   std::vector<std::uint64_t> accepted_ids;  // request ids, in order
+  std::vector<Step> steps;
 };
 
 }  // namespace pstrain::ps

@@ -19,7 +19,7 @@ LAYERS = ("dense0", "dense1", "dense2")  # the mlp preset's
 VARIABLES = [f"{layer}/{p}" for layer in LAYERS for p in ("w", "b")]
 OPS = {"hello", "init", "pull", "push", "push_pull", "assign", "barrier", "snapshot", "stats",
        "shutdown", "kv_set", "kv_get", "heartbeat", "done", "progress", "sparse_pull",
-       "sparse_push", "sparse_push_pull"}  # shared/protocol.cc's names
+       "sparse_push", "sparse_push_pull", "step"}  # shared/protocol.cc's names
 
 
 class TracedRun(unittest.TestCase):

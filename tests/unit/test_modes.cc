@@ -207,7 +207,7 @@ TEST_CASE("ssp on a shard's copy: who is lost comes from the ps's own coordinato
 }
 
 TEST_CASE("staleness_lr: a gradient's learning rate is divided by its staleness") {
-  for (const Consistency consistency :
+  for (const Consistency& consistency :
        {Consistency{.mode = Mode::async, .workers = 2}, ssp(2, 8)}) {
     Ps ps(2, consistency, Ps::sgd(true));
     ps.push(0, 0, 8, 0);  // computed on version 0, the chunk's: staleness 0
@@ -297,6 +297,75 @@ TEST_CASE("backup: a worker that finished pushing is not waited for") {
   ps.data.tick();
   CHECK(ps.value() == 98);
   CHECK(ps.replies_to("w0") == std::vector<float>{98});
+}
+
+TEST_CASE("backup on a shard's copy: it applies its primary's steps until it serves the shard") {
+  Ps primary(3, backup(3, 1));
+  bool follows = true;
+  auto consistency = backup(3, 1);
+  consistency.follows = [&follows] { return follows; };
+  Ps copy(3, consistency);
+  // The primary's step: the mean of workers 0's and 1's gradients, told to
+  // the sink (its backup) with who contributed.
+  primary.push(0, 0, 2, 0, 11);
+  primary.push(1, 0, 4, 0, 12);
+  REQUIRE(primary.sink.steps.size() == 1);
+  const auto step = primary.sink.steps[0];
+  CHECK(step.step.base_version == 0);
+  CHECK(step.step.gradients == 2);
+  CHECK(step.mean == std::vector<float>(kChunk, 3.0f));
+  CHECK(step.contributors == std::vector<std::uint64_t>{11, 12});
+  // The copy is forwarded those gradients and one more (which the primary
+  // would drop as late, or take in its next step): each is acknowledged at
+  // once, none applied.
+  copy.push(0, 0, 2, 0, 11);
+  copy.push(1, 0, 4, 0, 12);
+  copy.push(2, 0, 1000, 0, 13);
+  CHECK(copy.value() == 100);
+  CHECK(copy.replies_to("w2") == std::vector<float>{100});
+  // The primary's step applies as it did there, once.
+  std::vector<float> mean = step.mean;
+  auto step_request = [&](std::uint64_t id) {
+    Request r;
+    r.from = "primary";
+    r.header.op = Op::step;
+    r.header.incarnation = 9;
+    r.header.request_id = id;
+    r.header.dtype = wire::DType::f32;
+    r.header.payload_frames = 1;
+    r.header.elements = kChunk;
+    step.step.write(r.header);
+    r.payload = {reinterpret_cast<const std::uint8_t*>(mean.data()), kChunk * sizeof(float)};
+    return r;
+  };
+  copy.data.step(step_request(1));
+  CHECK(copy.value() == primary.value());
+  CHECK(copy.value() == 97);
+  // A step at another version than the copy's chunk: the copy misses
+  // updates, and says so rather than diverge.
+  CHECK_THROWS_WITH_AS(copy.data.step(step_request(2)), doctest::Contains("misses updates"),
+                       std::invalid_argument);
+  CHECK(copy.value() == 97);
+  // A ps that serves its own shard takes no step from elsewhere.
+  CHECK_THROWS_AS(primary.data.step(step_request(3)), std::invalid_argument);
+  // Taken over, the copy collects its own steps and tells nobody.
+  follows = false;
+  copy.push(0, 1, 10, 1);
+  copy.push(1, 1, 20, 1);
+  CHECK(copy.value() == 82);
+  CHECK(copy.sink.steps.empty());
+  // Handed back, a step it was collecting is dropped: the primary decides.
+  copy.push(0, 2, 10, 2, 40);
+  follows = true;
+  copy.data.tick();
+  copy.push(1, 2, 20, 2);  // acknowledged, not collected
+  CHECK(copy.value() == 82);
+  // Taken over again, worker 0's gradient of request 40 is gone: worker 1's
+  // starts a step of its own.
+  follows = false;
+  copy.push(1, 2, 20, 2, 41);
+  CHECK(copy.value() == 82);
+  CHECK(copy.replies_to("w0") == std::vector<float>{100, 82});  // none for request 40
 }
 
 TEST_CASE("backup aggregator: how many gradients a step waits for") {
