@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/consistency/policy.h"
 #include "server/shard_state.h"
 #include "shared/config.h"
 #include "shared/init.h"
@@ -234,6 +235,15 @@ void Dispatcher::dispatch(Coordinator& coordinator, Request& request,
   if (replicate) replicator_->forward(recording_frames_, request.header);
   try {
     (*handler)(request);
+  } catch (const CopyMissesUpdates& e) {
+    // Its primary gives it up on this refusal; until it has said so, the
+    // copy must not be taken over with what it is known to miss.
+    if (forward && !copy_given_up_) {
+      copy_given_up_ = true;
+      log(prefix(), "this copy of ps ", *options_.replica_of, "'s shard misses updates (", e.what(),
+          "); it will not be taken over");
+    }
+    throw;
   } catch (...) {
     if (replicate) replicator_->settle(request.header, /*failed=*/true);
     throw;
@@ -273,7 +283,7 @@ bool Dispatcher::heard_primary(const Request& request) {
   const auto primary = std::to_string(*options_.replica_of);
   const Op op = request.header.op;
   const bool ping = op == Op::heartbeat;
-  const bool writes = ping || op == Op::init || wire::is_update(op);
+  const bool writes = ping || op == Op::init || op == Op::step || wire::is_update(op);
   // A ping with the shard's state replaces the copy, whoever of the
   // primary's processes sends it (only the primary's key may, under CURVE).
   const bool resync = ping && request.header.operand == Replicator::kResync && !took_over_;
@@ -283,11 +293,21 @@ bool Dispatcher::heard_primary(const Request& request) {
     refuse(request, prefix() + "a newer process of ps " + primary + " replaced this one");
     return true;
   }
+  // The new process serves (it no longer joins): its hand-back's cut goes.
+  if (handback_ && request.from == handback_to_ &&
+      !(ping && request.header.operand == Replicator::kJoining))
+    handback_.reset();
   // The hand-back to this process got lost (its answer dropped or too
-  // late): it asks again while joining.
+  // late), or it asks for the next piece: it asks again while joining.
   if (ping && handed_back_ && !took_over_ && request.from == primary_peer_ &&
-      request.header.operand == Replicator::kJoining && hand_back(request))
-    return true;
+      request.header.operand == Replicator::kJoining) {
+    if (hand_back(request)) return true;
+    // A plain answer would tell it there is nothing to hand back: this ps
+    // serves the shard instead (the new process is fenced below).
+    took_over_ = true;
+    stats_.took_over();
+    log(prefix(), "takes over ps ", primary, "'s shard again: its new process cannot get it");
+  }
   // A new process of the primary (its replicator's identity is new at every
   // start) restored at best a checkpoint older than this copy: it gets the
   // copy (hand_back), or where that cannot be, the copy serves the shard.
@@ -353,6 +373,7 @@ void Dispatcher::adopt_own_state(std::span<const std::uint8_t> bytes) {
 
 void Dispatcher::set_primary(const Peer& peer) {
   if (peer == primary_peer_) return;
+  copy_pieces_.clear();  // an earlier process's copy, unfinished
   if (!primary_peer_.empty()) {
     if (superseded_.size() == kMaxSuperseded) superseded_.pop_front();
     superseded_.push_back(primary_peer_);
@@ -364,23 +385,40 @@ bool Dispatcher::hand_back(const Request& request) {
   if (!copy_) return false;
   const auto primary = std::to_string(*options_.replica_of);
   const auto chunks = copy_->chunks();
-  std::vector<std::uint8_t> state;
-  try {
-    state = encode_shard_state(chunks, copy_->tables, copy_->clocks(), replica_dedup_);
-  } catch (const ShardStateError& e) {
-    log(prefix(), "cannot hand ps ", primary, "'s shard back to its new process: ", e.what());
-    return false;
+  // Cut once per new process; a piece asked again (its answer lost) comes
+  // from that cut.
+  if (!handback_ || handback_to_ != request.from) {
+    try {
+      handback_ = std::make_shared<const std::vector<std::uint8_t>>(
+          encode_shard_state(chunks, copy_->tables, copy_->clocks(), replica_dedup_));
+    } catch (const ShardStateError& e) {
+      log(prefix(), "cannot hand ps ", primary, "'s shard back to its new process: ", e.what());
+      return false;
+    }
+    handback_to_ = request.from;
+    handback_id_ = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
   }
-  const auto bytes = state.size();
+  const auto pieces = state_pieces(handback_->size());
+  std::uint64_t asked = wire::ShardPiece::read(request.header).index;
+  if (asked >= pieces) asked = 0;  // of an earlier cut: from the start
   Reply reply{wire::reply_to(request.header), {}};
-  reply.payload = std::make_shared<const std::vector<std::uint8_t>>(std::move(state));
+  reply.header.operand = handback_id_;
+  wire::ShardPiece{static_cast<std::uint32_t>(asked), handback_->size()}.write(reply.header);
+  const auto piece = state_piece(*handback_, asked);
+  reply.payload = std::make_shared<const std::vector<std::uint8_t>>(piece.begin(), piece.end());
   send(request.from, std::move(reply));
+  // The new process is heard while it fetches: its shard is not taken over
+  // meanwhile, however long the pieces take.
+  primary_heard_ = std::max(primary_heard_, request.received);
+  if (asked > 0 || (handed_back_ && !took_over_ && request.from == primary_peer_)) return true;
+  const auto bytes = handback_->size();
   stats_.handed_back();
   std::uint64_t rows = 0;
   if (copy_->tables)
     for (const auto& h : copy_->tables->headers()) rows += copy_->tables->rows(h.name);
   log(prefix(), "hands ps ", primary, "'s shard (", chunks.size(), " chunks, ", rows,
-      " table rows, ", bytes, " bytes) back to a new process of ps ", primary,
+      " table rows, ", bytes, " bytes in ", pieces, pieces == 1 ? " message" : " messages",
+      ") back to a new process of ps ", primary,
       took_over_ ? ", which serves it again instead of this ps"
                  : ", which serves it with this copy's updates",
       "; this ps keeps the copy");
@@ -394,7 +432,12 @@ bool Dispatcher::hand_back(const Request& request) {
 void Dispatcher::adopt_copy(const Request& request) {
   const auto primary = std::to_string(*options_.replica_of);
   if (!copy_) throw std::runtime_error("this ps keeps no copy it could replace");
-  auto state = decode_shard_state(request.payload);
+  // The pieces of one copy share its ping's request id; answered once whole.
+  const auto piece = wire::ShardPiece::read(request.header);
+  if (!copy_pieces_.add(request.header.request_id, piece.index, piece.total, request.payload) ||
+      !copy_pieces_.complete())
+    return;
+  auto state = decode_shard_state(copy_pieces_.take());
   const auto chunks = state.chunks.size();
   const auto rows = state.rows();
   const auto updates = state.updates();
@@ -448,6 +491,7 @@ bool Dispatcher::take_over(const Request& request) {
     return false;
   }
   took_over_ = true;
+  handback_.reset();  // a hand-back its new process did not finish
   stats_.took_over();
   log(prefix(), "takes over ps ", primary, "'s shard: heard nothing from it for ", silent,
       " s; serving it from the copy, without a backup");

@@ -261,6 +261,14 @@ class Dispatcher final : public ReplySink {
   static constexpr std::size_t kMaxParkedHellos = 256;
   std::optional<ShardAccess> own_;  // re-join on (set_shards)
   std::optional<ShardAccess> copy_;
+  // The hand-back being fetched by a new process of the primary, piece by
+  // piece: the copy as cut for it (it stays unchanged meanwhile: that
+  // process serves nothing yet), and the cut's id; let go once it serves.
+  std::shared_ptr<const std::vector<std::uint8_t>> handback_;
+  Peer handback_to_;
+  std::uint64_t handback_id_ = 0;
+  // A copy the primary sends in pieces (its ping of Replicator::kResync).
+  StateAssembly copy_pieces_;
   // (peer address, op) pairs whose refusal was logged; bounded, the count
   // (PsStats::refused) has the rest.
   std::set<std::pair<std::string, wire::Op>> rights_refusals_logged_;

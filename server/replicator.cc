@@ -20,11 +20,13 @@ using SharedFrame = std::shared_ptr<const std::vector<std::uint8_t>>;
 // until its I/O thread has sent it: a forward sent again while the first
 // send is still queued shares the bytes. (The reference crosses to that
 // thread inside libzmq: shared/tsan.h.)
-zmq::message_t shared_frame(const SharedFrame& bytes) {
+// `part`: the bytes of it the frame holds (a piece of a shard's state).
+zmq::message_t shared_frame(const SharedFrame& bytes, std::span<const std::uint8_t> part = {}) {
+  if (part.empty()) part = *bytes;
   auto keep = std::make_unique<SharedFrame>(bytes);
   tsan::handed_over(keep.get());
   zmq::message_t msg(
-      const_cast<std::uint8_t*>(bytes->data()), bytes->size(),
+      const_cast<std::uint8_t*>(part.data()), part.size(),
       [](void*, void* hint) {
         tsan::taken_over(hint);
         std::unique_ptr<SharedFrame> owned(static_cast<SharedFrame*>(hint));
@@ -43,8 +45,9 @@ struct Replicator::Held {
   bool acked = false;          // the backup answered before that
   bool deferred = false;       // accepted, its reply held by the mode (ssp) for later
   // Mode backup: the request id of the step forward this reply also waits
-  // for (0: none), its step's.
+  // for (0: none), its step's; and on a step's forward, those replies.
   std::uint64_t after_step = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> waiters;
   Clock::time_point forwarded{};  // first sent
   Clock::time_point resend_at{};
   Clock::duration interval{};  // until the next resend; doubles
@@ -157,7 +160,9 @@ void Replicator::forward_step(const wire::StepRequest& step, std::span<const flo
   send(held);
   for (const auto& c : contributors) {
     const auto it = held_.find({c.header.incarnation, c.header.request_id});
-    if (it != held_.end()) it->second.after_step = h.request_id;
+    if (it == held_.end()) continue;
+    it->second.after_step = h.request_id;
+    held.waiters.push_back(it->first);
   }
   held_.emplace(Key{step_incarnation_, h.request_id}, std::move(held));
   count_pending();
@@ -165,19 +170,15 @@ void Replicator::forward_step(const wire::StepRequest& step, std::span<const flo
 
 void Replicator::step_answered(std::map<Key, Held>::iterator it) {
   const auto id = it->first.second;
+  const auto waiters = std::move(it->second.waiters);
   held_.erase(it);
-  for (auto w = held_.begin(); w != held_.end();) {
-    if (w->second.after_step != id) {
-      ++w;
-      continue;
-    }
+  for (const auto& key : waiters) {
+    const auto w = held_.find(key);
+    if (w == held_.end() || w->second.after_step != id) continue;
     w->second.after_step = 0;
-    if (!w->second.acked || !w->second.reply) {
-      ++w;
-      continue;
-    }
+    if (!w->second.acked || !w->second.reply) continue;
     wire_.send(w->second.to, std::move(*w->second.reply));
-    w = held_.erase(w);
+    held_.erase(w);
   }
 }
 
@@ -255,8 +256,8 @@ void Replicator::receive(Clock::time_point now) {
         const bool handed_back = !error && h.payload_frames == 1 && header_at + 1 < frames.size();
         if (handed_back && joining_) {
           const auto sent = pings_.find(h.request_id);
-          adopt({frames[header_at + 1].data<std::uint8_t>(), frames[header_at + 1].size()},
-                sent == pings_.end() ? now : sent->second.sent);
+          take_piece(h, {frames[header_at + 1].data<std::uint8_t>(), frames[header_at + 1].size()},
+                     sent == pings_.end() ? now : sent->second.sent, now);
           if (fenced_) break;
         }
         const auto it = pings_.find(h.request_id);
@@ -292,7 +293,10 @@ void Replicator::receive(Clock::time_point now) {
         }
         // Nothing handed back: the backup had no copy for this process (a
         // fresh start); it serves its own shard.
-        if (ping.operand == kJoining && !handed_back) joining_ = false;
+        if (ping.operand == kJoining && !handed_back) {
+          joining_ = false;
+          handback_.clear();
+        }
         if (joining_) continue;  // no lease before the shard is settled
         renew(ping.sent);
         continue;
@@ -325,13 +329,25 @@ void Replicator::renew(Clock::time_point sent) {
   lease_until_ = std::max(lease_until_, sent + options_.backup_silence / 2);
 }
 
-void Replicator::ping(Clock::time_point now) {
+void Replicator::ping(Clock::time_point now, bool next_piece) {
   wire::Header h;
   h.op = wire::Op::heartbeat;
   h.sender = options_.ps_index;
   h.run_id = options_.run_id;
   h.request_id = next_ping_id_++;
   h.operand = notice_due_ ? kGivenUp : joining_ ? kJoining : 0;
+  if (h.operand == kJoining) {
+    // Fetching a hand-back: each piece is asked for as the one before
+    // arrives (take_piece); a ping asks again only when none came for a
+    // while (its answer lost), so that the backup does not queue copies of
+    // a piece still on its way.
+    if (!next_piece && handback_.next() > 0 && now - last_piece_ < options_.backup_silence / 4) {
+      next_ping_at_ = now + options_.backup_silence / 8;
+      return;
+    }
+    last_piece_ = now;
+    wire::ShardPiece{static_cast<std::uint32_t>(handback_.next()), 0}.write(h);
+  }
   const auto header = wire::encode_header(h);
   pings_[h.request_id] = {now, h.operand};
   next_ping_at_ = now + options_.backup_silence / 8;
@@ -387,9 +403,9 @@ void Replicator::set_shard(std::function<std::vector<std::uint8_t>()> cut,
 
 void Replicator::resync(Clock::time_point now) {
   resync_sent_ = now;
-  std::vector<std::uint8_t> state;
+  SharedFrame state;
   try {
-    state = cut_();
+    state = std::make_shared<const std::vector<std::uint8_t>>(cut_());
   } catch (const std::exception& e) {
     // Its size does not change: not tried again.
     log("ps ", options_.ps_index, ": cannot copy this shard to backup ps ", options_.backup_index,
@@ -405,14 +421,20 @@ void Replicator::resync(Clock::time_point now) {
   h.operand = kResync;
   h.payload_frames = 1;
   h.dtype = wire::DType::bytes;
-  h.elements = state.size();
-  const auto header = wire::encode_header(h);
-  zmq::message_t head(header.data(), header.size());
-  if (!socket_->send(head, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return;
-  const auto bytes = state.size();
-  (void)socket_->send(
-      shared_frame(std::make_shared<const std::vector<std::uint8_t>>(std::move(state))),
-      zmq::send_flags::dontwait);
+  // In pieces, back to back on the connection; the backup answers once it
+  // has them all. A piece the socket does not take leaves the copy
+  // unfinished: it is tried again after backup_silence.
+  const auto pieces = state_pieces(state->size());
+  for (std::size_t i = 0; i < pieces; ++i) {
+    const auto part = state_piece(*state, i);
+    h.elements = part.size();
+    wire::ShardPiece{static_cast<std::uint32_t>(i), state->size()}.write(h);
+    const auto header = wire::encode_header(h);
+    zmq::message_t head(header.data(), header.size());
+    if (!socket_->send(head, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return;
+    (void)socket_->send(shared_frame(state, part), zmq::send_flags::dontwait);
+  }
+  const auto bytes = state->size();
   pings_[h.request_id] = {now, kResync};
   resync_id_ = h.request_id;
   // Every update from here on is forwarded after the copy, on the same
@@ -420,11 +442,34 @@ void Replicator::resync(Clock::time_point now) {
   active_ = true;
   last_heard_ = now;
   log("ps ", options_.ps_index, ": backup ps ", options_.backup_index,
-      " answers again: copying this shard to it (", bytes,
-      " bytes) and forwarding its updates from here on");
+      " answers again: copying this shard to it (", bytes, " bytes in ", pieces,
+      pieces == 1 ? " message" : " messages", ") and forwarding its updates from here on");
 }
 
-void Replicator::adopt(std::span<const std::uint8_t> state, Clock::time_point sent) {
+void Replicator::take_piece(const wire::Header& answer, std::span<const std::uint8_t> bytes,
+                            Clock::time_point sent, Clock::time_point now) {
+  const auto piece = wire::ShardPiece::read(answer);
+  if (piece.index == 0 && piece.total > max_state_bytes())
+    return fence("the shard it hands back is " + std::to_string(piece.total) +
+                 " bytes, more than the " + std::to_string(max_state_bytes()) +
+                 " this ps takes (half this host's memory)");
+  try {
+    if (!handback_.add(answer.operand, piece.index, piece.total, bytes)) return;
+  } catch (const ShardStateError& e) {
+    // Asked for from the start again by the next ping.
+    log("ps ", options_.ps_index, ": the shard backup ps ", options_.backup_index,
+        " hands back is not taken: ", e.what());
+    return;
+  }
+  if (piece.index == 0) handback_asked_ = sent;
+  last_piece_ = now;
+  if (!handback_.complete()) return ping(now, /*next_piece=*/true);
+  const auto pieces = handback_.next();
+  adopt(handback_.take(), handback_asked_, pieces);
+}
+
+void Replicator::adopt(std::span<const std::uint8_t> state, Clock::time_point sent,
+                       std::uint64_t pieces) {
   if (!adopt_) return fence("it handed this shard back, which this ps cannot take");
   try {
     adopt_(state);
@@ -436,7 +481,8 @@ void Replicator::adopt(std::span<const std::uint8_t> state, Clock::time_point se
   stats_.rejoined();
   stats_.rejoin_took(seconds);
   log("ps ", options_.ps_index, ": re-joined: backup ps ", options_.backup_index,
-      " handed this shard back (", state.size(), " bytes, ", seconds,
+      " handed this shard back (", state.size(), " bytes in ", pieces,
+      pieces == 1 ? " message, " : " messages, ", seconds,
       " s after asking); serving it with every update the previous process acknowledged, "
       "the backup keeping its copy");
 }
@@ -451,6 +497,7 @@ void Replicator::give_up(const std::string& why) {
   active_ = false;
   resync_id_ = 0;
   joining_ = false;  // serving alone what it holds, it takes no shard handed over later
+  handback_.clear();
   notice_due_ = true;
   for (auto& [key, held] : held_)
     if (held.reply) wire_.send(held.to, std::move(*held.reply));
@@ -472,6 +519,7 @@ void Replicator::fence(const std::string& why) {
                   : "");
   fenced_ = true;
   active_ = false;
+  handback_.clear();
   held_.clear();
   pings_.clear();
   count_pending();

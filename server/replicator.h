@@ -78,9 +78,10 @@
 // shard then with every update the old process acknowledged, from the copy,
 // and the backup keeps its copy as before. A copy to a backup is confirmed
 // by its answer: a later ping answered first, or a new process of the
-// backup answering, means it was lost. A shard's state travels in one frame, so re-join
-// needs a shard under wire::kMaxPayloadBytes; a larger one is refused by
-// name (and a restart of its primary is served by the backup as a take-over).
+// backup answering, means it was lost. A shard's state travels in pieces of
+// one message each (server/shard_state.h): the copy to a backup as pings
+// back to back, answered once all arrived; a hand-back as answers to pings,
+// each asking for the next piece.
 //
 // Thread rules: the ps thread only, like the whole ps (server/request.h); the
 // socket lives in the request loop's ZeroMQ context.
@@ -98,6 +99,7 @@
 
 #include "server/ps_stats.h"
 #include "server/request.h"
+#include "server/shard_state.h"
 #include "shared/curve_keys.h"
 
 namespace zmq {
@@ -208,14 +210,20 @@ class Replicator {
   Clock::duration resend_interval() const;
   void give_up(const std::string& why);
   void fence(const std::string& why);
-  void ping(Clock::time_point now);
+  // `next_piece`: asks for the hand-back's next piece now (one arrived).
+  void ping(Clock::time_point now, bool next_piece = false);
   // An answer (ok) to what was sent at `sent`: the lease runs from there.
   void renew(Clock::time_point sent);
   // Copies the shard to the backup (a ping of kResync) and forwards again.
   void resync(Clock::time_point now);
-  // The shard's state the backup handed back in its answer to a ping sent
-  // at `sent`.
-  void adopt(std::span<const std::uint8_t> state, Clock::time_point sent);
+  // A piece of the shard's state the backup hands back, in its answer to a
+  // ping sent at `sent`: the next is asked for at once, and the whole is
+  // adopted.
+  void take_piece(const wire::Header& answer, std::span<const std::uint8_t> bytes,
+                  Clock::time_point sent, Clock::time_point now);
+  // The shard's state the backup handed back (in `pieces` messages), asked
+  // for at `sent`.
+  void adopt(std::span<const std::uint8_t> state, Clock::time_point sent, std::uint64_t pieces);
   void count_pending();
   // The step forward `it` was answered: the replies that waited for it go.
   void step_answered(std::map<Key, Held>::iterator it);
@@ -254,11 +262,15 @@ class Replicator {
   std::function<void(std::span<const std::uint8_t>)> adopt_;
   Clock::time_point answered_at_{};
   Clock::time_point resync_sent_{};
-  bool cannot_resync_ = false;   // the shard is too large for one message
+  bool cannot_resync_ = false;   // the shard is larger than a ps sends (max_state_bytes)
   std::uint64_t resync_id_ = 0;  // the copy's ping, until answered
   // At start, until the backup answered a ping with this ps's shard (or with
   // nothing to hand back): no lease meanwhile.
   bool joining_ = true;
+  // The shard handed back so far, and when its first piece was asked for.
+  StateAssembly handback_;
+  Clock::time_point handback_asked_{};
+  Clock::time_point last_piece_{};  // a piece arrived or was asked for
 };
 
 }  // namespace pstrain::ps

@@ -1,5 +1,8 @@
 #include "server/shard_state.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -128,10 +131,10 @@ std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunk
   for (const auto& h : headers)
     bytes += 4 + h.name.size() + 4 + h.optimizer.size() + 2 * 4 + 2 * 8 +
              tables->rows(h.name) * (8 + 8 + 4 + 4 * h.row_floats());
-  if (bytes > wire::kMaxPayloadBytes)
+  if (bytes > max_state_bytes())
     throw ShardStateError("the shard's state is " + std::to_string(bytes) +
-                          " bytes, more than the " + std::to_string(wire::kMaxPayloadBytes) +
-                          " one message carries");
+                          " bytes, more than the " + std::to_string(max_state_bytes()) +
+                          " a ps sends (half this host's memory)");
   Writer w(bytes);
   w.put(kMagic);
   w.put(static_cast<std::uint64_t>(chunks.size()));
@@ -251,6 +254,65 @@ ShardState decode_shard_state(std::span<const std::uint8_t> bytes) {
   r.get_vector(state.clocks, r.get<std::uint64_t>());
   if (!r.done()) throw ShardStateError("a shard's state with bytes after its end");
   return state;
+}
+
+std::uint64_t max_state_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::uint64_t{1} << 32;  // unknown: 4 GiB
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
+}
+
+std::size_t state_pieces(std::size_t bytes) {
+  return std::max<std::size_t>(1, (bytes + kStatePieceBytes - 1) / kStatePieceBytes);
+}
+
+std::span<const std::uint8_t> state_piece(std::span<const std::uint8_t> state, std::size_t index) {
+  const std::size_t at = std::min(state.size(), index * kStatePieceBytes);
+  return state.subspan(at, std::min(kStatePieceBytes, state.size() - at));
+}
+
+bool StateAssembly::add(std::uint64_t transfer, std::uint64_t index, std::uint64_t total,
+                        std::span<const std::uint8_t> bytes) {
+  if (index == 0 && (!started_ || transfer != transfer_)) {
+    clear();
+    if (total == 0 || total > max_state_bytes())
+      throw ShardStateError("a shard's state of " + std::to_string(total) +
+                            " bytes, more than the " + std::to_string(max_state_bytes()) +
+                            " a ps takes (half this host's memory)");
+    started_ = true;
+    transfer_ = transfer;
+    total_ = total;
+    bytes_.reserve(total);
+  }
+  if (started_ && transfer != transfer_) {
+    clear();  // the sender cut its state afresh: asked for from the start
+    return false;
+  }
+  if (!started_ || index != next_) return false;
+  const auto expected = std::min<std::uint64_t>(kStatePieceBytes, total_ - bytes_.size());
+  if (total != total_ || bytes.size() != expected) {
+    const auto why = "piece " + std::to_string(index) + " of a shard's state of " +
+                     std::to_string(total_) + " bytes holds " + std::to_string(bytes.size()) +
+                     " bytes (of a state of " + std::to_string(total) + "), not " +
+                     std::to_string(expected);
+    clear();
+    throw ShardStateError(why);
+  }
+  bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
+  ++next_;
+  return true;
+}
+
+std::vector<std::uint8_t> StateAssembly::take() {
+  auto out = std::move(bytes_);
+  clear();
+  return out;
+}
+
+void StateAssembly::clear() {
+  started_ = false;
+  transfer_ = total_ = next_ = 0;
+  bytes_ = {};
 }
 
 }  // namespace pstrain::ps

@@ -14,9 +14,18 @@
 //
 // The encoding (shard_state.cc) is the fields below back to back, every
 // length checked against the bytes left before anything is sized by it
-// (the bytes come from another process). It travels as one payload frame,
-// so a shard of more than wire::kMaxPayloadBytes cannot be handed over this
-// way: encode_shard_state says so before it copies anything.
+// (the bytes come from another process). It travels in pieces of at most
+// kStatePieceBytes, one per message (wire::ShardPiece names each), which
+// StateAssembly puts back together:
+//
+//   for (std::size_t i = 0; i < state_pieces(bytes.size()); ++i)
+//     send(i, bytes.size(), state_piece(bytes, i));                // the sender
+//   assembly.add(transfer, i, total, payload);                     // the receiver
+//   if (assembly.complete()) decode_shard_state(assembly.take());
+//
+// A state is at most max_state_bytes(): encode_shard_state says so before
+// it copies anything, and an assembly refuses a larger one before it
+// allocates.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -25,6 +34,7 @@
 #include "server/dedup.h"
 #include "server/table_store.h"
 #include "shared/error.h"
+#include "shared/protocol.h"
 
 namespace pstrain::ps {
 
@@ -53,5 +63,42 @@ std::vector<std::uint8_t> encode_shard_state(const std::vector<HeldChunk>& chunk
                                              std::span<const std::uint64_t> clocks,
                                              const Dedup& record);
 ShardState decode_shard_state(std::span<const std::uint8_t> bytes);
+
+// A piece's size: a quarter of what one frame may carry, so that the few
+// answers to a joining ps's asks that can be in flight at once stay within
+// a ps's send budget for one peer (server/send_budget.h).
+inline constexpr std::size_t kStatePieceBytes = wire::kMaxPayloadBytes / 4;
+
+// The largest state a ps sends or takes: half this host's memory (the
+// receiver holds the assembled bytes and the decoded shard at once).
+std::uint64_t max_state_bytes();
+// How many pieces a state of `bytes` travels in, and piece `index` of it.
+std::size_t state_pieces(std::size_t bytes);
+std::span<const std::uint8_t> state_piece(std::span<const std::uint8_t> state, std::size_t index);
+
+// One state put back together from its pieces, which arrive in order but
+// may come twice (an answer sent again) or be lost (asked for again).
+class StateAssembly {
+ public:
+  // Piece `index` of state `transfer` (an id its sender gives each cut), of
+  // `total` bytes. Piece 0 of another transfer starts afresh, a later one
+  // drops what it held (next() is 0 again); the next piece of this one is
+  // taken; any other is ignored (false). Throws
+  // ShardStateError, and drops what it held, for a total past
+  // max_state_bytes() or a piece of the wrong size.
+  bool add(std::uint64_t transfer, std::uint64_t index, std::uint64_t total,
+           std::span<const std::uint8_t> bytes);
+  bool complete() const { return started_ && bytes_.size() == total_; }
+  // The piece to ask for next (0 before any).
+  std::uint64_t next() const { return next_; }
+  // The whole state once complete(); the assembly is empty again.
+  std::vector<std::uint8_t> take();
+  void clear();
+
+ private:
+  bool started_ = false;
+  std::uint64_t transfer_ = 0, total_ = 0, next_ = 0;
+  std::vector<std::uint8_t> bytes_;
+};
 
 }  // namespace pstrain::ps

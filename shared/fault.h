@@ -7,7 +7,8 @@
 // drops replies (applied, but the client does not know).
 //
 // Only data requests and their replies are subject to it (wire::Op init,
-// pull, push, push_pull, assign): they are the ones a client resends.
+// pull, push, push_pull, assign, the sparse ops, and a primary's step to its
+// backup): they are the ones a sender resends.
 //
 // Thread rules: none of its own; each sender (a PsClient, the request loop)
 // owns one and uses it from its thread.

@@ -77,6 +77,23 @@ struct StepRequest {
   static StepRequest read(const Header& h) { return {h.name, h.chunk, h.version, h.operand}; }
 };
 
+// A shard's state between two ps (replication.replicas 2,
+// server/shard_state.h) travels in pieces: piece `index` of a state of
+// `total` bytes, the payload. A primary's copy to its backup is heartbeats
+// of operand Replicator::kResync, one request id for all its pieces; a
+// joining ps asks its backup for piece `index` of its shard's hand-back
+// (total 0), and the answers carry the piece, the hand-back's id in
+// `operand`.
+struct ShardPiece {
+  std::uint32_t index = 0;
+  std::uint64_t total = 0;
+  void write(Header& h) const {
+    h.chunk = index;
+    h.version = total;
+  }
+  static ShardPiece read(const Header& h) { return {h.chunk, h.version}; }
+};
+
 // Their replies: the chunk's version after the op; pull and push_pull also
 // carry the chunk's values as one payload frame of the request's dtype.
 struct ChunkReply {

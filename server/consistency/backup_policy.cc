@@ -57,9 +57,9 @@ void BackupPolicy::on_step(const Request& request, const wire::StepRequest& step
     throw std::invalid_argument("step of " + std::to_string(mean.size()) +
                                 " floats, the chunk has " + std::to_string(c.values->size()));
   if (c.version != step.base_version)
-    throw std::invalid_argument("the copy's chunk is at version " + std::to_string(c.version) +
-                                ", the primary applied this step at " +
-                                std::to_string(step.base_version) + ": the copy misses updates");
+    throw CopyMissesUpdates("the copy's chunk is at version " + std::to_string(c.version) +
+                            ", the primary applied this step at " +
+                            std::to_string(step.base_version) + ": the copy misses updates");
   const Chunk& after = context_.store.push(step.variable, step.chunk, mean,
                                            lr_scale(static_cast<std::size_t>(step.gradients)));
   ++steps_applied_;

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 
 #include "server/chunk_store.h"
 #include "server/coordinator.h"
@@ -52,6 +53,13 @@ struct Consistency {
   std::function<bool()> follows = {};
 };
 
+// A shard's copy refuses its primary's step because it is not at the
+// step's version: it misses updates, and must never be taken over with them
+// (server/dispatcher.h marks it given up).
+struct CopyMissesUpdates : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
 // The ps's parts a policy works with.
 struct PolicyContext {
   ChunkStore& store;
@@ -72,8 +80,8 @@ class ConsistencyPolicy {
                        std::span<const float> grad) = 0;
   // A primary's step of a chunk (wire::Op::step, mode backup on a shard's
   // copy): `mean` applied as the primary applied it. Throws
-  // std::invalid_argument elsewhere, or when the chunk is not at the
-  // version the step was applied at (the copy misses updates).
+  // std::invalid_argument elsewhere, CopyMissesUpdates when the chunk is not
+  // at the version the step was applied at.
   virtual void on_step(const Request& request, const wire::StepRequest& step,
                        std::span<const float> mean);
   // Between requests.

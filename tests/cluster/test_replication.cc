@@ -7,6 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -46,8 +47,9 @@ std::optional<std::pair<std::vector<std::uint8_t>, std::uint64_t>> pull(RawPeer&
 
 // Every chunk of every ps's shard, as its primary and its backup's copy
 // hold it: what differs (empty: the copies are bit-equal, versions too).
-std::string copy_mismatches(const ClusterConfig& config) {
-  const auto map = shard_map_for(config, exact_push_variables());
+std::string copy_mismatches(const ClusterConfig& config,
+                            const std::vector<VariableSpec>& variables = exact_push_variables()) {
+  const auto map = shard_map_for(config, variables);
   const auto servers = static_cast<std::uint32_t>(config.ps.size());
   std::string out;
   std::size_t compared = 0;
@@ -312,6 +314,42 @@ TEST_CASE("re-join: a killed primary restarted after the take-over serves its sh
   last.wait(last.pull("w", w));
   CHECK(last.serving(1) == 1);
   CHECK(copy_mismatches(config) == "");
+}
+
+TEST_CASE("re-join: a shard larger than one message is handed back and copied in pieces") {
+  // No drops: comparing every chunk's copy below pulls over 2,000 chunks.
+  PsCluster cluster(failover_spec(1, 0));
+  cluster.start_all();
+  const auto& config = cluster.config();
+  // 72 MB of values: each ps's shard about 24 MB, past the 16 MiB one
+  // message carries.
+  const std::vector<VariableSpec> vars = {{"big", 18'000'000, {InitKind::zeros, 0}}};
+  const auto map = shard_map_for(config, vars);
+  PsClient client(config, 0, map);
+  client.hello();
+  client.init(1);
+  std::vector<float> ones(18'000'000, 1.0f);
+  for (int i = 0; i < 3; ++i) client.wait(client.push("big", ones));
+  // ps 1 killed and started again at once: its backup ps 2 hands its shard
+  // back, and ps 0 copies its own shard to it, both in pieces.
+  cluster.ps(1).kill(SIGKILL);
+  REQUIRE(cluster.ps(1).wait_for(std::chrono::seconds(10)));
+  cluster.start_ps(1);
+  PsClient watch(config, kTool, map);
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(2), "handbacks") == 1; }, std::chrono::seconds(60)));
+  REQUIRE(
+      eventually([&] { return stat(watch.stats(1), "rejoins") == 2; }, std::chrono::seconds(60)));
+  CHECK(cluster.ps(1).log_text().find("messages, ") != std::string::npos);
+  CHECK(cluster.ps(0).log_text().find("holds this shard's copy again") != std::string::npos);
+  // Every update before the kill kept, and the new ps 1 serves and
+  // forwards again.
+  for (int i = 0; i < 2; ++i) client.wait(client.push("big", ones));
+  std::vector<float> values(18'000'000);
+  client.wait(client.pull("big", values));
+  CHECK(client.serving(1) == 1);
+  CHECK(std::ranges::all_of(values, [](float v) { return v == -5.0f; }));
+  CHECK(copy_mismatches(config, vars) == "");
 }
 
 TEST_CASE("ssp: a killed and restarted primary's shard keeps every update and the bound") {

@@ -109,6 +109,36 @@ TEST_CASE("shard state: what is not one is refused by name") {
                        ShardStateError);
 }
 
+TEST_CASE("shard state: pieces put back together whole, once, in order") {
+  std::vector<std::uint8_t> state(2 * kStatePieceBytes + 5);
+  for (std::size_t i = 0; i < state.size(); ++i) state[i] = static_cast<std::uint8_t>(i * 7);
+  REQUIRE(state_pieces(state.size()) == 3);
+  CHECK(state_pieces(1) == 1);
+  CHECK(state_piece(state, 2).size() == 5);
+  StateAssembly a;
+  CHECK(a.add(1, 0, state.size(), state_piece(state, 0)));
+  CHECK_FALSE(a.add(1, 0, state.size(), state_piece(state, 0)));  // an answer sent again
+  CHECK_FALSE(a.add(1, 2, state.size(), state_piece(state, 2)));  // ahead: asked for again
+  CHECK(a.next() == 1);
+  CHECK(a.add(1, 1, state.size(), state_piece(state, 1)));
+  CHECK_FALSE(a.complete());
+  CHECK(a.add(1, 2, state.size(), state_piece(state, 2)));
+  REQUIRE(a.complete());
+  CHECK(a.take() == state);
+  CHECK(a.next() == 0);
+  // A later piece of another cut drops what was held: from the start again.
+  CHECK(a.add(1, 0, state.size(), state_piece(state, 0)));
+  CHECK_FALSE(a.add(2, 1, state.size(), state_piece(state, 1)));
+  CHECK(a.next() == 0);
+  // A piece of the wrong size, or a state past the limit, is refused.
+  CHECK(a.add(3, 0, state.size(), state_piece(state, 0)));
+  CHECK_THROWS_WITH_AS(a.add(3, 1, state.size(), state_piece(state, 2)),
+                       doctest::Contains("holds 5 bytes"), ShardStateError);
+  CHECK(a.next() == 0);
+  CHECK_THROWS_WITH_AS(a.add(4, 0, max_state_bytes() + 1, state_piece(state, 0)),
+                       doctest::Contains("half this host's memory"), ShardStateError);
+}
+
 TEST_CASE("shard state: a record beyond the receiver's bounds is not taken") {
   Dedup big(4, 3);
   for (std::uint64_t c = 1; c <= 3; ++c)
