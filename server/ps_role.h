@@ -3,7 +3,9 @@
 // done, a shutdown request arrives, SIGTERM/SIGINT, or no worker has been
 // heard from for net.worker_timeout seconds (then exits non-zero naming the
 // silent workers). Returns the process exit code: 0 after the last `done`, a
-// `shutdown` request or a signal; 3 when a worker fell silent; 2 when nothing
+// `shutdown` request or a signal; 3 when a worker fell silent; 75
+// (ps::kExitFenced) when its backup took its shard over (replicated shards:
+// a restart re-joins, so tools/launch restarts it); 2 when nothing
 // was served: what `restore` names cannot be loaded (server/shard_file.h:
 // `latest`, this ps's newest checkpoint, or fresh values when it has none;
 // otherwise a folder holding ps<index>.bin, an end-of-run snapshot or one

@@ -375,12 +375,13 @@ int RequestLoop::run(Coordinator& coordinator, const std::function<void(Clock::t
         impl_->dispatcher.resume(coordinator, Clock::now());
         // Its shard served by its backup, this ps has nothing of its own to
         // serve; the shard it keeps a copy of has been given up by its
-        // primary too, which heard nothing from this ps as long. It ends
-        // with 0, so that a launcher does not restart it into the same spot.
+        // primary too, which heard nothing from this ps as long. A new
+        // process of it re-joins (its shard handed back, the copy sent to
+        // it again), which is what a launcher's restart does.
         if (replicator->fenced()) {
-          log("ps ", impl_->options.ps_index,
-              ": exiting, its shard is served by its backup (a restart of it would re-join)");
-          return 0;
+          log("ps ", impl_->options.ps_index, ": exiting with ", kExitFenced,
+              ": its shard is served by its backup; a restart of it re-joins");
+          return kExitFenced;
         }
       }
       impl_->budget.forget_idle();

@@ -87,6 +87,11 @@ struct RequestLoopOptions {
   std::optional<std::uint32_t> replica_of;
 };
 
+// The exit code of a ps whose backup took its shard over (run() returns it;
+// sysexits' EX_TEMPFAIL): nothing of its own is left to serve, but a new
+// process of it re-joins (server/replicator.h), so a launcher restarts it.
+inline constexpr int kExitFenced = 75;
+
 class RequestLoop final : public ReplySink {
  public:
   // Installs SIGTERM and SIGINT handlers that make run() return 0; the
@@ -106,8 +111,8 @@ class RequestLoop final : public ReplySink {
   // Tells the coordinator it starts serving, then serves until
   // coordinator.exit_code() is set (returns it) or a stop signal arrives
   // (returns 0). Calls `tick` between batches of requests, at least every
-  // 100 ms, like coordinator.tick(); returns 0 when the backup took this
-  // ps's shard over (fenced()). Throws NetworkError.
+  // 100 ms, like coordinator.tick(); returns kExitFenced when the backup
+  // took this ps's shard over (fenced()). Throws NetworkError.
   int run(Coordinator& coordinator, const std::function<void(Clock::time_point)>& tick = {});
   // Whether run() ended because the backup took this ps's shard over
   // (server/replicator.h): nothing this ps holds of its shard is current.

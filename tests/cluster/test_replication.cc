@@ -14,6 +14,7 @@
 
 #include "client/ps/ps_client.h"
 #include "server/replicator.h"
+#include "server/request_loop.h"
 #include "shared/embedding.h"
 #include "tests/support/exact_pushes.h"
 #include "tests/support/ps_cluster.h"
@@ -468,8 +469,9 @@ TEST_CASE("fail-over: a primary stopped and continued after its backup took over
   });
   CHECK_FALSE(stale_pull.has_value());
   CHECK_FALSE(stale_push.has_value());
-  // Fenced, it has nothing of its own to serve: it ends, with 0.
-  CHECK(cluster.ps(1).wait_for(std::chrono::seconds(10)) == 0);
+  // Fenced, it has nothing of its own to serve: it ends, saying a restart
+  // would re-join.
+  CHECK(cluster.ps(1).wait_for(std::chrono::seconds(10)) == ps::kExitFenced);
   CHECK(stat(watch.stats(2), "takeovers") == 1);
 }
 

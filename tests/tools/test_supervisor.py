@@ -7,7 +7,8 @@ import signal
 import unittest
 
 import support  # noqa: F401  (puts tools/ on sys.path)
-from pstrain_tools.supervisor import FAIL, LEAVE, LOSE, RESTART, Supervisor, backoff
+from pstrain_tools.supervisor import (FAIL, LEAVE, LOSE, PS_FENCED, RESTART, Supervisor,
+                                      backoff)
 
 FAILED = 3  # an exit status of a failure
 KILLED = -signal.SIGKILL  # how a process killed by a signal ended
@@ -83,6 +84,16 @@ class SpentRestartsTest(unittest.TestCase):
                 self.assertFalse(verdict.every_worker_lost)
                 self.assertEqual(policy.failed, "ps1")
                 self.assertEqual(policy.lost, [])
+
+    def test_a_fenced_ps_is_restarted_and_no_failure_once_restarts_are_spent(self):
+        # Its backup serves its shard; a restart re-joins it.
+        policy = Supervisor(workers=2, max_restarts=1)
+        self.assertEqual(policy.ended("ps1", "ps", PS_FENCED).action, RESTART)
+        self.assertEqual(policy.ended("ps1", "ps", PS_FENCED).action, LEAVE)
+        self.assertIsNone(policy.failed)
+        self.assertEqual(Supervisor(workers=2).ended("ps1", "ps", PS_FENCED).action, LEAVE)
+        # From a worker it is a failure like any other.
+        self.assertEqual(Supervisor(workers=2).ended("worker0", "worker", PS_FENCED).action, FAIL)
 
     def test_a_worker_under_fail_stops_the_run(self):
         policy = Supervisor(workers=3, max_restarts=2, worker_loss="fail")

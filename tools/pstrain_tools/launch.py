@@ -24,7 +24,9 @@ after a backoff of --restart-backoff seconds (default 1) doubled at each
 restart of that process and capped at 30 s: 1, 2, 4 s. A restarted ps gets
 `--restore latest` (replacing a --restore DIR given to the launcher), so it
 continues from its newest checkpoint; a restarted worker gets its own command
-again. A process that exits 0 is never restarted. When a process's restarts
+again. A process that exits 0 is never restarted. A ps that exits 75 (its
+backup took its shard over: replicated shards) is restarted to re-join, and
+is no failure once its restarts are spent. When a process's restarts
 are spent, a ps stops the run; a worker stops it too if the resolved
 `train.on_worker_loss` is `fail` (the default in sync mode), while under
 `continue` (the default in async mode) the others go on and the run succeeds
@@ -461,6 +463,11 @@ def run(procs, console, record, record_path, max_restarts=0, backoff_base=1.0,
                                f"(train.on_worker_loss: continue).\n"
                                f"launch: last lines of {p.name} (log: {p.log_path} on {p.host}):\n"
                                f"{p.tail()}")
+            elif (verdict.action == supervisor.LEAVE and p.role == "ps"
+                  and code == supervisor.PS_FENCED and stop["signal"] is None):
+                console.notice(f"launch: {p.name} {p.how()}: its backup serves its shard; "
+                               f"its {max_restarts} restarts are spent, the run goes on "
+                               f"without it")
             elif verdict.action == supervisor.FAIL:
                 if verdict.every_worker_lost:
                     console.notice("launch: every worker is lost; stopping the run.")

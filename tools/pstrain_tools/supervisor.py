@@ -7,13 +7,20 @@ never restarted, nor one that ends while the launcher stops the run. When a
 process's restarts are spent, a ps stops the run; so does a worker under
 train.on_worker_loss `fail`, while under `continue` the others go on without
 it, unless it was the last worker. With max_restarts 0 the first failure
-stops the run, whatever on_worker_loss says. launch.py starts and stops
-the processes; Supervisor only says what to do when one ends.
+stops the run, whatever on_worker_loss says. A ps that exits with
+PS_FENCED is no failure: its backup serves its shard (replicated shards),
+and a restart re-joins it; it is restarted while restarts are left, and the
+run goes on without it after. launch.py starts and stops the processes;
+Supervisor only says what to do when one ends.
 """
 
 import collections
 
 BACKOFF_CAP_SECONDS = 30.0
+
+# The exit code of a ps whose backup took its shard over (server/request_loop.h,
+# kExitFenced).
+PS_FENCED = 75
 
 # What to do about a process that ended (Verdict.action).
 LEAVE = "leave"      # nothing: it succeeded, the run is stopping, or has already failed
@@ -56,6 +63,8 @@ class Supervisor:
         if self.restarts[name] < self.max_restarts:
             self.restarts[name] += 1
             return Verdict(RESTART, backoff(self.restarts[name], self.backoff_base))
+        if role == "ps" and code == PS_FENCED:
+            return Verdict(LEAVE)
         goes_on = self.max_restarts > 0 and role == "worker" and self.worker_loss == "continue"
         if goes_on and len(self.lost) + 1 < self.workers:
             self.lost.append(name)
