@@ -342,7 +342,12 @@ TEST_CASE("re-join: a shard larger than one message is handed back and copied in
   REQUIRE(
       eventually([&] { return stat(watch.stats(1), "rejoins") == 2; }, std::chrono::seconds(60)));
   CHECK(cluster.ps(1).log_text().find("messages, ") != std::string::npos);
-  CHECK(cluster.ps(0).log_text().find("holds this shard's copy again") != std::string::npos);
+  // ps 0 logs the copy once ps 1's answer to it arrives, after ps 1 counted it.
+  CHECK(eventually(
+      [&] {
+        return cluster.ps(0).log_text().find("holds this shard's copy again") != std::string::npos;
+      },
+      std::chrono::seconds(30)));
   // Every update before the kill kept, and the new ps 1 serves and
   // forwards again.
   for (int i = 0; i < 2; ++i) client.wait(client.push("big", ones));
