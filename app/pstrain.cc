@@ -21,6 +21,7 @@
 #include "client/model/model_io.h"
 #include "client/train/worker_role.h"
 #include "server/ps_role.h"
+#include "server/request_loop.h"
 #include "shared/atomic_file.h"
 #include "shared/config.h"
 #include "shared/curve_keys.h"
@@ -384,7 +385,16 @@ int run(const Args& args, const pstrain::ClusterConfig& config,
   // the one most worth reading).
   std::optional<pstrain::TraceSession> trace;
   if (args.trace) trace.emplace(*args.trace, args.role + " " + std::to_string(args.index));
-  if (args.role == "ps") return pstrain::run_ps_role(config, args.index, args.restore);
+  if (args.role == "ps") {
+    const int code = pstrain::run_ps_role(config, args.index, args.restore);
+    // A Slurm step restarts all its tasks or none (tools/launch --emit slurm
+    // ends it when one task fails): there a ps fenced by its backup ends its
+    // task with 0, the backup serving its shard, rather than restart the
+    // whole cluster. tools/launch and Kubernetes restart the one process,
+    // which re-joins.
+    if (code == pstrain::ps::kExitFenced && placement && placement->source == "slurm") return 0;
+    return code;
+  }
   return pstrain::run_worker_role(config, args.index);
 }
 

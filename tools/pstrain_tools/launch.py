@@ -465,9 +465,10 @@ def run(procs, console, record, record_path, max_restarts=0, backoff_base=1.0,
                                f"{p.tail()}")
             elif (verdict.action == supervisor.LEAVE and p.role == "ps"
                   and code == supervisor.PS_FENCED and stop["signal"] is None):
+                spent = f"its {max_restarts} restarts are spent" if max_restarts else \
+                    "restarts are off"
                 console.notice(f"launch: {p.name} {p.how()}: its backup serves its shard; "
-                               f"its {max_restarts} restarts are spent, the run goes on "
-                               f"without it")
+                               f"{spent}, the run goes on without it")
             elif verdict.action == supervisor.FAIL:
                 if verdict.every_worker_lost:
                     console.notice("launch: every worker is lost; stopping the run.")
