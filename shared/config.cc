@@ -272,6 +272,7 @@ const std::vector<Field<TrainConfig>> kTrainFields = {
     bounded("prefetch", &TrainConfig::prefetch, between(0, 1)),
     // Only through the ps: checked across sections (check_across).
     bounded("pipeline", &TrainConfig::pipeline, between(0, 1)),
+    bounded("weight_prediction", &TrainConfig::weight_prediction, between(0, 4)),
     choice("precision", &TrainConfig::precision,
            {Precision::fp32, Precision::bf16, Precision::fp16}),
     flag("cuda_graphs", &TrainConfig::cuda_graphs),

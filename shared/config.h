@@ -190,6 +190,11 @@ struct TrainConfig {
   // way (client/train/ps_step.h), one step staler; 0: each step waits for
   // its own replies.
   std::uint32_t pipeline = 0;
+  // With pipeline 1: the weights a step computes on are the landed ones
+  // moved on by this many times their change since the step before
+  // (PipeDream-2BW's and SpecTrain's weight prediction), standing in for
+  // the update still in flight; 0: the landed weights as they are.
+  double weight_prediction = 1.0;
   Precision precision = Precision::fp32;
   // GPU workers record each step's kernels once as a CUDA graph and replay
   // it (client/train/step_graphs.h); false: every step launches them.

@@ -24,6 +24,8 @@ PsStep::PsStep(const TrainContext& context, StepMetrics& metrics)
     : context_(context),
       host_(context.backend, context.model, true),
       pipelined_(context.config.train.pipeline > 0),
+      predictor_(pipelined_ ? context.model.variables().size() : 0,
+                 static_cast<float>(context.config.train.weight_prediction)),
       requests_(context.ps),
       // Forward and backward replayed from a CUDA graph where steps are
       // recorded (train.cuda_graphs): the gradients' downloads then follow
@@ -65,6 +67,7 @@ void PsStep::pull_all() {
   const auto& vars = context_.model.variables();
   for (std::size_t i = 0; i < vars.size(); ++i) context_.ps.pull(vars[i].name, host_.weights(i));
   context_.ps.wait_all();
+  predictor_.forget();
   upload_weights();
 }
 
@@ -122,13 +125,13 @@ void PsStep::send(std::size_t variable) {
       context_.ps.push_pull(name, f.grads[variable], f.weights[variable], f.versions[variable]));
 }
 
-void PsStep::land(InFlight& f) {
+void PsStep::land(InFlight& f, bool predict) {
   for (const auto ticket : f.tickets) context_.ps.wait(ticket);
   if (f.first_send != Clock::time_point{}) push_pull_.observe(seconds_since(f.first_send));
   f.first_send = {};
   const TraceSpan span("copy weights", "comm");
   for (const std::size_t v : f.sent) {
-    std::ranges::copy(f.weights[v], host_.weights(v).begin());
+    predictor_.land(v, f.weights[v], host_.weights(v), predict);
     context_.ps.adopt_versions(context_.model.variables()[v].name, f.versions[v]);
   }
   f.sent.clear();
@@ -187,8 +190,8 @@ void PsStep::finish(std::uint64_t, bool last) {
       if (!pipelined_) return context_.ps.wait_all();
       // The step before's replies: the weights the next step computes on.
       // The last step also waits for its own.
-      land(flights_[(step_ + 1) & 1]);
-      if (last) land(flights_[step_ & 1]);
+      land(flights_[(step_ + 1) & 1], !last);
+      if (last) land(flights_[step_ & 1], false);
     });
   }
   {

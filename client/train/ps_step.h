@@ -26,8 +26,11 @@
 // computes on the weights step t-1's replies brought (waited for at the end
 // of step t), while step t's requests travel and the ps applies them. Each
 // update is one step staler, which the pushes' versions carry to the ps
-// (the staleness metrics and optimizer.staleness_lr count it). The last
-// step waits for everything.
+// (the staleness metrics and optimizer.staleness_lr count it). The
+// weights it computes on are predicted (train.weight_prediction,
+// client/train/weight_predictor.h): the landed ones continued along their
+// last change, standing in for the update still in flight. The last step
+// waits for everything and keeps the landed weights as they are.
 //
 // A ps that restarts (client/ps/ps_restarts.h) is met before the next step:
 // the worker says hello again and re-pulls every variable, or stops with an
@@ -46,6 +49,7 @@
 #include "client/train/host_views.h"
 #include "client/train/loss_scaler.h"
 #include "client/train/step_strategy.h"
+#include "client/train/weight_predictor.h"
 
 namespace pstrain {
 
@@ -79,8 +83,9 @@ class PsStep final : public StepStrategy {
     Clock::time_point first_send{};  // {}: nothing sent
   };
   // Waits for `f`'s replies and puts the weights they brought into the
-  // model's host memory (versions adopted: the next pushes are computed on them).
-  void land(InFlight& f);
+  // model's host memory (versions adopted: the next pushes are computed on
+  // them), predicted where `predict`.
+  void land(InFlight& f, bool predict);
   // Runs `wait` (for replies), saying what a ps that restarted without its
   // checkpoint is rather than the errors it answers with.
   void await(const std::function<void()>& wait);
@@ -92,6 +97,7 @@ class PsStep final : public StepStrategy {
   const HostViews host_;
   const bool pipelined_;
   std::array<InFlight, 2> flights_;  // by the parity of the step
+  WeightPredictor predictor_;        // used by pipelined steps only
   std::uint64_t step_ = 0;
   // After host_ and flights_: abandons requests that would outlive their buffers.
   const PsRequestsGuard requests_;

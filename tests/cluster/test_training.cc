@@ -265,11 +265,14 @@ TEST_CASE("async: the default job with top-k compression reaches 85% on a tenth 
   }
 }
 
-TEST_CASE("async: the default job pipelined (train.pipeline 1, staleness_lr) reaches 80%") {
-  // Each update one step staler costs accuracy per sample: 0.83 to 0.85
-  // here in 3 epochs, against 0.86 to 0.87 unpipelined (docs/performance.md).
+TEST_CASE("async: the default job pipelined (train.pipeline 1, staleness_lr) reaches 84%") {
+  // Each update one step staler costs accuracy per sample; the weights a
+  // step computes on, predicted one step on (train.weight_prediction 1),
+  // win most of it back: 0.848 to 0.857 here in 3 epochs (0.819 to 0.852
+  // without the prediction), against 0.86 to 0.87 unpipelined
+  // (docs/performance.md).
   check_default_job(", staleness_lr: true", "train: {epochs: 3, eval_every: 0, pipeline: 1}\n",
-                    0.80);
+                    0.84);
 }
 
 TEST_CASE("async: a pipelined step computes on the weights one update old, and says so") {
