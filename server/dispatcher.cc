@@ -384,10 +384,11 @@ void Dispatcher::set_primary(const Peer& peer) {
 bool Dispatcher::hand_back(const Request& request) {
   if (!copy_) return false;
   const auto primary = std::to_string(*options_.replica_of);
-  const auto chunks = copy_->chunks();
   // Cut once per new process; a piece asked again (its answer lost) comes
   // from that cut.
   if (!handback_ || handback_to_ != request.from) {
+    const auto chunks = copy_->chunks();
+    handback_chunks_ = chunks.size();
     try {
       handback_ = std::make_shared<const std::vector<std::uint8_t>>(
           encode_shard_state(chunks, copy_->tables, copy_->clocks(), replica_dedup_));
@@ -416,7 +417,7 @@ bool Dispatcher::hand_back(const Request& request) {
   std::uint64_t rows = 0;
   if (copy_->tables)
     for (const auto& h : copy_->tables->headers()) rows += copy_->tables->rows(h.name);
-  log(prefix(), "hands ps ", primary, "'s shard (", chunks.size(), " chunks, ", rows,
+  log(prefix(), "hands ps ", primary, "'s shard (", handback_chunks_, " chunks, ", rows,
       " table rows, ", bytes, " bytes in ", pieces, pieces == 1 ? " message" : " messages",
       ") back to a new process of ps ", primary,
       took_over_ ? ", which serves it again instead of this ps"

@@ -267,6 +267,7 @@ class Dispatcher final : public ReplySink {
   std::shared_ptr<const std::vector<std::uint8_t>> handback_;
   Peer handback_to_;
   std::uint64_t handback_id_ = 0;
+  std::size_t handback_chunks_ = 0;  // in that cut
   // A copy the primary sends in pieces (its ping of Replicator::kResync).
   StateAssembly copy_pieces_;
   // (peer address, op) pairs whose refusal was logged; bounded, the count

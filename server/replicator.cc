@@ -91,14 +91,10 @@ Replicator::~Replicator() = default;
 void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
                          const wire::Header& request) {
   if (!active_) return;
-  const auto now = Clock::now();
-  Held held;
-  held.forwarded = now;
-  held.interval = resend_interval();
-  held.resend_at = now + held.interval;
   // One copy: the received frames are gone once the request is handled.
+  std::vector<SharedFrame> copies;
   for (const auto& f : frames)
-    held.frames.push_back(std::make_shared<const std::vector<std::uint8_t>>(f.begin(), f.end()));
+    copies.push_back(std::make_shared<const std::vector<std::uint8_t>>(f.begin(), f.end()));
   // Every forward at one priority: the backup serves requests of one
   // priority in their order of arrival (server/request_loop.h). A push_pull
   // goes as a push (a sparse one as a sparse push): the backup acknowledges
@@ -107,10 +103,9 @@ void Replicator::forward(std::span<const std::span<const std::uint8_t>> frames,
   forwarded.priority = 0;
   if (forwarded.op == wire::Op::push_pull) forwarded.op = wire::Op::push;
   if (forwarded.op == wire::Op::sparse_push_pull) forwarded.op = wire::Op::sparse_push;
-  held.frames.front() =
+  copies.front() =
       std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(forwarded));
-  stats_.replica_forwarded();
-  send(held);
+  Held held = send_held(std::move(copies));
   if (request.incarnation == 0) return;
   // A request is forwarded once: the dispatcher answers a resend of one
   // whose reply is held through held() before any handler.
@@ -124,13 +119,11 @@ bool Replicator::hold(const wire::Header& request, const Peer& to, Reply& reply,
   if (it == held_.end() || (deferred_only && !it->second.deferred)) return false;
   // A resend that came while a deferred reply waited named where it goes.
   if (it->second.to.empty()) it->second.to = to;
-  if (it->second.acked && it->second.after_step == 0) {  // the backup was quicker
-    wire_.send(it->second.to, std::move(reply));
-    held_.erase(it);
-    count_pending();
-    return true;
-  }
   it->second.reply = std::move(reply);
+  if (it->second.acked && it->second.after_step == 0) {  // the backup was quicker
+    release(it);
+    count_pending();
+  }
   return true;
 }
 
@@ -147,17 +140,10 @@ void Replicator::forward_step(const wire::StepRequest& step, std::span<const flo
   h.dtype = wire::DType::f32;
   h.payload_frames = 1;
   h.elements = mean.size();
-  const auto now = Clock::now();
-  Held held;
-  held.forwarded = now;
-  held.interval = resend_interval();
-  held.resend_at = now + held.interval;
-  held.frames.push_back(std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(h)));
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(mean.data());
-  held.frames.push_back(
-      std::make_shared<const std::vector<std::uint8_t>>(bytes, bytes + mean.size_bytes()));
-  stats_.replica_forwarded();
-  send(held);
+  Held held = send_held(
+      {std::make_shared<const std::vector<std::uint8_t>>(wire::encode_header(h)),
+       std::make_shared<const std::vector<std::uint8_t>>(bytes, bytes + mean.size_bytes())});
   for (const auto& c : contributors) {
     const auto it = held_.find({c.header.incarnation, c.header.request_id});
     if (it == held_.end()) continue;
@@ -176,10 +162,13 @@ void Replicator::step_answered(std::map<Key, Held>::iterator it) {
     const auto w = held_.find(key);
     if (w == held_.end() || w->second.after_step != id) continue;
     w->second.after_step = 0;
-    if (!w->second.acked || !w->second.reply) continue;
-    wire_.send(w->second.to, std::move(*w->second.reply));
-    held_.erase(w);
+    if (w->second.acked && w->second.reply) release(w);
   }
+}
+
+void Replicator::release(std::map<Key, Held>::iterator it) {
+  wire_.send(it->second.to, std::move(*it->second.reply));
+  held_.erase(it);
 }
 
 void Replicator::settle(const wire::Header& request, bool failed) {
@@ -203,6 +192,18 @@ bool Replicator::held(const wire::Header& request, const Peer& to) {
 
 Clock::duration Replicator::resend_interval() const {
   return std::min(options_.retry_interval, options_.backup_silence / 4);
+}
+
+Replicator::Held Replicator::send_held(std::vector<SharedFrame> frames) {
+  const auto now = Clock::now();
+  Held held;
+  held.frames = std::move(frames);
+  held.forwarded = now;
+  held.interval = resend_interval();
+  held.resend_at = now + held.interval;
+  stats_.replica_forwarded();
+  send(held);
+  return held;
 }
 
 void Replicator::send(const Held& held) {
@@ -316,9 +317,7 @@ void Replicator::receive(Clock::time_point now) {
         continue;
       }
       // hold() sends it, or the answer to its step's forward.
-      if (!it->second.reply || it->second.after_step != 0) continue;
-      wire_.send(it->second.to, std::move(*it->second.reply));
-      held_.erase(it);
+      if (it->second.reply && it->second.after_step == 0) release(it);
     }
     frames.clear();
   }

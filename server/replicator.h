@@ -206,7 +206,12 @@ class Replicator {
  private:
   struct Held;
   using Key = std::pair<std::uint64_t, std::uint64_t>;  // (incarnation, request id)
+  // A forward of `frames` sent now, held until the backup answers it.
+  Held send_held(std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> frames);
   void send(const Held& held);
+  // Sends `it`'s reply, which the backup and any step it waits for have
+  // answered, and forgets it.
+  void release(std::map<Key, Held>::iterator it);
   Clock::duration resend_interval() const;
   void give_up(const std::string& why);
   void fence(const std::string& why);
