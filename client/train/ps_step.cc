@@ -130,6 +130,9 @@ void PsStep::land(InFlight& f, bool predict) {
   if (f.first_send != Clock::time_point{}) push_pull_.observe(seconds_since(f.first_send));
   f.first_send = {};
   const TraceSpan span("copy weights", "comm");
+  // A step that sent nothing (fp16: an overflow): the next landing's change
+  // would span two steps, so it is not continued.
+  if (f.sent.empty()) predictor_.forget();
   for (const std::size_t v : f.sent) {
     predictor_.land(v, f.weights[v], host_.weights(v), predict);
     context_.ps.adopt_versions(context_.model.variables()[v].name, f.versions[v]);
