@@ -96,7 +96,8 @@ void PsDataClient::adopt_versions(std::string_view variable,
 
 PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
                                             std::span<const float> grad, std::span<float> out,
-                                            std::size_t given, std::span<std::uint64_t> versions) {
+                                            std::size_t given, std::span<std::uint64_t> versions,
+                                            ReceivedValues* received) {
   const auto v = variable_index(name);
   const auto size = map_.variables()[v].size;
   if (given != size)
@@ -107,6 +108,7 @@ PsDataClient::Ticket PsDataClient::chunk_op(Op op, std::string_view name,
   Call& call = calls_[id];
   call.variable = v;
   call.out = out.empty() ? nullptr : out.data();
+  call.received = received;
   call.versions = versions.empty() ? nullptr : versions.data();
   const auto first = first_chunk(v);
   if (!grad.empty())
@@ -258,7 +260,7 @@ void PsDataClient::take_rows(Call& call, const SparsePart& part, const Header& h
 }
 
 void PsDataClient::on_reply(Ticket ticket, std::uint64_t cookie, const Header& h,
-                            std::span<const std::uint8_t> payload) {
+                            std::span<const std::uint8_t> payload, zmq::message_t* message) {
   Call& call = calls_.at(ticket);
   if (wire::is_sparse(h.op)) return take_rows(call, call.parts.at(cookie), h, payload);
   const auto& c = map_.all_chunks()[cookie];
@@ -280,10 +282,17 @@ void PsDataClient::on_reply(Ticket ticket, std::uint64_t cookie, const Header& h
                     std::to_string(h.elements) + " values of " +
                     std::string(wire::to_string(h.dtype)) + ", expected " +
                     std::to_string(c.count) + " of " + std::string(wire::to_string(expected)));
-    if (const auto half = wire::half_format(h.dtype)) {
-      wire::widen(*half, payload, call.out + c.offset);
-    } else {
-      std::memcpy(call.out + c.offset, payload.data(), payload.size());
+    // Kept in its message where the caller reads them later (no copy).
+    const auto half = wire::half_format(h.dtype);
+    const bool kept =
+        call.received && !half && message && call.received->keep(c.offset, c.count, *message);
+    if (!kept) {
+      float* to =
+          call.received ? call.received->buffer_for(c.offset, c.count).data() : call.out + c.offset;
+      if (half)
+        wire::widen(*half, payload, to);
+      else
+        std::memcpy(to, payload.data(), payload.size());
     }
     (call.versions ? call.versions[place] : pulled_version_[cookie]) = version;
   }
@@ -297,6 +306,15 @@ PsDataClient::Ticket PsDataClient::push(std::string_view variable, std::span<con
   return chunk_op(Op::push, variable, grad, {}, grad.size());
 }
 
+void PsDataClient::check_version_slots(std::string_view variable,
+                                       std::span<const std::uint64_t> versions) const {
+  if (!versions.empty() && versions.size() != chunk_count(variable))
+    throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
+                                "': " + std::to_string(versions.size()) +
+                                " version slots, the variable has " +
+                                std::to_string(chunk_count(variable)) + " chunks");
+}
+
 PsDataClient::Ticket PsDataClient::push_pull(std::string_view variable, std::span<const float> grad,
                                              std::span<float> out) {
   return push_pull(variable, grad, out, {});
@@ -305,16 +323,23 @@ PsDataClient::Ticket PsDataClient::push_pull(std::string_view variable, std::spa
 PsDataClient::Ticket PsDataClient::push_pull(std::string_view variable, std::span<const float> grad,
                                              std::span<float> out,
                                              std::span<std::uint64_t> versions) {
-  if (!versions.empty() && versions.size() != chunk_count(variable))
-    throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
-                                "': " + std::to_string(versions.size()) +
-                                " version slots, the variable has " +
-                                std::to_string(chunk_count(variable)) + " chunks");
+  check_version_slots(variable, versions);
   if (grad.size() != out.size())
     throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
                                 "': " + std::to_string(grad.size()) + " gradients but " +
                                 std::to_string(out.size()) + " output floats");
   return chunk_op(Op::push_pull, variable, grad, out, grad.size(), versions);
+}
+
+PsDataClient::Ticket PsDataClient::push_pull(std::string_view variable, std::span<const float> grad,
+                                             ReceivedValues& into,
+                                             std::span<std::uint64_t> versions) {
+  if (into.size() != grad.size())
+    throw std::invalid_argument("ps client: push_pull of '" + std::string(variable) +
+                                "': " + std::to_string(grad.size()) + " gradients but " +
+                                std::to_string(into.size()) + " values received into");
+  check_version_slots(variable, versions);
+  return chunk_op(Op::push_pull, variable, grad, {}, grad.size(), versions, &into);
 }
 
 PsDataClient::Ticket PsDataClient::assign(std::string_view variable,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "client/ps/ps_channel.h"
+#include "client/ps/received_values.h"
 #include "shared/shard_map.h"
 
 namespace pstrain {
@@ -53,6 +54,13 @@ class PsDataClient : private PsChannel::ReplyHandler {
   // adopt_versions makes them so when the caller starts using `out`.
   // Empty `versions`: the push_pull above.
   Ticket push_pull(std::string_view variable, std::span<const float> grad, std::span<float> out,
+                   std::span<std::uint64_t> versions);
+  // The same, for a caller that reads the new values once, later
+  // (train.pipeline): they stay in the messages they arrive in, kept by
+  // `into` (its size, the variable's) until its release(), instead of
+  // being copied on arrival (client/ps/received_values.h). `into` belongs
+  // to the library until wait() on the ticket returns.
+  Ticket push_pull(std::string_view variable, std::span<const float> grad, ReceivedValues& into,
                    std::span<std::uint64_t> versions);
   void adopt_versions(std::string_view variable, std::span<const std::uint64_t> versions);
   std::size_t chunk_count(std::string_view variable) const;
@@ -106,7 +114,8 @@ class PsDataClient : private PsChannel::ReplyHandler {
   // A data call's state beside its channel ticket.
   struct Call {
     std::uint32_t variable = 0;
-    float* out = nullptr;  // where pulled values of the variable go
+    float* out = nullptr;                // where pulled values of the variable go
+    ReceivedValues* received = nullptr;  // or where they are kept
     // Where their versions go (push_pull with versions), by the chunk's
     // place in the variable; null: into pulled_version_.
     std::uint64_t* versions = nullptr;
@@ -125,8 +134,13 @@ class PsDataClient : private PsChannel::ReplyHandler {
     std::vector<SparsePart> parts;
   };
   std::uint32_t variable_index(std::string_view name) const;
+  // Throws std::invalid_argument unless `versions` is empty or has a slot
+  // per chunk of `variable`.
+  void check_version_slots(std::string_view variable,
+                           std::span<const std::uint64_t> versions) const;
   Ticket chunk_op(wire::Op op, std::string_view name, std::span<const float> grad,
-                  std::span<float> out, std::size_t given, std::span<std::uint64_t> versions = {});
+                  std::span<float> out, std::size_t given, std::span<std::uint64_t> versions = {},
+                  ReceivedValues* received = nullptr);
   // net.compression: variable v's gradient plus what it carries, chunk by
   // chunk, into call.compressed; what is not sent is carried on.
   void compress_chunks(std::uint32_t v, std::span<const float> grad, Call& call);
@@ -140,7 +154,7 @@ class PsDataClient : private PsChannel::ReplyHandler {
   // A chunk's reply; `cookie` is the chunk's index in map_.all_chunks(), or
   // for a sparse op the part's index in its call.
   void on_reply(Ticket ticket, std::uint64_t cookie, const wire::Header& header,
-                std::span<const std::uint8_t> payload) override;
+                std::span<const std::uint8_t> payload, zmq::message_t* message) override;
 
   PsChannel& channel_;
   ShardMap map_;

@@ -531,7 +531,7 @@ void PsChannel::poll(Clock::duration timeout) {
         break;
       views.clear();
       for (const auto& f : frames) views.emplace_back(f.data<std::uint8_t>(), f.size());
-      dispatch_message(s, trial, views);
+      dispatch_message(s, trial, views, frames);
     }
   }
   resend_due();
@@ -562,7 +562,8 @@ void for_each_reply(std::span<const std::span<const std::uint8_t>> frames, F f) 
 }  // namespace
 
 void PsChannel::dispatch_message(std::uint32_t server, bool trial,
-                                 std::span<const std::span<const std::uint8_t>> frames) {
+                                 std::span<const std::span<const std::uint8_t>> frames,
+                                 std::span<zmq::message_t> messages) {
   // Whichever answers first serves the shard: the backup took it over, or
   // the ps itself lives. A backup's refusal (its copy given up) moves
   // nothing: the trial ends, and the requests wait for the ps (or fail).
@@ -585,7 +586,11 @@ void PsChannel::dispatch_message(std::uint32_t server, bool trial,
       moved_back = true;
       return;
     }
-    dispatch(server, std::move(h), payloads);
+    // A single payload frame's message, for a handler to keep.
+    zmq::message_t* message =
+        payloads.size() == 1 ? &messages[static_cast<std::size_t>(payloads.data() - frames.data())]
+                             : nullptr;
+    dispatch(server, std::move(h), payloads, message);
   });
   if (!moved_back) return;
   route(server, false);
@@ -609,7 +614,8 @@ std::optional<std::string> PsChannel::trial_refusal(
 }
 
 void PsChannel::dispatch(std::uint32_t server, Header h,
-                         std::span<const std::span<const std::uint8_t>> payloads) {
+                         std::span<const std::span<const std::uint8_t>> payloads,
+                         zmq::message_t* payload_message) {
   // With fail-over, a restarted ps may answer control requests before its
   // backup takes its shard over (and fences it); only the data it serves
   // tells that it restarted and serves the shard itself.
@@ -636,7 +642,8 @@ void PsChannel::dispatch(std::uint32_t server, Header h,
       wire::check_payload(h, i, payloads[i].size(), /*reply=*/true);
     const auto payload = h.payload_frames == 1 ? payloads[0] : std::span<const std::uint8_t>{};
     if (r.handler) {
-      r.handler->on_reply(r.ticket, r.cookie, h, payload);
+      r.handler->on_reply(r.ticket, r.cookie, h, payload,
+                          h.payload_frames == 1 ? payload_message : nullptr);
     } else {
       t.replies.push_back({server, std::move(h), {payload.begin(), payload.end()}});
     }

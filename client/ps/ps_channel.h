@@ -95,11 +95,14 @@ class PsChannel {
   // Takes the replies of the requests sent with it: `cookie` as given to
   // send(), the reply's header (status ok, the request's op, payload frames
   // checked against their declared sizes) and its payload frame (empty
-  // without). Throwing fails the ticket with the exception's text.
+  // without), with the ZeroMQ message that holds it (null without), which
+  // the handler may take (move from) to read the payload later without a
+  // copy; `payload` is not read after that. Throwing fails the ticket with
+  // the exception's text.
   class ReplyHandler {
    public:
     virtual void on_reply(Ticket ticket, std::uint64_t cookie, const wire::Header& header,
-                          std::span<const std::uint8_t> payload) = 0;
+                          std::span<const std::uint8_t> payload, zmq::message_t* message) = 0;
 
    protected:
     ~ReplyHandler() = default;
@@ -223,14 +226,17 @@ class PsChannel {
   [[noreturn]] void timed_out(Ticket id, TicketState& t);
   // A received message: each reply in it to dispatch().
   // `trial`: from the socket trying server's backup.
+  // `messages`: the frames' messages, which a handler may take.
   void dispatch_message(std::uint32_t server, bool trial,
-                        std::span<const std::span<const std::uint8_t>> frames);
+                        std::span<const std::span<const std::uint8_t>> frames,
+                        std::span<zmq::message_t> messages);
   // A backup's message on trial: nullopt when it holds an ok reply, else
   // why it refuses (its first error's text).
   static std::optional<std::string> trial_refusal(
       std::span<const std::span<const std::uint8_t>> frames);
   void dispatch(std::uint32_t server, wire::Header h,
-                std::span<const std::span<const std::uint8_t>> payloads);
+                std::span<const std::span<const std::uint8_t>> payloads,
+                zmq::message_t* payload_message);
   void note_generation(std::uint32_t server, std::uint64_t generation);
 
   std::vector<std::string> addresses_;

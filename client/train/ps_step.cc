@@ -44,6 +44,10 @@ PsStep::PsStep(const TrainContext& context, StepMetrics& metrics)
           {0, 1, 2, 4, 8, 16, 32, 64, 128})),
       max_staleness_(metrics.max("max_staleness", "pstrain_worker_staleness_window_max",
                                  "Largest staleness since the last metrics line.")),
+      kept_messages_(metrics.max(
+          "kept_messages", "pstrain_worker_kept_reply_messages",
+          "Replies' ZeroMQ messages kept to be read in place (train.pipeline) after a step's "
+          "landing, most since the last metrics line: at most one step's chunks.")),
       ps_restarts_(context.registry
                        .counter("pstrain_worker_ps_restarts_total",
                                 "Times this worker found servers restarted, said hello "
@@ -56,7 +60,7 @@ PsStep::PsStep(const TrainContext& context, StepMetrics& metrics)
     for (auto& f : flights_) {
       for (const auto& v : context.model.variables()) {
         f.grads.emplace_back(v.size);
-        f.weights.emplace_back(v.size);
+        f.weights.emplace_back(static_cast<std::size_t>(v.size));
         f.versions.emplace_back(context.ps.chunk_count(v.name));
       }
     }
@@ -98,6 +102,7 @@ void PsStep::begin(std::uint64_t step) {
       f.sent.clear();
       f.tickets.clear();
       f.first_send = {};
+      for (auto& w : f.weights) w.release();
     }
     pull_all();
   }
@@ -134,7 +139,8 @@ void PsStep::land(InFlight& f, bool predict) {
   // would span two steps, so it is not continued.
   if (f.sent.empty()) predictor_.forget();
   for (const std::size_t v : f.sent) {
-    predictor_.land(v, f.weights[v], host_.weights(v), predict);
+    predictor_.land(v, f.weights[v].pieces(), host_.weights(v), predict);
+    f.weights[v].release();  // the messages the values came in
     context_.ps.adopt_versions(context_.model.variables()[v].name, f.versions[v]);
   }
   f.sent.clear();
@@ -211,6 +217,7 @@ void PsStep::finish(std::uint64_t, bool last) {
   wait_.observe(seconds_since(t_wait));
   staleness_.observe(stale);
   max_staleness_.raise(stale);
+  kept_messages_.raise(static_cast<double>(ReceivedValues::kept_in_process()));
 }
 
 void PsStep::end() { context_.ps.finished_pushing(); }

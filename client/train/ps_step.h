@@ -21,8 +21,9 @@
 // for others).
 //
 // train.pipeline: 1 (modes async and ssp) takes the wait off the step. Each gradient is copied
-// out of the model's memory and sent from there, its reply lands in a buffer
-// of the step's own, and the step ends without waiting for it: step t+1
+// out of the model's memory and sent from there, its reply stays in the
+// ZeroMQ messages it came in (client/ps/received_values.h) until the
+// landing reads it into the model, and the step ends without waiting for it: step t+1
 // computes on the weights step t-1's replies brought (waited for at the end
 // of step t), while step t's requests travel and the ps applies them. Each
 // update is one step staler, which the pushes' versions carry to the ps
@@ -73,10 +74,12 @@ class PsStep final : public StepStrategy {
   void upload_weights();
   // Pushes variable i's gradient and pulls its new weights.
   void send(std::size_t variable);
-  // train.pipeline: one step's requests, sent from and received into
-  // buffers of their own (per variable), so the next step computes meanwhile.
+  // train.pipeline: one step's requests, sent from buffers of their own
+  // and received where they arrive (per variable), so the next step
+  // computes meanwhile.
   struct InFlight {
-    std::vector<std::vector<float>> grads, weights;
+    std::vector<std::vector<float>> grads;
+    std::vector<ReceivedValues> weights;
     std::vector<std::vector<std::uint64_t>> versions;  // of the weights received
     std::vector<std::size_t> sent;                     // the variables
     std::vector<PsDataClient::Ticket> tickets;
@@ -115,6 +118,7 @@ class PsStep final : public StepStrategy {
   Histogram& wait_;
   Histogram& staleness_;
   Gauge& max_staleness_;
+  Gauge& kept_messages_;
   Counter& ps_restarts_;
 };
 

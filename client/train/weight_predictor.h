@@ -24,10 +24,12 @@ class WeightPredictor {
   // `variables`: how many the model has; `ahead` >= 0 (0: land as is).
   WeightPredictor(std::size_t variables, float ahead);
 
-  // Variable v's weights `landed` go into `out` (its size): continued where
-  // `predict` and an earlier landing of v is known, else as they are. Either
-  // way `landed` becomes v's earlier landing.
-  void land(std::size_t v, std::span<const float> landed, std::span<float> out, bool predict);
+  // Variable v's weights `landed` (in pieces, in order, as they arrived:
+  // client/ps/received_values.h) go into `out` (their size): continued
+  // where `predict` and an earlier landing of v is known, else as they are.
+  // Either way `landed` becomes v's earlier landing.
+  void land(std::size_t v, std::span<const std::span<const float>> landed, std::span<float> out,
+            bool predict);
   // Forgets every earlier landing: values pulled anew (a ps restarted) are
   // not a step's change to continue.
   void forget();
