@@ -36,8 +36,8 @@ class ReceivedValues {
 
   std::size_t size() const { return buffer_.size(); }
   // The variable's values in order, as contiguous pieces (a kept message's,
-  // or a run of the buffer's). Valid until release() or the next push_pull
-  // into this object.
+  // or a run of the buffer's). Valid until release(), or until a reply of
+  // a later push_pull into this object is received.
   std::vector<std::span<const float>> pieces() const;
   // Lets every kept message go.
   void release();
