@@ -6,8 +6,9 @@
 // read once more later (PsDataClient::push_pull with ReceivedValues: the
 // pipelined step, client/train/ps_step.h, reads them once, into the
 // model). Values that cannot be read in place go into a buffer of this
-// object's own: 16-bit values on the wire (widened) and a frame that
-// ZeroMQ placed at an address not aligned for floats (copied).
+// object's own, allocated (whole) only once one does: 16-bit values on the
+// wire (widened) and a frame that ZeroMQ placed at an address not aligned
+// for floats (copied).
 //
 // Memory: at most one message per chunk of the variable is kept (a chunk
 // received again replaces its message), and nothing after release().
@@ -34,14 +35,17 @@ class ReceivedValues {
   ReceivedValues(ReceivedValues&&) noexcept;
   ReceivedValues& operator=(ReceivedValues&&) noexcept;
 
-  std::size_t size() const { return buffer_.size(); }
+  std::size_t size() const { return size_; }
   // The variable's values in order, as contiguous pieces (a kept message's,
   // or a run of the buffer's). Valid until release(), or until a reply of
-  // a later push_pull into this object is received.
+  // a later push_pull into this object is received. Throws
+  // std::logic_error when some values were never received.
   std::vector<std::span<const float>> pieces() const;
   // Lets every kept message go.
   void release();
   std::size_t kept() const;
+  // Bytes of the buffer: 0 until values that could not be kept came.
+  std::size_t buffer_bytes() const { return buffer_.size() * sizeof(float); }
   static std::uint64_t kept_in_process();
 
   // For PsDataClient: the values at [offset, offset + count) came as the
@@ -57,8 +61,13 @@ class ReceivedValues {
     std::size_t offset = 0, count = 0;
     std::unique_ptr<zmq::message_t> message;
   };
-  std::vector<float> buffer_;
-  std::vector<Kept> kept_;  // by offset
+  // Checks that [offset, offset + count) is inside, and drops a message
+  // kept for it.
+  void forget(std::size_t offset, std::size_t count);
+
+  std::size_t size_;
+  std::vector<float> buffer_;  // size_ values once needed, else empty
+  std::vector<Kept> kept_;     // by offset
 };
 
 }  // namespace pstrain

@@ -35,13 +35,18 @@ TEST_CASE("received values: kept in their messages, read in place, counted until
   std::vector<float> values(64);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i + 3);
   ReceivedValues r(66);
+  // Nothing received yet: no values to read, and no buffer.
+  CHECK_THROWS_AS(r.pieces(), std::logic_error);
+  CHECK(r.buffer_bytes() == 0);
   auto tail = message_of(values);
   const void* where = tail.data();
   REQUIRE(r.keep(2, 64, tail));
-  CHECK(tail.size() == 0);  // taken
+  CHECK(tail.size() == 0);       // taken
+  CHECK(r.buffer_bytes() == 0);  // kept values need none
   // Chunk [0, 2) copied into the buffer (as a 16-bit payload is).
   const std::vector<float> head{1, 2};
   std::memcpy(r.buffer_for(0, 2).data(), head.data(), sizeof(float) * 2);
+  CHECK(r.buffer_bytes() == 66 * sizeof(float));
   const auto pieces = r.pieces();
   REQUIRE(pieces.size() == 2);
   CHECK(static_cast<const void*>(pieces[1].data()) == where);
