@@ -39,7 +39,8 @@ class ReceivedValues {
   // The variable's values in order, as contiguous pieces (a kept message's,
   // or a run of the buffer's). Valid until release(), or until a reply of
   // a later push_pull into this object is received. Throws
-  // std::logic_error when some values were never received.
+  // std::logic_error when values were never received and no buffer exists
+  // (once one does, a range no reply filled reads as what it held before).
   std::vector<std::span<const float>> pieces() const;
   // Lets every kept message go.
   void release();
