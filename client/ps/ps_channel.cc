@@ -642,8 +642,7 @@ void PsChannel::dispatch(std::uint32_t server, Header h,
       wire::check_payload(h, i, payloads[i].size(), /*reply=*/true);
     const auto payload = h.payload_frames == 1 ? payloads[0] : std::span<const std::uint8_t>{};
     if (r.handler) {
-      r.handler->on_reply(r.ticket, r.cookie, h, payload,
-                          h.payload_frames == 1 ? payload_message : nullptr);
+      r.handler->on_reply(r.ticket, r.cookie, h, payload, payload_message);
     } else {
       t.replies.push_back({server, std::move(h), {payload.begin(), payload.end()}});
     }

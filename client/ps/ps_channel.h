@@ -234,6 +234,8 @@ class PsChannel {
   // why it refuses (its first error's text).
   static std::optional<std::string> trial_refusal(
       std::span<const std::span<const std::uint8_t>> frames);
+  // `payload_message`: the message of the only payload frame (null when
+  // there is not exactly one), which a handler may take.
   void dispatch(std::uint32_t server, wire::Header h,
                 std::span<const std::span<const std::uint8_t>> payloads,
                 zmq::message_t* payload_message);
